@@ -1,0 +1,1 @@
+"""The scheduler: sole writer of run state; serves RunService and WorkService."""

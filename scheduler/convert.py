@@ -1,0 +1,118 @@
+"""Database rows to protobuf messages (and the JSON text fields they carry)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from shared.canonical import canonical_json
+from shared.gen.agentrt.v1 import common_pb2 as pb
+
+RUN_STATUS = {name: getattr(pb, f"RUN_STATUS_{name}") for name in
+              ("QUEUED", "RUNNING", "WAITING_TOOL", "PAUSED_INDOUBT", "PAUSED_HUMAN", "COMPLETED", "FAILED")}
+RUN_STATUS_NAME = {number: name for name, number in RUN_STATUS.items()}
+TOOL_STATUS = {name: getattr(pb, f"TOOL_EXECUTION_STATUS_{name}") for name in
+               ("OUTBOUND_INTENT", "SUCCEEDED", "FAILED", "IN_DOUBT", "NOT_EXECUTED")}
+
+
+def timestamp(value: dt.datetime | None) -> Timestamp | None:
+    if value is None or value in (dt.datetime.min, dt.datetime.max):
+        return None
+    ts = Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def json_text(value: Any) -> str:
+    return "" if value is None else canonical_json(value)
+
+
+def _set_time(message: Any, field: str, value: dt.datetime | None) -> None:
+    ts = timestamp(value)
+    if ts is not None:
+        getattr(message, field).CopyFrom(ts)
+
+
+def run_to_proto(row: Any) -> pb.Run:
+    run = pb.Run(
+        run_id=str(row["id"]),
+        tenant_id=row["tenant_id"],
+        agent_name=row["agent_name"],
+        agent_version=row["agent_version"],
+        status=RUN_STATUS[row["status"]],
+        version=row["version"],
+        fencing_token=row["fencing_token"],
+        attempt_count=row["attempt_count"],
+        max_attempts=row["max_attempts"],
+        input_json=json_text(row["input"]),
+        labels=row["labels"],
+        current_step_key=row["current_step_key"] or "",
+        terminal_reason=row["terminal_reason"] or "",
+        pause_reason=row["pause_reason"] or "",
+        cancel_requested=row["cancel_requested_at"] is not None,
+        client_request_id=row["client_request_id"] or "",
+        result_json=json_text(row["result"]),
+        lease_owner=row["lease_owner"] or "",
+        human_input_json=json_text(row["human_input"]),
+    )
+    run.budget.max_steps = row["budget_max_steps"]
+    run.budget.max_tokens = row["budget_max_tokens"]
+    run.budget.max_cost_usd = row["budget_max_cost_usd"]
+    _set_time(run.budget, "deadline", row["deadline_at"])
+    for name in ("next_attempt_at", "created_at", "updated_at", "finished_at", "lease_expires_at"):
+        _set_time(run, name, row[name])
+    return run
+
+
+def checkpoint_to_proto(row: Any, run_id: Any = None) -> pb.Checkpoint:
+    checkpoint = pb.Checkpoint(
+        run_id=str(run_id if run_id is not None else row["run_id"]),
+        version=row["version"],
+        state_json=json_text(row["state_json"]),
+        state_hash=bytes(row["state_hash"]).hex(),
+        schema_version=row["schema_version"],
+        fencing_token=row["fencing_token"],
+        event_id=str(row["event_id"]),
+    )
+    _set_time(checkpoint, "created_at", row["created_at"])
+    return checkpoint
+
+
+def execution_to_proto(row: Any, run_id: Any = None) -> pb.ToolExecution:
+    get = row.get if isinstance(row, dict) else row.__getitem__
+    execution = pb.ToolExecution(
+        execution_id=str(get("id")),
+        run_id=str(run_id if run_id is not None else get("run_id")),
+        step_key=get("step_key"),
+        tool_name=get("tool_name"),
+        idempotency_key=get("idempotency_key"),
+        request_json=json_text(get("request_json")),
+        request_hash=bytes(get("request_hash")).hex(),
+        status=TOOL_STATUS[get("status")],
+        remote_resource_id=get("remote_resource_id") or "",
+        response_json=json_text(get("response_json")),
+        error_code=get("error_code") or "",
+        fencing_token=get("fencing_token"),
+        reconciliation_evidence_json=json_text(get("reconciliation_evidence")),
+    )
+    for name in ("outbound_intent_at", "completed_at", "reconciled_at"):
+        _set_time(execution, name, get(name))
+    return execution
+
+
+def event_to_proto(row: Any) -> pb.OutboxEvent:
+    event = pb.OutboxEvent(
+        id=row["id"],
+        event_id=str(row["event_id"]),
+        run_id=str(row["run_id"]),
+        event_type=row["event_type"],
+        payload_json=json_text(row["payload"]),
+        fencing_token=row["fencing_token"],
+        run_version=row["run_version"],
+        traceparent=row["traceparent"] or "",
+    )
+    _set_time(event, "created_at", row["created_at"])
+    _set_time(event, "published_at", row["published_at"])
+    return event

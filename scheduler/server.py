@@ -1,0 +1,137 @@
+"""Scheduler wiring and lifecycle: pool, notifier, gRPC server, health, reflection.
+
+Shutdown order: health → NOT_SERVING (probes drain traffic), stop accepting and
+let in-flight calls finish within the grace period, stop the notifier, close
+the pool. `stop()` is safe to call twice; `async with SchedulerServer(...)` works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+from scheduler.migrate import available_migrations, schema_version
+from scheduler.notifier import WorkNotifier
+from scheduler.service import RunServicer, WorkServicer
+from scheduler.store import Store, connect_pool
+from shared.config import SchedulerSettings
+from shared.errors import SchemaMismatch
+from shared.gen.agentrt.v1 import run_service_pb2, run_service_pb2_grpc, work_service_pb2, work_service_pb2_grpc
+from shared.tracing import setup_tracing
+
+log = logging.getLogger(__name__)
+SERVICE_NAMES = (
+    run_service_pb2.DESCRIPTOR.services_by_name["RunService"].full_name,
+    work_service_pb2.DESCRIPTOR.services_by_name["WorkService"].full_name,
+)
+
+
+class SchedulerServer:
+    def __init__(self, settings: SchedulerSettings, *, tracer_provider: Any = None) -> None:
+        self.settings = settings
+        self.tracer_provider = tracer_provider
+        self.port: int | None = None
+        self.store: Store | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None  # type: ignore[name-defined]
+        self._notifier: WorkNotifier | None = None
+        self._stopped = False
+
+    async def start(self) -> int:
+        s = self.settings
+        provider = setup_tracing("agentrt-scheduler", s.otel_exporter, self.tracer_provider)
+        pool = await connect_pool(s.database_url, min_size=s.db_pool_min, max_size=s.db_pool_max,
+                                  command_timeout=s.db_command_timeout_s)
+        try:
+            async with pool.acquire() as conn:
+                await _check_schema(conn)
+        except BaseException:
+            await pool.close()
+            raise
+        if s.trace_sql:
+            from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+
+            AsyncPGInstrumentor().instrument(tracer_provider=provider)
+        self.store = Store(pool, s)
+        self._notifier = WorkNotifier(s.database_url)
+        await self._notifier.start()
+        limit = s.max_payload_bytes * 4 + (1 << 20)
+        server = grpc.aio.server(
+            interceptors=[aio_server_interceptor(tracer_provider=provider)],
+            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit * 4),
+                     ("grpc.so_reuseport", 0)],
+        )
+        run_service_pb2_grpc.add_RunServiceServicer_to_server(RunServicer(self.store, s), server)
+        work_service_pb2_grpc.add_WorkServiceServicer_to_server(
+            WorkServicer(self.store, s, self._notifier), server)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), server)
+        self.port = server.add_insecure_port(s.listen_addr)
+        if not self.port:
+            raise OSError(f"cannot listen on {s.listen_addr}")
+        await server.start()
+        self._server = server
+        for name in ("", *SERVICE_NAMES):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("scheduler listening on %s (port %d)", s.listen_addr, self.port)
+        return self.port
+
+    async def wait(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        grace = self.settings.shutdown_grace_s if grace is None else grace
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace)
+        if self._notifier is not None:
+            await self._notifier.stop()
+        if self.store is not None:
+            await self.store.pool.close()
+        log.info("scheduler stopped")
+
+    async def __aenter__(self) -> SchedulerServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def _check_schema(conn: Any) -> None:
+    known = len(available_migrations())
+    current = await schema_version(conn)
+    if current > known:
+        raise SchemaMismatch(f"database schema version {current} is newer than this build ({known})")
+    if current < known:
+        raise SchemaMismatch(f"database schema version {current} is older than this build ({known}); "
+                           "run `agentrt migrate` first")
+
+
+async def serve(settings: SchedulerSettings) -> None:
+    """Runs until SIGINT/SIGTERM, then shuts down in order."""
+    server = SchedulerServer(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()

@@ -1,0 +1,466 @@
+-- agentrt scheduler: every runtime query, as named blocks.
+-- Format: `-- name: <name>` then comment lines saying which invariant the
+-- query guards, then the statement. Parsed once at import by scheduler/queries.py.
+-- Lease predicates always use clock_timestamp(): the database clock decides.
+
+-- name: server_now
+-- The database clock, for callers that must report time (never the worker's clock).
+SELECT clock_timestamp() AS now;
+
+-- name: submit_run
+-- One statement: the run, its submitted event and the claimers' wake-up commit
+-- together. A repeated (tenant, client_request_id) inserts nothing.
+WITH inserted AS (
+  INSERT INTO agent_runs (id, tenant_id, agent_name, agent_version, input, labels, max_attempts,
+                          budget_max_steps, budget_max_tokens, budget_max_cost_usd, deadline_at,
+                          client_request_id, submit_hash, next_attempt_at)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, clock_timestamp())
+  ON CONFLICT (tenant_id, client_request_id) WHERE client_request_id IS NOT NULL DO NOTHING
+  RETURNING *
+), event AS (
+  INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, traceparent, tracestate)
+  SELECT $14, id, tenant_id, 'agent.run_submitted',
+         jsonb_build_object('agent_name', agent_name, 'agent_version', agent_version,
+                            'client_request_id', client_request_id),
+         $15, $16
+  FROM inserted
+)
+SELECT inserted.*, pg_notify('agentrt_work', inserted.agent_name) AS woken
+FROM inserted;
+
+-- name: get_run_by_client_request
+SELECT * FROM agent_runs WHERE tenant_id = $1 AND client_request_id = $2;
+
+-- name: get_run
+-- Tenant-scoped read: another tenant's run is indistinguishable from none.
+SELECT * FROM agent_runs WHERE id = $1 AND tenant_id = $2;
+
+-- name: list_runs
+-- Keyset pagination on (created_at, id), newest first, within one tenant.
+SELECT * FROM agent_runs
+WHERE tenant_id = $1
+  AND ($2::text[] IS NULL OR status = ANY($2::text[]))
+  AND ($3::text IS NULL OR agent_name = $3)
+  AND ($4::timestamptz IS NULL OR (created_at, id) < ($4, $5::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT $6;
+
+-- name: claim_work
+-- Takes one run for worker $1: first a RUNNING/WAITING_TOOL run whose lease
+-- lapsed by database time, else a QUEUED run that is due. FOR UPDATE SKIP LOCKED:
+-- two claimers never take the same row. The fencing token grows on every
+-- claim; attempt_count only when claimed from QUEUED. A WAITING_TOOL run stays
+-- WAITING_TOOL (its new holder may look up or freeze, never resend).
+-- UNION ALL without ORDER BY yields `expired` first; LIMIT 1 stops before
+-- `queued` is scanned when an expired run was found.
+WITH expired AS (
+  SELECT id FROM agent_runs
+  WHERE status IN ('RUNNING', 'WAITING_TOOL') AND lease_expires_at < clock_timestamp()
+    AND agent_name = ANY($3::text[])
+  ORDER BY lease_expires_at, created_at, id
+  LIMIT 1
+  FOR UPDATE SKIP LOCKED
+), queued AS (
+  SELECT id FROM agent_runs
+  WHERE status = 'QUEUED' AND next_attempt_at <= clock_timestamp()
+    AND agent_name = ANY($3::text[])
+  ORDER BY next_attempt_at, created_at, id
+  LIMIT 1
+  FOR UPDATE SKIP LOCKED
+), candidate AS (
+  (SELECT id FROM expired UNION ALL SELECT id FROM queued) LIMIT 1
+), claimed AS (
+  UPDATE agent_runs AS r
+  SET status = CASE WHEN r.status = 'QUEUED' THEN 'RUNNING' ELSE r.status END,
+      lease_owner = $1,
+      lease_expires_at = clock_timestamp() + make_interval(secs => $2::double precision / 1000),
+      fencing_token = r.fencing_token + 1,
+      attempt_count = CASE WHEN r.status = 'QUEUED' THEN r.attempt_count + 1 ELSE r.attempt_count END,
+      updated_at = clock_timestamp()
+  FROM candidate AS c
+  WHERE r.id = c.id
+  RETURNING r.*
+)
+SELECT claimed.*, clock_timestamp() AS db_now,
+       cp.version AS cp_version, cp.state_json AS cp_state_json, cp.state_hash AS cp_state_hash,
+       cp.schema_version AS cp_schema_version, cp.fencing_token AS cp_fencing_token,
+       cp.event_id AS cp_event_id, cp.created_at AS cp_created_at,
+       te.id AS te_id, te.step_key AS te_step_key, te.tool_name AS te_tool_name,
+       te.idempotency_key AS te_idempotency_key, te.request_json AS te_request_json,
+       te.request_hash AS te_request_hash, te.status AS te_status,
+       te.remote_resource_id AS te_remote_resource_id, te.response_json AS te_response_json,
+       te.error_code AS te_error_code, te.fencing_token AS te_fencing_token,
+       te.outbound_intent_at AS te_outbound_intent_at, te.completed_at AS te_completed_at,
+       te.reconciled_at AS te_reconciled_at, te.reconciliation_evidence AS te_reconciliation_evidence
+FROM claimed
+LEFT JOIN agent_checkpoints AS cp ON cp.run_id = claimed.id AND cp.version = claimed.version
+LEFT JOIN tool_executions AS te ON te.run_id = claimed.id AND te.step_key = claimed.current_step_key;
+
+-- name: heartbeat
+-- Extends a lease only while it is still live by database time: a worker whose
+-- lease lapsed cannot revive itself, even if nobody has claimed the run yet.
+UPDATE agent_runs
+SET lease_expires_at = clock_timestamp() + make_interval(secs => $4::double precision / 1000),
+    updated_at = clock_timestamp()
+WHERE id = $1 AND lease_owner = $2 AND fencing_token = $3
+  AND lease_expires_at > clock_timestamp()
+  AND status IN ('RUNNING', 'WAITING_TOOL')
+  AND cancel_requested_at IS NULL
+RETURNING lease_expires_at;
+
+-- name: save_checkpoint
+-- CAS on (run, owner, fence, version) under a live lease; the version bump,
+-- the checkpoint row and its outbox event commit in this one statement.
+WITH run AS (
+  UPDATE agent_runs
+  SET version = version + 1,
+      checkpoint_schema_version = $6,
+      current_step_key = COALESCE($8, current_step_key),
+      updated_at = clock_timestamp()
+  WHERE id = $1 AND lease_owner = $2 AND fencing_token = $3 AND version = $4
+    AND status = ANY($5::text[])
+    AND lease_expires_at > clock_timestamp()
+    AND cancel_requested_at IS NULL
+  RETURNING id, tenant_id, version, fencing_token
+), checkpoint AS (
+  INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version,
+                                 fencing_token, event_id)
+  SELECT id, version, $7, $9, $6, fencing_token, $10 FROM run
+  RETURNING version
+), event AS (
+  INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
+                      traceparent, tracestate)
+  SELECT $10, id, tenant_id, $11,
+         $12::jsonb || jsonb_build_object('version', version, 'step_key', $8::text),
+         fencing_token, version, $13, $14
+  FROM run
+)
+SELECT version FROM checkpoint;
+
+-- name: begin_tool_call
+-- Tx1: records the outbound intent before any network I/O. Refused (no row)
+-- unless the current checkpoint already holds this very decision (same step
+-- key, tool and request hash: invariant 6) and no ledger row exists for the
+-- step. The run moves to WAITING_TOOL in the same statement.
+WITH run AS (
+  UPDATE agent_runs AS r
+  SET status = 'WAITING_TOOL', current_step_key = $6, updated_at = clock_timestamp()
+  WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3 AND r.version = $4
+    AND r.status = ANY($5::text[])
+    AND r.lease_expires_at > clock_timestamp()
+    AND r.cancel_requested_at IS NULL
+    AND EXISTS (
+      SELECT 1 FROM agent_checkpoints AS cp
+      WHERE cp.run_id = r.id AND cp.version = r.version
+        AND cp.state_json -> 'pending_tool' ->> 'step_key' = $6
+        AND cp.state_json -> 'pending_tool' ->> 'tool_name' = $7
+        AND cp.state_json -> 'pending_tool' ->> 'request_hash' = encode($10, 'hex'))
+    AND NOT EXISTS (SELECT 1 FROM tool_executions AS te WHERE te.run_id = r.id AND te.step_key = $6)
+  RETURNING r.id, r.tenant_id, r.version, r.fencing_token
+), execution AS (
+  INSERT INTO tool_executions (id, run_id, step_key, tool_name, idempotency_key, request_json,
+                               request_hash, status, fencing_token, intent_event_id)
+  SELECT $11, id, $6, $7, $8, $9, $10, 'OUTBOUND_INTENT', fencing_token, $12 FROM run
+  RETURNING *
+), event AS (
+  INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
+                      traceparent, tracestate)
+  SELECT $12, id, tenant_id, 'agent.tool_requested',
+         jsonb_build_object('step_key', $6::text, 'tool_name', $7::text, 'idempotency_key', $8::text,
+                            'execution_id', $11::uuid),
+         fencing_token, version, $13, $14
+  FROM run
+)
+SELECT * FROM execution;
+
+-- name: complete_tool_call
+-- Tx2: the tool's definite result, the next checkpoint, the version bump, the
+-- return to RUNNING and the event commit together, or nothing does. The run
+-- must be WAITING_TOOL on this step under a live lease with this fence, and
+-- the ledger row must still be OUTBOUND_INTENT (asserted: exactly one row).
+WITH run AS (
+  UPDATE agent_runs AS r
+  SET status = 'RUNNING', version = r.version + 1, current_step_key = $8,
+      checkpoint_schema_version = $10, updated_at = clock_timestamp()
+  WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3 AND r.version = $4
+    AND r.status = ANY($6::text[]) AND r.current_step_key = $5
+    AND r.lease_expires_at > clock_timestamp()
+    AND r.cancel_requested_at IS NULL
+    AND EXISTS (SELECT 1 FROM tool_executions AS te
+                WHERE te.run_id = r.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT')
+  RETURNING r.id, r.tenant_id, r.version, r.fencing_token
+), execution AS (
+  UPDATE tool_executions AS te
+  SET status = $7, response_json = $11, remote_resource_id = $12, error_code = $13,
+      completed_at = clock_timestamp(),
+      reconciliation_evidence = COALESCE($14::jsonb, te.reconciliation_evidence),
+      reconciled_at = CASE WHEN $14::jsonb IS NULL THEN te.reconciled_at ELSE clock_timestamp() END
+  FROM run
+  WHERE te.run_id = run.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT'
+  RETURNING te.id
+), checkpoint AS (
+  INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version,
+                                 fencing_token, event_id)
+  SELECT id, version, $9, $15, $10, fencing_token, $16 FROM run
+  RETURNING version
+), event AS (
+  INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
+                      traceparent, tracestate)
+  SELECT $16, id, tenant_id, CASE WHEN $7 = 'SUCCEEDED' THEN 'agent.tool_succeeded' ELSE 'agent.tool_failed' END,
+         jsonb_build_object('step_key', $5::text, 'version', version, 'error_code', $13::text),
+         fencing_token, version, $17, $18
+  FROM run
+)
+SELECT checkpoint.version,
+       agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
+FROM checkpoint;
+
+-- name: tool_not_executed
+-- Takeover: the downstream's lookup proved the request never took effect.
+-- The ledger row is closed NOT_EXECUTED with its evidence (never deleted) and
+-- the run returns to QUEUED with backoff; its next attempt gets a new step key.
+WITH run AS (
+  UPDATE agent_runs AS r
+  SET status = 'QUEUED', lease_owner = NULL, lease_expires_at = NULL,
+      next_attempt_at = clock_timestamp()
+        + make_interval(secs => agentrt_backoff_ms(r.id, r.attempt_count, $7, $8, $9) / 1000),
+      updated_at = clock_timestamp()
+  WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3 AND r.version = $4
+    AND r.status = ANY($6::text[]) AND r.current_step_key = $5
+    AND r.lease_expires_at > clock_timestamp()
+    AND r.cancel_requested_at IS NULL
+    AND EXISTS (SELECT 1 FROM tool_executions AS te
+                WHERE te.run_id = r.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT')
+  RETURNING r.id, r.tenant_id, r.version, r.fencing_token, r.agent_name
+), execution AS (
+  UPDATE tool_executions AS te
+  SET status = 'NOT_EXECUTED', error_code = $10, completed_at = clock_timestamp(),
+      reconciled_at = clock_timestamp(), reconciliation_evidence = $11, resolved_by = $2
+  FROM run
+  WHERE te.run_id = run.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT'
+  RETURNING te.id
+), event AS (
+  INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
+                      traceparent, tracestate)
+  SELECT $12, id, tenant_id, 'agent.tool_not_executed',
+         jsonb_build_object('step_key', $5::text, 'evidence', $11::jsonb),
+         fencing_token, version, $13, $14
+  FROM run
+)
+SELECT run.version, agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
+FROM run;
+
+-- name: mark_tool_in_doubt
+-- Unknown outcome: freeze. The ledger row becomes IN_DOUBT, the run
+-- PAUSED_INDOUBT with its lease cleared, and an event is written, together.
+WITH run AS (
+  UPDATE agent_runs AS r
+  SET status = 'PAUSED_INDOUBT', lease_owner = NULL, lease_expires_at = NULL,
+      pause_reason = 'tool outcome unknown: ' || $6, updated_at = clock_timestamp()
+  WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3
+    AND r.status = ANY($5::text[]) AND r.current_step_key = $4
+    AND r.lease_expires_at > clock_timestamp()
+    AND r.cancel_requested_at IS NULL
+    AND EXISTS (SELECT 1 FROM tool_executions AS te
+                WHERE te.run_id = r.id AND te.step_key = $4 AND te.status = 'OUTBOUND_INTENT')
+  RETURNING r.id, r.tenant_id, r.version, r.fencing_token
+), execution AS (
+  UPDATE tool_executions AS te
+  SET status = 'IN_DOUBT', error_code = $6
+  FROM run
+  WHERE te.run_id = run.id AND te.step_key = $4 AND te.status = 'OUTBOUND_INTENT'
+  RETURNING te.id
+), event AS (
+  INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
+                      traceparent, tracestate)
+  SELECT $7, id, tenant_id, 'agent.tool_in_doubt',
+         jsonb_build_object('step_key', $4::text, 'error_code', $6::text, 'detail', $8::text),
+         fencing_token, version, $9, $10
+  FROM run
+)
+SELECT run.version, agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
+FROM run;
+
+-- name: finish_run
+-- Ends the holder's turn: COMPLETED / FAILED / PAUSED_HUMAN ($6), or back to
+-- QUEUED for a retry with backoff or a durable sleep. A retry at max_attempts
+-- goes to $12 (FAILED or PAUSED_HUMAN) instead. The lease is always cleared.
+-- $7 = 'retry' | 'sleep' | 'end'. Sleep and resume reset attempt_count: it counts
+-- claims since the run last made progress on its own terms.
+WITH run AS (
+  UPDATE agent_runs AS r
+  SET status = CASE
+        WHEN $7 = 'retry' AND r.attempt_count >= r.max_attempts THEN $12
+        WHEN $7 IN ('retry', 'sleep') THEN 'QUEUED'
+        ELSE $6 END,
+      lease_owner = NULL, lease_expires_at = NULL,
+      next_attempt_at = CASE
+        WHEN $7 = 'retry' THEN clock_timestamp()
+          + make_interval(secs => agentrt_backoff_ms(r.id, r.attempt_count, $9, $10, $11) / 1000)
+        WHEN $7 = 'sleep' THEN clock_timestamp() + make_interval(secs => $8::double precision / 1000)
+        ELSE r.next_attempt_at END,
+      attempt_count = CASE WHEN $7 = 'sleep' THEN 0 ELSE r.attempt_count END,
+      result = CASE WHEN $7 = 'end' AND $6 = 'COMPLETED' THEN $13::jsonb ELSE r.result END,
+      terminal_reason = CASE
+        WHEN $7 = 'retry' AND r.attempt_count >= r.max_attempts AND $12 = 'FAILED'
+          THEN 'attempts exhausted (' || r.attempt_count || '/' || r.max_attempts || '): ' || $14
+        WHEN $7 = 'end' AND $6 IN ('COMPLETED', 'FAILED') THEN $14
+        ELSE r.terminal_reason END,
+      pause_reason = CASE
+        WHEN $7 = 'retry' AND r.attempt_count >= r.max_attempts AND $12 = 'PAUSED_HUMAN'
+          THEN 'attempts exhausted (' || r.attempt_count || '/' || r.max_attempts || '): ' || $14
+        WHEN $7 = 'end' AND $6 = 'PAUSED_HUMAN' THEN $14
+        WHEN $7 = 'sleep' THEN NULL
+        ELSE r.pause_reason END,
+      finished_at = CASE
+        WHEN ($7 = 'end' AND $6 IN ('COMPLETED', 'FAILED'))
+          OR ($7 = 'retry' AND r.attempt_count >= r.max_attempts AND $12 = 'FAILED')
+        THEN clock_timestamp() ELSE NULL END,
+      updated_at = clock_timestamp()
+  WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3 AND r.version = $4
+    AND r.status = ANY($5::text[])
+    AND r.lease_expires_at > clock_timestamp()
+    AND r.cancel_requested_at IS NULL
+  RETURNING r.id, r.tenant_id, r.version, r.fencing_token, r.status, r.next_attempt_at,
+            r.attempt_count, r.agent_name
+), event AS (
+  INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
+                      traceparent, tracestate)
+  SELECT $15, id, tenant_id,
+         CASE status WHEN 'COMPLETED' THEN 'agent.run_completed'
+                     WHEN 'FAILED' THEN 'agent.run_failed'
+                     WHEN 'PAUSED_HUMAN' THEN 'agent.run_paused'
+                     ELSE CASE WHEN $7 = 'sleep' THEN 'agent.run_sleeping' ELSE 'agent.run_retry_scheduled' END
+         END,
+         jsonb_build_object('status', status, 'reason', $14::text, 'error_class', $16::text,
+                            'next_attempt_at', CASE WHEN status = 'QUEUED' THEN next_attempt_at END,
+                            'attempt_count', attempt_count),
+         fencing_token, version, $17, $18
+  FROM run
+)
+SELECT run.status, run.next_attempt_at, run.version FROM run;
+
+-- name: lock_run
+-- Operator paths (cancel, resume, resolve) and error diagnosis lock the row
+-- first, check the transition table in code, then write.
+SELECT *, lease_expires_at > clock_timestamp() AS lease_live, clock_timestamp() AS db_now
+FROM agent_runs WHERE id = $1 FOR UPDATE;
+
+-- name: read_run
+SELECT *, lease_expires_at > clock_timestamp() AS lease_live, clock_timestamp() AS db_now
+FROM agent_runs WHERE id = $1;
+
+-- name: end_run
+-- Ends a locked run at once (cancel of an unleased run, cancel applied at the
+-- holder's write or at claim, deadline passed at claim, approval rejected).
+-- The lease is cleared with the transition (invariant 1).
+UPDATE agent_runs
+SET status = 'FAILED', lease_owner = NULL, lease_expires_at = NULL,
+    terminal_reason = $2, finished_at = clock_timestamp(), updated_at = clock_timestamp(),
+    cancel_requested_at = CASE WHEN $3 THEN COALESCE(cancel_requested_at, clock_timestamp())
+                               ELSE cancel_requested_at END,
+    cancel_reason = CASE WHEN $3 THEN COALESCE(cancel_reason, $4) ELSE cancel_reason END
+WHERE id = $1 AND status NOT IN ('COMPLETED', 'FAILED')
+RETURNING *;
+
+-- name: request_cancel
+-- A leased run is only flagged; its holder's next write ends it.
+UPDATE agent_runs
+SET cancel_requested_at = clock_timestamp(), cancel_reason = $2, updated_at = clock_timestamp()
+WHERE id = $1 AND status IN ('RUNNING', 'WAITING_TOOL') AND cancel_requested_at IS NULL
+RETURNING *;
+
+-- name: resume_run
+-- PAUSED_HUMAN -> QUEUED with the operator's response recorded for the next step.
+UPDATE agent_runs
+SET status = 'QUEUED', human_input = $2, pause_reason = NULL, attempt_count = 0,
+    next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE id = $1 AND status = 'PAUSED_HUMAN'
+RETURNING *;
+
+-- name: freeze_run
+-- Commit-unknown recovery found half a write: stop the run, never guess.
+UPDATE agent_runs
+SET status = 'PAUSED_INDOUBT', lease_owner = NULL, lease_expires_at = NULL,
+    pause_reason = $2, updated_at = clock_timestamp()
+WHERE id = $1 AND status IN ('RUNNING', 'WAITING_TOOL')
+RETURNING *;
+
+-- name: requeue_resolved
+-- A resolved in-doubt run goes back to QUEUED; with a new checkpoint when the
+-- resolution carried a result ($2 = new version, else the version is kept).
+UPDATE agent_runs
+SET status = 'QUEUED', version = $2, pause_reason = NULL, attempt_count = 0,
+    next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE id = $1 AND status = 'PAUSED_INDOUBT'
+RETURNING *;
+
+-- name: notify_work
+-- Wakes long-polling claimers (delivered at commit).
+SELECT pg_notify('agentrt_work', $1);
+
+-- name: bump_counter
+INSERT INTO runtime_counters (name, value) VALUES ($1, 1)
+ON CONFLICT (name) DO UPDATE SET value = runtime_counters.value + 1, updated_at = clock_timestamp();
+
+-- name: get_counter
+SELECT value FROM runtime_counters WHERE name = $1;
+
+-- name: insert_event
+INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
+                    traceparent, tracestate)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: insert_checkpoint
+INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version, fencing_token, event_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
+
+-- name: latest_checkpoint
+SELECT * FROM agent_checkpoints WHERE run_id = $1 ORDER BY version DESC LIMIT 1;
+
+-- name: tool_execution_for_step
+SELECT * FROM tool_executions WHERE run_id = $1 AND step_key = $2;
+
+-- name: lock_tool_execution
+SELECT * FROM tool_executions WHERE run_id = $1 AND step_key = $2 FOR UPDATE;
+
+-- name: tool_execution_by_key
+SELECT * FROM tool_executions WHERE tool_name = $1 AND idempotency_key = $2;
+
+-- name: resolve_tool_execution
+-- Records an operator's or reconciler's evidence on an in-doubt ledger row.
+-- The row is never deleted; UNKNOWN keeps it IN_DOUBT with the evidence added.
+UPDATE tool_executions
+SET status = $3, response_json = COALESCE($4, response_json),
+    remote_resource_id = COALESCE($5, remote_resource_id),
+    reconciliation_evidence = $6, resolved_by = $7, reconciled_at = clock_timestamp(),
+    completed_at = CASE WHEN $3 IN ('SUCCEEDED', 'FAILED', 'NOT_EXECUTED') THEN clock_timestamp() END
+WHERE run_id = $1 AND step_key = $2 AND status = 'IN_DOUBT'
+RETURNING *;
+
+-- name: close_open_execution
+-- Used when a cancelled run's holder reports its tool outcome: the fact is
+-- kept in the ledger even though the run ends.
+UPDATE tool_executions
+SET status = $3, response_json = $4, remote_resource_id = $5, error_code = $6,
+    completed_at = CASE WHEN $3 = 'IN_DOUBT' THEN NULL ELSE clock_timestamp() END
+WHERE run_id = $1 AND step_key = $2 AND status = 'OUTBOUND_INTENT'
+RETURNING *;
+
+-- name: event_by_id
+SELECT * FROM outbox WHERE event_id = $1;
+
+-- name: checkpoint_by_event
+SELECT * FROM agent_checkpoints WHERE event_id = $1;
+
+-- name: tool_execution_by_intent_event
+SELECT * FROM tool_executions WHERE intent_event_id = $1;
+
+-- name: history_checkpoints
+SELECT * FROM agent_checkpoints WHERE run_id = $1 ORDER BY version;
+
+-- name: history_tool_executions
+SELECT * FROM tool_executions WHERE run_id = $1 ORDER BY outbound_intent_at, step_key;
+
+-- name: history_events
+SELECT * FROM outbox WHERE run_id = $1 ORDER BY id;

@@ -1,0 +1,661 @@
+"""The scheduler's data-access layer: the only code that runs SQL against run state.
+
+Hot-path writes (claim, heartbeat, checkpoint, Tx1, Tx2, in-doubt, finish) are
+single statements from sql/queries.sql: one round trip, atomic by
+construction, every predicate on the database clock. When such a statement
+matches no row, `_refusal` reads the row and says why (not found, lease lost,
+cancelled, wrong state, version conflict) — the diagnosis never writes except
+to apply a requested cancel or to freeze a run whose commit was half-visible.
+
+Operator paths (cancel, resume, resolve) lock the run row, check the
+transition table in code, then write, in one explicit transaction. No network
+call other than to PostgreSQL ever happens while a run row is locked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import functools
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, ParamSpec, TypeVar
+
+import asyncpg
+
+from scheduler.queries import Q
+from shared.canonical import canonical_json, request_hash, sha256_of, uuid7
+from shared.config import SchedulerSettings
+from shared.errors import (
+    AgentrtError,
+    AlreadyExists,
+    DecisionNotCheckpointed,
+    InvalidArgument,
+    InvalidTransition,
+    LeaseLost,
+    NotFound,
+    RunCancelled,
+    RunFrozen,
+    Unavailable,
+    VersionConflict,
+)
+from shared.states import LEASED, TERMINAL, Op, RunStatus, sources, transition
+from shared.tracing import NO_TRACE, Trace
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+Record = asyncpg.Record
+COMMIT_UNKNOWN_COUNTER = "commit_unknown_inconsistent"
+_ASSERT_SQLSTATE = "AR001"
+
+
+@dataclass(frozen=True)
+class LeaseRef:
+    run_id: uuid.UUID
+    worker_id: str
+    fencing_token: int
+
+
+@dataclass(frozen=True)
+class SubmitSpec:
+    agent_name: str
+    agent_version: str
+    input: dict[str, Any]
+    client_request_id: str | None
+    max_attempts: int
+    labels: dict[str, str]
+    max_steps: int = 0
+    max_tokens: int = 0
+    max_cost_usd: float = 0.0
+    deadline_at: dt.datetime | None = None
+
+    def submit_hash(self) -> bytes:
+        return sha256_of(
+            {
+                "agent_name": self.agent_name,
+                "agent_version": self.agent_version,
+                "input": self.input,
+                "max_attempts": self.max_attempts,
+                "labels": self.labels,
+                "budget": [self.max_steps, self.max_tokens, self.max_cost_usd,
+                           self.deadline_at.isoformat() if self.deadline_at else None],
+            }
+        )
+
+
+@dataclass
+class Claimed:
+    run: Record
+    checkpoint: dict[str, Any] | None
+    step_execution: dict[str, Any] | None
+    lease_duration_ms: int
+
+
+@dataclass
+class History:
+    run: Record
+    checkpoints: list[Record] = field(default_factory=list)
+    executions: list[Record] = field(default_factory=list)
+    events: list[Record] = field(default_factory=list)
+
+
+ResolveOutcome = Literal["SUCCEEDED", "NOT_EXECUTED", "UNKNOWN"]
+Effect = Literal["checkpoint", "ledger", "event"]
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    ConnectionError,
+    OSError,
+    asyncio.TimeoutError,
+)
+_RETRYABLE = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
+
+
+def db_call(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Retries serialization failures/deadlocks (bounded); a lost database is UNAVAILABLE."""
+
+    @functools.wraps(func)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        for attempt in range(5):
+            try:
+                return await func(*args, **kwargs)
+            except _RETRYABLE:
+                if attempt == 4:
+                    raise Unavailable("database kept aborting the transaction; retry") from None
+                await asyncio.sleep(0.005 * 2**attempt)
+            except AgentrtError:
+                raise
+            except _CONNECTION_ERRORS as exc:
+                raise Unavailable(f"database unavailable: {type(exc).__name__}") from None
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+def _prefixed(row: Record, prefix: str) -> dict[str, Any] | None:
+    data = {key[len(prefix):]: row[key] for key in row.keys() if key.startswith(prefix)}
+    if all(value is None for value in data.values()):
+        return None
+    return data
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    # jsonb in and out as Python values; what goes in is canonical JSON.
+    for type_name in ("jsonb", "json"):
+        await conn.set_type_codec(type_name, encoder=canonical_json, decoder=json.loads, schema="pg_catalog")
+
+
+async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
+                       command_timeout: float = 30.0) -> asyncpg.Pool:
+    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection,
+                                     command_timeout=command_timeout)
+    assert pool is not None
+    return pool
+
+
+class Store:
+    def __init__(self, pool: asyncpg.Pool, settings: SchedulerSettings) -> None:
+        self.pool = pool
+        self.settings = settings
+
+    # ------------------------------------------------------------------ RunService
+
+    @db_call
+    async def submit_run(self, tenant_id: str, spec: SubmitSpec, trace: Trace = NO_TRACE) -> tuple[Record, bool]:
+        digest = spec.submit_hash() if spec.client_request_id else None
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                Q["submit_run"], uuid7(), tenant_id, spec.agent_name, spec.agent_version, spec.input,
+                spec.labels, spec.max_attempts, spec.max_steps, spec.max_tokens, spec.max_cost_usd,
+                spec.deadline_at, spec.client_request_id, digest, uuid7(), trace.traceparent,
+                trace.tracestate,
+            )
+            if row is not None:
+                return row, True
+            existing = await conn.fetchrow(Q["get_run_by_client_request"], tenant_id, spec.client_request_id)
+        if existing is None:  # deleted between the two statements: retention never deletes runs
+            raise Unavailable("submit raced with a concurrent change; retry")
+        if bytes(existing["submit_hash"]) != digest:
+            raise AlreadyExists(
+                "client_request_id was already used with a different payload",
+                client_request_id=spec.client_request_id, run_id=existing["id"],
+            )
+        return existing, False
+
+    @db_call
+    async def get_run(self, tenant_id: str, run_id: uuid.UUID) -> Record:
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(Q["get_run"], run_id, tenant_id)
+        if row is None:
+            raise NotFound(f"run {run_id} not found", run_id=run_id)
+        return row
+
+    @db_call
+    async def list_runs(self, tenant_id: str, statuses: list[str] | None, agent_name: str | None,
+                        after: tuple[dt.datetime, uuid.UUID] | None, limit: int) -> list[Record]:
+        async with self.pool.acquire() as conn:
+            return await conn.fetch(
+                Q["list_runs"], tenant_id, statuses, agent_name,
+                after[0] if after else None, after[1] if after else None, limit,
+            )
+
+    @db_call
+    async def cancel_run(self, tenant_id: str, run_id: uuid.UUID, reason: str,
+                         trace: Trace = NO_TRACE) -> Record:
+        async with self.pool.acquire() as conn, conn.transaction():
+            run = await self._lock_tenant_run(conn, tenant_id, run_id)
+            status = RunStatus(run["status"])
+            if status in LEASED:
+                if run["cancel_requested_at"] is not None:
+                    return run  # already flagged: cancelling twice is not an error
+                transition(status, Op.REQUEST_CANCEL)
+                updated = await conn.fetchrow(Q["request_cancel"], run_id, reason)
+                await self._event(conn, updated, "agent.cancel_requested", {"reason": reason}, trace)
+                return updated
+            transition(status, Op.CANCEL)
+            updated = await conn.fetchrow(Q["end_run"], run_id, f"cancelled: {reason}", True, reason)
+            await self._event(conn, updated, "agent.run_cancelled", {"reason": reason}, trace)
+            return updated
+
+    @db_call
+    async def resume_run(self, tenant_id: str, run_id: uuid.UUID, human_input: dict[str, Any],
+                         trace: Trace = NO_TRACE) -> Record:
+        async with self.pool.acquire() as conn, conn.transaction():
+            run = await self._lock_tenant_run(conn, tenant_id, run_id)
+            transition(run["status"], Op.RESUME)
+            updated = await conn.fetchrow(Q["resume_run"], run_id, human_input)
+            await self._event(conn, updated, "agent.run_resumed",
+                              {"decision": human_input.get("decision"),
+                               "operator": human_input.get("operator")}, trace)
+            await conn.execute(Q["notify_work"], updated["agent_name"])
+            return updated
+
+    @db_call
+    async def resolve_tool_execution(
+        self, tenant_id: str, run_id: uuid.UUID, step_key: str, outcome: ResolveOutcome,
+        result: Any, remote_resource_id: str | None, evidence: dict[str, Any], resolved_by: str,
+        event_id: uuid.UUID | None, trace: Trace = NO_TRACE,
+    ) -> tuple[Record, Record]:
+        """Applies evidence to an IN_DOUBT ledger row, atomically with the run's move.
+
+        SUCCEEDED writes the result and a new checkpoint (the latest state with
+        the result recorded under tool_results[step_key] and pending_tool cleared),
+        like Tx2, and re-queues the run. NOT_EXECUTED closes the row (kept, with
+        evidence) and re-queues. UNKNOWN records the evidence and keeps the pause.
+        """
+        event_id = event_id or uuid7()
+        op = {"SUCCEEDED": Op.RESOLVE_SUCCEEDED, "NOT_EXECUTED": Op.RESOLVE_NOT_EXECUTED,
+              "UNKNOWN": Op.RESOLVE_UNKNOWN}[outcome]
+        async with self.pool.acquire() as conn, conn.transaction():
+            previous = await conn.fetchrow(Q["event_by_id"], event_id)
+            if previous is not None:
+                if previous["run_id"] != run_id or previous["event_type"] != "agent.tool_resolved":
+                    raise InvalidArgument("event_id", "already used for another write")
+                run = await self._lock_tenant_run(conn, tenant_id, run_id)
+                execution = await conn.fetchrow(Q["tool_execution_for_step"], run_id, step_key)
+                return run, execution
+            run = await self._lock_tenant_run(conn, tenant_id, run_id)
+            transition(run["status"], op)
+            execution = await conn.fetchrow(Q["lock_tool_execution"], run_id, step_key)
+            if execution is None:
+                raise NotFound(f"no tool execution for step {step_key!r} of run {run_id}", step_key=step_key)
+            if execution["status"] != "IN_DOUBT":
+                raise InvalidTransition(
+                    f"tool execution {step_key!r} is {execution['status']}, only IN_DOUBT rows are resolved",
+                    status=execution["status"],
+                )
+            ledger_status = "IN_DOUBT" if outcome == "UNKNOWN" else outcome
+            execution = await conn.fetchrow(
+                Q["resolve_tool_execution"], run_id, step_key, ledger_status,
+                result if outcome == "SUCCEEDED" else None, remote_resource_id, evidence, resolved_by,
+            )
+            version = run["version"]
+            if outcome == "SUCCEEDED":
+                latest = await conn.fetchrow(Q["latest_checkpoint"], run_id)
+                state = dict(latest["state_json"]) if latest else {}
+                schema_version = latest["schema_version"] if latest else run["checkpoint_schema_version"]
+                state.pop("pending_tool", None)
+                results = dict(state.get("tool_results") or {})
+                results[step_key] = {"status": "SUCCEEDED", "response": result,
+                                     "remote_resource_id": remote_resource_id, "resolved_by": resolved_by}
+                state["tool_results"] = results
+                version += 1
+                await conn.execute(Q["insert_checkpoint"], run_id, version, state, sha256_of(state),
+                                   schema_version, run["fencing_token"], event_id)
+            if outcome != "UNKNOWN":
+                run = await conn.fetchrow(Q["requeue_resolved"], run_id, version)
+                await conn.execute(Q["notify_work"], run["agent_name"])
+            await self._event(conn, run, "agent.tool_resolved",
+                              {"step_key": step_key, "outcome": outcome, "resolved_by": resolved_by,
+                               "evidence": evidence}, trace, event_id=event_id)
+            return run, execution
+
+    @db_call
+    async def history(self, tenant_id: str, run_id: uuid.UUID) -> History:
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            run = await conn.fetchrow(Q["get_run"], run_id, tenant_id)
+            if run is None:
+                raise NotFound(f"run {run_id} not found", run_id=run_id)
+            return History(
+                run=run,
+                checkpoints=await conn.fetch(Q["history_checkpoints"], run_id),
+                executions=await conn.fetch(Q["history_tool_executions"], run_id),
+                events=await conn.fetch(Q["history_events"], run_id),
+            )
+
+    # ------------------------------------------------------------------ WorkService
+
+    @db_call
+    async def claim(self, worker_id: str, agents: list[str], trace: Trace = NO_TRACE) -> Claimed | None:
+        lease_ms = self.settings.lease_duration_ms
+        async with self.pool.acquire() as conn:
+            for _ in range(16):  # bounded: each pass ends one cancelled/expired run or returns
+                row = await conn.fetchrow(Q["claim_work"], worker_id, lease_ms, agents)
+                if row is None:
+                    return None
+                reason = None
+                if row["cancel_requested_at"] is not None:
+                    reason, event = f"cancelled: {row['cancel_reason']}", "agent.run_cancelled"
+                elif row["deadline_at"] is not None and row["deadline_at"] <= row["db_now"]:
+                    reason, event = "budget exhausted: deadline passed", "agent.run_failed"
+                if reason is None:
+                    return Claimed(run=row, checkpoint=_prefixed(row, "cp_"),
+                                   step_execution=_prefixed(row, "te_"), lease_duration_ms=lease_ms)
+                op = Op.APPLY_CANCEL if event == "agent.run_cancelled" else Op.EXPIRE_DEADLINE
+                async with conn.transaction():
+                    locked = await conn.fetchrow(Q["lock_run"], row["id"])
+                    if locked["fencing_token"] != row["fencing_token"]:
+                        continue  # taken over in between: its new holder will end it
+                    transition(locked["status"], op)
+                    ended = await conn.fetchrow(Q["end_run"], row["id"], reason, False, None)
+                    await self._event(conn, ended, event, {"reason": reason}, trace)
+        return None
+
+    @db_call
+    async def heartbeat(self, lease: LeaseRef) -> dt.datetime:
+        async with self.pool.acquire() as conn:
+            expires = await conn.fetchval(Q["heartbeat"], lease.run_id, lease.worker_id, lease.fencing_token,
+                                          self.settings.lease_duration_ms)
+            if expires is not None:
+                return expires
+            raise await self._refusal(conn, Op.HEARTBEAT, lease, None)
+
+    @db_call
+    async def save_checkpoint(
+        self, lease: LeaseRef, expected_version: int, state: dict[str, Any], schema_version: int,
+        step_key: str | None, event_id: uuid.UUID, event_type: str, event_payload: dict[str, Any],
+        trace: Trace = NO_TRACE,
+    ) -> tuple[int, bool]:
+        async with self.pool.acquire() as conn:
+            try:
+                version = await conn.fetchval(
+                    Q["save_checkpoint"], lease.run_id, lease.worker_id, lease.fencing_token,
+                    expected_version, sources(Op.SAVE_CHECKPOINT), schema_version, state, step_key,
+                    sha256_of(state), event_id, event_type, event_payload, trace.traceparent,
+                    trace.tracestate,
+                )
+            except asyncpg.UniqueViolationError:
+                version = None
+            if version is not None:
+                return version, False
+            replay = await self._replay(conn, event_id, lease.run_id, "checkpoint")
+            if replay is not None:
+                return replay["version"], True
+            raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, expected_version)
+
+    @db_call
+    async def begin_tool_call(
+        self, lease: LeaseRef, expected_version: int, step_key: str, tool_name: str, idempotency_key: str,
+        request: Any, execution_id: uuid.UUID, event_id: uuid.UUID, trace: Trace = NO_TRACE,
+    ) -> tuple[Record, bool, bool]:
+        """Tx1. Returns (ledger row, existing, replayed). `existing` is never a licence to resend."""
+        digest = request_hash(tool_name, request)
+        async with self.pool.acquire() as conn:
+            try:
+                row = await conn.fetchrow(
+                    Q["begin_tool_call"], lease.run_id, lease.worker_id, lease.fencing_token,
+                    expected_version, sources(Op.BEGIN_TOOL_CALL), step_key, tool_name, idempotency_key,
+                    request, digest, execution_id, event_id, trace.traceparent, trace.tracestate,
+                )
+            except asyncpg.UniqueViolationError:
+                row = None
+            if row is not None:
+                return row, False, False
+            replay = await self._replay(conn, event_id, lease.run_id, "ledger")
+            if replay is not None:
+                return replay, True, True
+            existing = await conn.fetchrow(Q["tool_execution_for_step"], lease.run_id, step_key)
+            if existing is not None:
+                return existing, True, False
+            by_key = await conn.fetchrow(Q["tool_execution_by_key"], tool_name, idempotency_key)
+            if by_key is not None:
+                raise AlreadyExists("idempotency_key is already recorded for another step",
+                                    field="idempotency_key")
+            refusal = await self._refusal(conn, Op.BEGIN_TOOL_CALL, lease, expected_version)
+            if isinstance(refusal, VersionConflict | InvalidTransition | LeaseLost | NotFound | RunCancelled):
+                raise refusal
+            raise DecisionNotCheckpointed(
+                "the current checkpoint does not record this tool decision (step key, tool and request "
+                "hash must match its pending_tool); save the decision before calling the tool",
+                step_key=step_key, request_hash=digest.hex(),
+            )
+
+    @db_call
+    async def complete_tool_call(
+        self, lease: LeaseRef, expected_version: int, step_key: str, succeeded: bool, response: Any,
+        remote_resource_id: str | None, error_code: str | None, state: dict[str, Any], schema_version: int,
+        next_step_key: str | None, evidence: dict[str, Any] | None, event_id: uuid.UUID,
+        trace: Trace = NO_TRACE,
+    ) -> tuple[int, bool]:
+        """Tx2 with a definite outcome. Returns (new version, replayed)."""
+        async with self.pool.acquire() as conn:
+            try:
+                version = await conn.fetchval(
+                    Q["complete_tool_call"], lease.run_id, lease.worker_id, lease.fencing_token,
+                    expected_version, step_key, sources(Op.COMPLETE_TOOL_CALL),
+                    "SUCCEEDED" if succeeded else "FAILED", next_step_key, state, schema_version, response,
+                    remote_resource_id, error_code, evidence, sha256_of(state), event_id,
+                    trace.traceparent, trace.tracestate,
+                )
+            except asyncpg.UniqueViolationError:
+                version = None
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != _ASSERT_SQLSTATE:
+                    raise
+                version = None
+            if version is not None:
+                return version, False
+            replay = await self._replay(conn, event_id, lease.run_id, "checkpoint")
+            if replay is not None:
+                return replay["version"], True
+            raise await self._tool_refusal(
+                conn, Op.COMPLETE_TOOL_CALL, lease, expected_version, step_key,
+                close_as=("SUCCEEDED" if succeeded else "FAILED", response, remote_resource_id, error_code),
+            )
+
+    @db_call
+    async def tool_not_executed(
+        self, lease: LeaseRef, expected_version: int, step_key: str, error_code: str | None,
+        evidence: dict[str, Any], event_id: uuid.UUID, trace: Trace = NO_TRACE,
+    ) -> tuple[int, bool]:
+        s = self.settings
+        async with self.pool.acquire() as conn:
+            try:
+                row = await conn.fetchrow(
+                    Q["tool_not_executed"], lease.run_id, lease.worker_id, lease.fencing_token,
+                    expected_version, step_key, sources(Op.TOOL_NOT_EXECUTED), s.backoff_base_ms,
+                    s.backoff_cap_ms, s.backoff_jitter_ms, error_code, evidence, event_id,
+                    trace.traceparent, trace.tracestate,
+                )
+            except asyncpg.UniqueViolationError:
+                row = None
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != _ASSERT_SQLSTATE:
+                    raise
+                row = None
+            if row is not None:
+                return row["version"], False
+            replay = await self._replay(conn, event_id, lease.run_id, "event")
+            if replay is not None:
+                return replay["run_version"], True
+            raise await self._tool_refusal(conn, Op.TOOL_NOT_EXECUTED, lease, expected_version, step_key,
+                                           close_as=None)
+
+    @db_call
+    async def mark_tool_in_doubt(
+        self, lease: LeaseRef, step_key: str, error_code: str, detail: str, event_id: uuid.UUID,
+        trace: Trace = NO_TRACE,
+    ) -> bool:
+        """Freeze on an unknown outcome. Returns replayed."""
+        async with self.pool.acquire() as conn:
+            try:
+                row = await conn.fetchrow(
+                    Q["mark_tool_in_doubt"], lease.run_id, lease.worker_id, lease.fencing_token, step_key,
+                    sources(Op.MARK_TOOL_IN_DOUBT), error_code, event_id, detail, trace.traceparent,
+                    trace.tracestate,
+                )
+            except asyncpg.UniqueViolationError:
+                row = None
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != _ASSERT_SQLSTATE:
+                    raise
+                row = None
+            if row is not None:
+                return False
+            if await self._replay(conn, event_id, lease.run_id, "event") is not None:
+                return True
+            raise await self._tool_refusal(conn, Op.MARK_TOOL_IN_DOUBT, lease, None, step_key,
+                                           close_as=("IN_DOUBT", None, None, error_code))
+
+    @db_call
+    async def finish_run(
+        self, lease: LeaseRef, expected_version: int, outcome: str, reason: str, result: Any,
+        sleep_ms: int, pause_when_exhausted: bool, error_class: str, event_id: uuid.UUID,
+        trace: Trace = NO_TRACE,
+    ) -> tuple[str, dt.datetime | None, bool]:
+        """outcome: COMPLETED | FAILED | PAUSED_HUMAN | RETRY | SLEEP. Returns (status, next_attempt_at, replayed)."""
+        mode, target, op = {
+            "COMPLETED": ("end", "COMPLETED", Op.FINISH_COMPLETED),
+            "FAILED": ("end", "FAILED", Op.FINISH_FAILED),
+            "PAUSED_HUMAN": ("end", "PAUSED_HUMAN", Op.FINISH_PAUSED_HUMAN),
+            "RETRY": ("retry", "QUEUED", Op.FINISH_RETRY),
+            "SLEEP": ("sleep", "QUEUED", Op.FINISH_SLEEP),
+        }[outcome]
+        exhausted = "PAUSED_HUMAN" if pause_when_exhausted else "FAILED"
+        s = self.settings
+        async with self.pool.acquire() as conn:
+            try:
+                row = await conn.fetchrow(
+                    Q["finish_run"], lease.run_id, lease.worker_id, lease.fencing_token, expected_version,
+                    sources(op), target, mode, sleep_ms, s.backoff_base_ms, s.backoff_cap_ms,
+                    s.backoff_jitter_ms, exhausted, result, reason, event_id, error_class,
+                    trace.traceparent, trace.tracestate,
+                )
+            except asyncpg.UniqueViolationError:
+                row = None
+            if row is not None:
+                status = row["status"]
+                return status, row["next_attempt_at"] if status == "QUEUED" else None, False
+            event = await self._replay(conn, event_id, lease.run_id, "event")
+            if event is not None:
+                payload = event["payload"]
+                next_at = payload.get("next_attempt_at")
+                return payload["status"], dt.datetime.fromisoformat(next_at) if next_at else None, True
+            raise await self._refusal(conn, op, lease, expected_version)
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _lock_tenant_run(self, conn: asyncpg.Connection, tenant_id: str, run_id: uuid.UUID) -> Record:
+        run = await conn.fetchrow(Q["lock_run"], run_id)
+        if run is None or run["tenant_id"] != tenant_id:
+            raise NotFound(f"run {run_id} not found", run_id=run_id)
+        return run
+
+    async def _event(self, conn: asyncpg.Connection, run: Record, event_type: str, payload: dict[str, Any],
+                     trace: Trace, event_id: uuid.UUID | None = None) -> None:
+        await conn.execute(
+            Q["insert_event"], event_id or uuid7(), run["id"], run["tenant_id"], event_type,
+            {"status": run["status"], **payload}, run["fencing_token"], run["version"],
+            trace.traceparent, trace.tracestate,
+        )
+
+    async def _replay(self, conn: asyncpg.Connection, event_id: uuid.UUID, run_id: uuid.UUID,
+                      effect: Effect) -> Record | None:
+        """Commit-unknown recovery (reference 6.1), by the caller's event id.
+
+        Event and its write both committed → the earlier call succeeded: answer
+        from what committed. Neither → None: the caller may run the write.
+        Exactly one → the run is frozen PAUSED_INDOUBT and counted; never guess.
+        """
+        event = await conn.fetchrow(Q["event_by_id"], event_id)
+        if effect == "checkpoint":
+            artifact = await conn.fetchrow(Q["checkpoint_by_event"], event_id)
+        elif effect == "ledger":
+            artifact = await conn.fetchrow(Q["tool_execution_by_intent_event"], event_id)
+        else:
+            artifact = event
+        if event is None and artifact is None:
+            return None
+        for found in (event, artifact):
+            if found is not None and found["run_id"] != run_id:
+                raise InvalidArgument("event_id", "already used for a write on another run")
+        if event is not None and artifact is not None:
+            return artifact
+        async with conn.transaction():
+            run = await conn.fetchrow(Q["lock_run"], run_id)
+            await conn.execute(Q["bump_counter"], COMMIT_UNKNOWN_COUNTER)
+            reason = (f"commit state inconsistent for event {event_id}: "
+                      f"{'event' if event is not None else effect} present without "
+                      f"{effect if event is not None else 'event'}")
+            if run is not None and RunStatus(run["status"]) in LEASED:
+                transition(run["status"], Op.FREEZE)
+                frozen = await conn.fetchrow(Q["freeze_run"], run_id, reason)
+                await self._event(conn, frozen, "agent.run_frozen", {"reason": reason}, NO_TRACE)
+        log.error("froze run %s: %s", run_id, reason)
+        raise RunFrozen(reason, run_id=run_id, event_id=event_id)
+
+    async def _refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
+                       expected_version: int | None) -> AgentrtError:
+        """Why a fenced write matched no row. Applies a requested cancel (the holder's write ends it)."""
+        run = await conn.fetchrow(Q["read_run"], lease.run_id)
+        if run is None:
+            return NotFound(f"run {lease.run_id} not found", run_id=lease.run_id)
+        if (run["lease_owner"] != lease.worker_id or run["fencing_token"] != lease.fencing_token
+                or not run["lease_live"]):
+            return LeaseLost(
+                f"lease on run {lease.run_id} is not held by {lease.worker_id} with fence "
+                f"{lease.fencing_token} (current fence {run['fencing_token']}, status {run['status']})",
+                run_id=lease.run_id, fencing_token=run["fencing_token"], status=run["status"],
+            )
+        if run["cancel_requested_at"] is not None:
+            return await self._apply_cancel(conn, lease, None, None)
+        if run["status"] not in sources(op):
+            try:
+                transition(run["status"], op)
+            except InvalidTransition as refusal:
+                return refusal
+        if expected_version is not None and run["version"] != expected_version:
+            return VersionConflict(
+                f"run {lease.run_id} is at version {run['version']}, not {expected_version}",
+                run_id=lease.run_id, version=run["version"],
+            )
+        return VersionConflict(f"run {lease.run_id} changed concurrently; re-read and retry",
+                               run_id=lease.run_id, version=run["version"])
+
+    async def _tool_refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
+                            expected_version: int | None, step_key: str,
+                            close_as: tuple[str, Any, str | None, str | None] | None) -> AgentrtError:
+        run = await conn.fetchrow(Q["read_run"], lease.run_id)
+        if (run is not None and run["cancel_requested_at"] is not None and run["lease_live"]
+                and run["lease_owner"] == lease.worker_id and run["fencing_token"] == lease.fencing_token):
+            return await self._apply_cancel(conn, lease, step_key, close_as)
+        refusal = await self._refusal(conn, op, lease, expected_version)
+        if not isinstance(refusal, VersionConflict) or run is None:
+            return refusal
+        if run["current_step_key"] != step_key:
+            return InvalidArgument("step_key", f"the run is waiting on step {run['current_step_key']!r}")
+        execution = await conn.fetchrow(Q["tool_execution_for_step"], lease.run_id, step_key)
+        if execution is None or execution["status"] != "OUTBOUND_INTENT":
+            return InvalidTransition(
+                f"tool execution {step_key!r} is {execution['status'] if execution else 'missing'}, "
+                "not OUTBOUND_INTENT", step_key=step_key,
+            )
+        return refusal
+
+    async def _apply_cancel(self, conn: asyncpg.Connection, lease: LeaseRef, step_key: str | None,
+                            close_as: tuple[str, Any, str | None, str | None] | None) -> RunCancelled:
+        async with conn.transaction():
+            run = await conn.fetchrow(Q["lock_run"], lease.run_id)
+            holder = (run is not None and run["lease_owner"] == lease.worker_id
+                      and run["fencing_token"] == lease.fencing_token and run["lease_live"])
+            if not holder or run["cancel_requested_at"] is None:
+                raise LeaseLost(f"lease on run {lease.run_id} is no longer held", run_id=lease.run_id)
+            transition(run["status"], Op.APPLY_CANCEL)
+            if step_key is not None and close_as is not None:
+                # The tool's outcome is a fact about the world: keep it even though the run ends.
+                status, response, remote_id, error_code = close_as
+                await conn.execute(Q["close_open_execution"], lease.run_id, step_key, status, response,
+                                   remote_id, error_code)
+            reason = f"cancelled: {run['cancel_reason']}"
+            ended = await conn.fetchrow(Q["end_run"], lease.run_id, reason, False, None)
+            await self._event(conn, ended, "agent.run_cancelled", {"reason": run["cancel_reason"]}, NO_TRACE)
+        return RunCancelled(f"run {lease.run_id} was cancelled: {run['cancel_reason']}", run_id=lease.run_id)
+
+    @db_call
+    async def counter(self, name: str) -> int:
+        async with self.pool.acquire() as conn:
+            value = await conn.fetchval(Q["get_counter"], name)
+        return int(value or 0)
+
+
+__all__ = ["TERMINAL", "Claimed", "History", "LeaseRef", "Store", "SubmitSpec", "Trace", "connect_pool"]

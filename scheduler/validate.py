@@ -1,0 +1,124 @@
+"""Request validation: every refusal names the field (INVALID_ARGUMENT) and happens before any write."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from shared.errors import InvalidArgument, Unauthenticated
+
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+_STEP_KEY = re.compile(r"^[^\x00-\x1f]{1,400}$")
+TENANT_HEADER = "x-tenant-id"
+
+
+def tenant_from_metadata(metadata: Any) -> str:
+    values = [value for key, value in (metadata or ()) if key == TENANT_HEADER]
+    if not values:
+        raise Unauthenticated(f"call metadata must name the tenant in {TENANT_HEADER}")
+    tenant = values[-1]
+    if isinstance(tenant, bytes) or not _TENANT.match(tenant):
+        raise InvalidArgument(TENANT_HEADER, "must be 1-128 characters of letters, digits, . _ : -")
+    return tenant
+
+
+def require_uuid(field: str, value: str) -> uuid.UUID:
+    if not value:
+        raise InvalidArgument(field, "is required")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgument(field, f"is not a UUID: {value[:64]!r}") from None
+
+
+def optional_uuid(field: str, value: str) -> uuid.UUID | None:
+    return require_uuid(field, value) if value else None
+
+
+def require_text(field: str, value: str, *, max_len: int = 200, pattern: re.Pattern[str] | None = None) -> str:
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if len(value) > max_len:
+        raise InvalidArgument(field, f"is longer than {max_len} characters")
+    if pattern is not None and not pattern.match(value):
+        raise InvalidArgument(field, "has characters that are not allowed")
+    return value
+
+
+def require_name(field: str, value: str) -> str:
+    return require_text(field, value, pattern=_NAME)
+
+
+def require_step_key(field: str, value: str) -> str:
+    return require_text(field, value, max_len=400, pattern=_STEP_KEY)
+
+
+def optional_text(field: str, value: str, *, max_len: int = 2000) -> str | None:
+    if not value:
+        return None
+    if len(value) > max_len:
+        raise InvalidArgument(field, f"is longer than {max_len} characters")
+    return value
+
+
+def _reject_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not valid JSON")
+
+
+def parse_json(field: str, text: str, limit: int, *, required: bool = False,
+               object_only: bool = True, default: Any = None) -> Any:
+    """Parses a *_json field. Oversized, invalid, NaN/Infinity, or (by default) non-object → INVALID_ARGUMENT."""
+    if not text:
+        if required:
+            raise InvalidArgument(field, "is required")
+        return default
+    if len(text.encode("utf-8")) > limit:
+        raise InvalidArgument(field, f"is larger than the {limit}-byte payload limit")
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgument(field, f"is not valid JSON ({str(exc)[:120]})") from None
+    if object_only and not isinstance(value, dict):
+        raise InvalidArgument(field, "must be a JSON object")
+    if _has_nul(value):
+        raise InvalidArgument(field, "must not contain NUL characters (PostgreSQL jsonb refuses them)")
+    return value
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any("\x00" in k or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def require_enum(field: str, value: int, allowed: dict[int, str]) -> str:
+    if value not in allowed:
+        raise InvalidArgument(field, f"must be one of {', '.join(sorted(allowed.values()))}")
+    return allowed[value]
+
+
+def require_positive(field: str, value: int) -> int:
+    if value <= 0:
+        raise InvalidArgument(field, "must be positive")
+    return value
+
+
+def require_non_negative(field: str, value: float) -> float:
+    if value < 0 or value != value:
+        raise InvalidArgument(field, "must not be negative")
+    return value
+
+
+def require_lease(lease: Any) -> tuple[uuid.UUID, str, int]:
+    run_id = require_uuid("lease.run_id", lease.run_id)
+    worker = require_text("lease.worker_id", lease.worker_id)
+    if lease.fencing_token <= 0:
+        raise InvalidArgument("lease.fencing_token", "must be positive (from ClaimWork)")
+    return run_id, worker, lease.fencing_token

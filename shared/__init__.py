@@ -1,0 +1,1 @@
+"""agentrt's common package: what two or more services use."""

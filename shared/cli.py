@@ -1,0 +1,114 @@
+"""The `agentrt` command. Each subcommand imports its service lazily.
+
+Failures print one readable line on stderr and exit non-zero; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    import asyncpg
+
+    from scheduler.migrate import available_migrations, migrate
+    from shared.config import SchedulerSettings
+
+    settings = SchedulerSettings(**({"database_url": args.database_url} if args.database_url else {}))
+
+    async def run() -> list[int]:
+        conn = await asyncpg.connect(settings.database_url, timeout=10)
+        try:
+            return await migrate(conn)
+        finally:
+            await conn.close()
+
+    applied = asyncio.run(run())
+    known = len(available_migrations())
+    print(f"schema at version {known}; applied {applied if applied else 'nothing (up to date)'}")
+    return 0
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from scheduler.server import serve
+    from shared.config import SchedulerSettings
+
+    overrides: dict[str, Any] = {}
+    if args.database_url:
+        overrides["database_url"] = args.database_url
+    if args.listen:
+        overrides["listen_addr"] = args.listen
+    settings = SchedulerSettings(**overrides)
+    _setup_logging(settings.log_level)
+    asyncio.run(serve(settings))
+    return 0
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from shared.devstack import run_dev
+
+    return run_dev(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentrt", description="Durable runtime for long AI-agent tasks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("migrate", help="apply database migrations (safe from several replicas at once)")
+    p.add_argument("--database-url", help="PostgreSQL URL (default: AGENTRT_DATABASE_URL)")
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("scheduler", help="run the scheduler (RunService + WorkService over gRPC)")
+    p.add_argument("--database-url", help="PostgreSQL URL (default: AGENTRT_DATABASE_URL)")
+    p.add_argument("--listen", help="host:port (default: AGENTRT_LISTEN_ADDR or 0.0.0.0:50051)")
+    p.set_defaults(func=cmd_scheduler)
+
+    p = sub.add_parser("dev", help="embedded PostgreSQL + migrations + the services, for local development")
+    p.add_argument("--data-dir", type=Path, default=Path(".agentrt"), help="kept between runs (default .agentrt)")
+    p.add_argument("--database-url", help="use this PostgreSQL instead of the embedded one")
+    p.add_argument("--listen", default="127.0.0.1:50051", help="scheduler address (default 127.0.0.1:50051)")
+    p.add_argument("--exit-after", type=float, default=0.0,
+                   help="stop after this many seconds once healthy (0 = run until Ctrl-C)")
+    p.set_defaults(func=cmd_dev)
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "settings"
+        return f"invalid setting {field}: {first['msg']}"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        print(f"agentrt {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

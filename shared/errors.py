@@ -1,0 +1,156 @@
+"""Typed errors and the one table that maps them to gRPC status codes.
+
+Errors carry data (field, reason, metadata), not only text. The scheduler
+raises them; the gRPC layer turns them into a status with a google.rpc.ErrorInfo
+detail; clients turn a status back into the same class with `from_rpc_error`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+ERROR_DOMAIN = "agentrt.dev"
+
+
+class AgentrtError(Exception):
+    """Base class. `reason` is the stable machine-readable ErrorInfo reason."""
+
+    reason: ClassVar[str] = "INTERNAL"
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, **metadata: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.metadata = {k: str(v) for k, v in metadata.items() if v is not None}
+
+
+class InvalidArgument(AgentrtError):
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}", field=field)
+        self.field = field
+
+
+class Unauthenticated(AgentrtError):
+    reason = "TENANT_REQUIRED"
+
+
+class NotFound(AgentrtError):
+    reason = "NOT_FOUND"
+
+
+class AlreadyExists(AgentrtError):
+    reason = "ALREADY_EXISTS"
+
+
+class LeaseLost(AgentrtError):
+    """Stale fence, other owner, or a lease that lapsed by database time."""
+
+    reason = "LEASE_LOST"
+
+
+class VersionConflict(AgentrtError):
+    reason = "VERSION_CONFLICT"
+
+
+class InvalidTransition(AgentrtError):
+    reason = "INVALID_TRANSITION"
+
+
+class RunCancelled(AgentrtError):
+    """The run was cancelled; the holder's write ended it. Stop working on it."""
+
+    reason = "RUN_CANCELLED"
+
+
+class DecisionNotCheckpointed(AgentrtError):
+    """Tx1 without the same tool decision in the current checkpoint."""
+
+    reason = "DECISION_NOT_CHECKPOINTED"
+
+
+class RunFrozen(AgentrtError):
+    """Commit-unknown recovery found half a write: the run was frozen, not guessed."""
+
+    reason = "COMMIT_STATE_INCONSISTENT"
+
+
+class SchemaMismatch(AgentrtError):
+    reason = "SCHEMA_MISMATCH"
+
+
+class Unavailable(AgentrtError):
+    reason = "UNAVAILABLE"
+    retryable = True
+
+
+# The one mapping from error class to gRPC status code.
+STATUS_CODES: dict[type[AgentrtError], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    LeaseLost: grpc.StatusCode.FAILED_PRECONDITION,
+    VersionConflict: grpc.StatusCode.ABORTED,
+    InvalidTransition: grpc.StatusCode.FAILED_PRECONDITION,
+    RunCancelled: grpc.StatusCode.FAILED_PRECONDITION,
+    DecisionNotCheckpointed: grpc.StatusCode.FAILED_PRECONDITION,
+    RunFrozen: grpc.StatusCode.FAILED_PRECONDITION,
+    SchemaMismatch: grpc.StatusCode.FAILED_PRECONDITION,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
+    AgentrtError: grpc.StatusCode.INTERNAL,
+}
+
+_BY_REASON: dict[str, type[AgentrtError]] = {cls.reason: cls for cls in STATUS_CODES}
+
+
+def status_code_for(error: AgentrtError) -> grpc.StatusCode:
+    for cls in type(error).__mro__:
+        if cls in STATUS_CODES:
+            return STATUS_CODES[cls]  # type: ignore[index]
+    return grpc.StatusCode.INTERNAL
+
+
+def to_grpc_status(error: AgentrtError) -> grpc.Status:
+    code = status_code_for(error)
+    info = error_details_pb2.ErrorInfo(reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=error.message, details=[detail])
+    return rpc_status.to_status(status)
+
+
+def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    """The ErrorInfo detail of a failed call, if it carries one."""
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    if status is None:
+        return None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info
+    return None
+
+
+def from_rpc_error(error: grpc.RpcError) -> AgentrtError:
+    """Turn a failed call back into the typed error the server raised."""
+    info = error_info(error)
+    message = error.details() if hasattr(error, "details") else str(error)  # type: ignore[union-attr]
+    if info is not None and info.reason in _BY_REASON:
+        cls = _BY_REASON[info.reason]
+        if cls is InvalidArgument:
+            return InvalidArgument(info.metadata.get("field", "?"), message or "")
+        exc = cls.__new__(cls)
+        AgentrtError.__init__(exc, message or info.reason, **dict(info.metadata))
+        return exc
+    code = error.code() if hasattr(error, "code") else None  # type: ignore[union-attr]
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return Unavailable(message or str(code))
+    return AgentrtError(message or str(code))

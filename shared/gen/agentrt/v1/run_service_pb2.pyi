@@ -1,0 +1,160 @@
+from shared.gen.agentrt.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ResumeDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESUME_DECISION_UNSPECIFIED: _ClassVar[ResumeDecision]
+    RESUME_DECISION_APPROVE: _ClassVar[ResumeDecision]
+    RESUME_DECISION_REJECT: _ClassVar[ResumeDecision]
+    RESUME_DECISION_INPUT: _ClassVar[ResumeDecision]
+
+class ResolutionOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESOLUTION_OUTCOME_UNSPECIFIED: _ClassVar[ResolutionOutcome]
+    RESOLUTION_OUTCOME_SUCCEEDED: _ClassVar[ResolutionOutcome]
+    RESOLUTION_OUTCOME_NOT_EXECUTED: _ClassVar[ResolutionOutcome]
+    RESOLUTION_OUTCOME_UNKNOWN: _ClassVar[ResolutionOutcome]
+RESUME_DECISION_UNSPECIFIED: ResumeDecision
+RESUME_DECISION_APPROVE: ResumeDecision
+RESUME_DECISION_REJECT: ResumeDecision
+RESUME_DECISION_INPUT: ResumeDecision
+RESOLUTION_OUTCOME_UNSPECIFIED: ResolutionOutcome
+RESOLUTION_OUTCOME_SUCCEEDED: ResolutionOutcome
+RESOLUTION_OUTCOME_NOT_EXECUTED: ResolutionOutcome
+RESOLUTION_OUTCOME_UNKNOWN: ResolutionOutcome
+
+class SubmitRunRequest(_message.Message):
+    __slots__ = ("agent_name", "agent_version", "input_json", "client_request_id", "max_attempts", "budget", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    agent_name: str
+    agent_version: str
+    input_json: str
+    client_request_id: str
+    max_attempts: int
+    budget: _common_pb2.Budget
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, agent_name: _Optional[str] = ..., agent_version: _Optional[str] = ..., input_json: _Optional[str] = ..., client_request_id: _Optional[str] = ..., max_attempts: _Optional[int] = ..., budget: _Optional[_Union[_common_pb2.Budget, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SubmitRunResponse(_message.Message):
+    __slots__ = ("run", "created")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    created: bool
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class ListRunsRequest(_message.Message):
+    __slots__ = ("statuses", "agent_name", "page_size", "page_token")
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus]
+    agent_name: str
+    page_size: int
+    page_token: str
+    def __init__(self, statuses: _Optional[_Iterable[_Union[_common_pb2.RunStatus, str]]] = ..., agent_name: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListRunsResponse(_message.Message):
+    __slots__ = ("runs", "next_page_token")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[_common_pb2.Run]
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[_common_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CancelRunRequest(_message.Message):
+    __slots__ = ("run_id", "reason")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    reason: str
+    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResumeRunRequest(_message.Message):
+    __slots__ = ("run_id", "decision", "input_json", "operator", "comment")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    decision: ResumeDecision
+    input_json: str
+    operator: str
+    comment: str
+    def __init__(self, run_id: _Optional[str] = ..., decision: _Optional[_Union[ResumeDecision, str]] = ..., input_json: _Optional[str] = ..., operator: _Optional[str] = ..., comment: _Optional[str] = ...) -> None: ...
+
+class ResolveToolExecutionRequest(_message.Message):
+    __slots__ = ("run_id", "step_key", "outcome", "result_json", "remote_resource_id", "evidence_json", "resolved_by", "rule_version", "event_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_BY_FIELD_NUMBER: _ClassVar[int]
+    RULE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    step_key: str
+    outcome: ResolutionOutcome
+    result_json: str
+    remote_resource_id: str
+    evidence_json: str
+    resolved_by: str
+    rule_version: str
+    event_id: str
+    def __init__(self, run_id: _Optional[str] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ResolutionOutcome, str]] = ..., result_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., evidence_json: _Optional[str] = ..., resolved_by: _Optional[str] = ..., rule_version: _Optional[str] = ..., event_id: _Optional[str] = ...) -> None: ...
+
+class ResolveToolExecutionResponse(_message.Message):
+    __slots__ = ("run", "execution")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    execution: _common_pb2.ToolExecution
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ...) -> None: ...
+
+class GetRunHistoryRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class RunHistory(_message.Message):
+    __slots__ = ("run", "checkpoints", "tool_executions", "events")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_EXECUTIONS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    checkpoints: _containers.RepeatedCompositeFieldContainer[_common_pb2.Checkpoint]
+    tool_executions: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolExecution]
+    events: _containers.RepeatedCompositeFieldContainer[_common_pb2.OutboxEvent]
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., checkpoints: _Optional[_Iterable[_Union[_common_pb2.Checkpoint, _Mapping]]] = ..., tool_executions: _Optional[_Iterable[_Union[_common_pb2.ToolExecution, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.OutboxEvent, _Mapping]]] = ...) -> None: ...

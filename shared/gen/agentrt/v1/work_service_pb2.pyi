@@ -1,0 +1,244 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from shared.gen.agentrt.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ToolOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOOL_OUTCOME_UNSPECIFIED: _ClassVar[ToolOutcome]
+    TOOL_OUTCOME_SUCCEEDED: _ClassVar[ToolOutcome]
+    TOOL_OUTCOME_FAILED: _ClassVar[ToolOutcome]
+    TOOL_OUTCOME_NOT_EXECUTED: _ClassVar[ToolOutcome]
+
+class FinishOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_OUTCOME_UNSPECIFIED: _ClassVar[FinishOutcome]
+    FINISH_OUTCOME_COMPLETED: _ClassVar[FinishOutcome]
+    FINISH_OUTCOME_FAILED: _ClassVar[FinishOutcome]
+    FINISH_OUTCOME_PAUSED_HUMAN: _ClassVar[FinishOutcome]
+    FINISH_OUTCOME_RETRY: _ClassVar[FinishOutcome]
+    FINISH_OUTCOME_SLEEP: _ClassVar[FinishOutcome]
+TOOL_OUTCOME_UNSPECIFIED: ToolOutcome
+TOOL_OUTCOME_SUCCEEDED: ToolOutcome
+TOOL_OUTCOME_FAILED: ToolOutcome
+TOOL_OUTCOME_NOT_EXECUTED: ToolOutcome
+FINISH_OUTCOME_UNSPECIFIED: FinishOutcome
+FINISH_OUTCOME_COMPLETED: FinishOutcome
+FINISH_OUTCOME_FAILED: FinishOutcome
+FINISH_OUTCOME_PAUSED_HUMAN: FinishOutcome
+FINISH_OUTCOME_RETRY: FinishOutcome
+FINISH_OUTCOME_SLEEP: FinishOutcome
+
+class LeaseRef(_message.Message):
+    __slots__ = ("run_id", "worker_id", "fencing_token")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    worker_id: str
+    fencing_token: int
+    def __init__(self, run_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., fencing_token: _Optional[int] = ...) -> None: ...
+
+class ClaimWorkRequest(_message.Message):
+    __slots__ = ("worker_id", "agents", "wait_ms")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    agents: _containers.RepeatedScalarFieldContainer[str]
+    wait_ms: int
+    def __init__(self, worker_id: _Optional[str] = ..., agents: _Optional[_Iterable[str]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("run", "lease_expires_at", "lease_duration_ms", "checkpoint", "pending_tool", "current_step_execution")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    PENDING_TOOL_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_STEP_EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    lease_expires_at: _timestamp_pb2.Timestamp
+    lease_duration_ms: int
+    checkpoint: _common_pb2.Checkpoint
+    pending_tool: _common_pb2.ToolExecution
+    current_step_execution: _common_pb2.ToolExecution
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_duration_ms: _Optional[int] = ..., checkpoint: _Optional[_Union[_common_pb2.Checkpoint, _Mapping]] = ..., pending_tool: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., current_step_execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ...) -> None: ...
+
+class ClaimWorkResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: LeaseRef
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("lease_expires_at", "cancel_requested")
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    lease_expires_at: _timestamp_pb2.Timestamp
+    cancel_requested: bool
+    def __init__(self, lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ...) -> None: ...
+
+class SaveCheckpointRequest(_message.Message):
+    __slots__ = ("lease", "expected_version", "state_json", "schema_version", "step_key", "event_id", "event_type", "event_payload_json")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    lease: LeaseRef
+    expected_version: int
+    state_json: str
+    schema_version: int
+    step_key: str
+    event_id: str
+    event_type: str
+    event_payload_json: str
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., step_key: _Optional[str] = ..., event_id: _Optional[str] = ..., event_type: _Optional[str] = ..., event_payload_json: _Optional[str] = ...) -> None: ...
+
+class SaveCheckpointResponse(_message.Message):
+    __slots__ = ("version", "replayed")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    replayed: bool
+    def __init__(self, version: _Optional[int] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
+class BeginToolCallRequest(_message.Message):
+    __slots__ = ("lease", "expected_version", "step_key", "tool_name", "idempotency_key", "request_json", "execution_id", "event_id")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_JSON_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    lease: LeaseRef
+    expected_version: int
+    step_key: str
+    tool_name: str
+    idempotency_key: str
+    request_json: str
+    execution_id: str
+    event_id: str
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., step_key: _Optional[str] = ..., tool_name: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., request_json: _Optional[str] = ..., execution_id: _Optional[str] = ..., event_id: _Optional[str] = ...) -> None: ...
+
+class BeginToolCallResponse(_message.Message):
+    __slots__ = ("execution", "existing", "replayed")
+    EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    EXISTING_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    execution: _common_pb2.ToolExecution
+    existing: bool
+    replayed: bool
+    def __init__(self, execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., existing: _Optional[bool] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
+class CompleteToolCallRequest(_message.Message):
+    __slots__ = ("lease", "expected_version", "step_key", "outcome", "response_json", "remote_resource_id", "error_code", "state_json", "schema_version", "next_step_key", "evidence_json", "event_id")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_JSON_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    lease: LeaseRef
+    expected_version: int
+    step_key: str
+    outcome: ToolOutcome
+    response_json: str
+    remote_resource_id: str
+    error_code: str
+    state_json: str
+    schema_version: int
+    next_step_key: str
+    evidence_json: str
+    event_id: str
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ToolOutcome, str]] = ..., response_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., error_code: _Optional[str] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., next_step_key: _Optional[str] = ..., evidence_json: _Optional[str] = ..., event_id: _Optional[str] = ...) -> None: ...
+
+class CompleteToolCallResponse(_message.Message):
+    __slots__ = ("version", "status", "replayed")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    status: _common_pb2.RunStatus
+    replayed: bool
+    def __init__(self, version: _Optional[int] = ..., status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
+class MarkToolInDoubtRequest(_message.Message):
+    __slots__ = ("lease", "step_key", "error_code", "detail", "event_id")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    lease: LeaseRef
+    step_key: str
+    error_code: str
+    detail: str
+    event_id: str
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., step_key: _Optional[str] = ..., error_code: _Optional[str] = ..., detail: _Optional[str] = ..., event_id: _Optional[str] = ...) -> None: ...
+
+class MarkToolInDoubtResponse(_message.Message):
+    __slots__ = ("status", "replayed")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.RunStatus
+    replayed: bool
+    def __init__(self, status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
+class FinishRunRequest(_message.Message):
+    __slots__ = ("lease", "expected_version", "outcome", "reason", "result_json", "sleep_ms", "pause_when_exhausted", "event_id", "error_class")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_MS_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_WHEN_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    lease: LeaseRef
+    expected_version: int
+    outcome: FinishOutcome
+    reason: str
+    result_json: str
+    sleep_ms: int
+    pause_when_exhausted: bool
+    event_id: str
+    error_class: str
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., outcome: _Optional[_Union[FinishOutcome, str]] = ..., reason: _Optional[str] = ..., result_json: _Optional[str] = ..., sleep_ms: _Optional[int] = ..., pause_when_exhausted: _Optional[bool] = ..., event_id: _Optional[str] = ..., error_class: _Optional[str] = ...) -> None: ...
+
+class FinishRunResponse(_message.Message):
+    __slots__ = ("status", "next_attempt_at", "replayed")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ATTEMPT_AT_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.RunStatus
+    next_attempt_at: _timestamp_pb2.Timestamp
+    replayed: bool
+    def __init__(self, status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
