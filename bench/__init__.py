@@ -1,0 +1,1 @@
+"""Benchmarks (never timed unit tests). `make bench` runs every bench_*.py here."""
