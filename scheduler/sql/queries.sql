@@ -347,6 +347,7 @@ SELECT *, lease_expires_at > clock_timestamp() AS lease_live, clock_timestamp() 
 FROM agent_runs WHERE id = $1 FOR UPDATE;
 
 -- name: read_run
+-- Unlocked read used to explain why a fenced write matched no row.
 SELECT *, lease_expires_at > clock_timestamp() AS lease_live, clock_timestamp() AS db_now
 FROM agent_runs WHERE id = $1;
 
@@ -400,6 +401,7 @@ RETURNING *;
 SELECT pg_notify('agentrt_work', $1);
 
 -- name: bump_counter
+-- Counts an event an operator must see (e.g. a commit-unknown freeze).
 INSERT INTO runtime_counters (name, value) VALUES ($1, 1)
 ON CONFLICT (name) DO UPDATE SET value = runtime_counters.value + 1, updated_at = clock_timestamp();
 
@@ -407,11 +409,13 @@ ON CONFLICT (name) DO UPDATE SET value = runtime_counters.value + 1, updated_at 
 SELECT value FROM runtime_counters WHERE name = $1;
 
 -- name: insert_event
+-- One outbox row, written in the same transaction as the change it announces.
 INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
                     traceparent, tracestate)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: insert_checkpoint
+-- A checkpoint written by an operator path (resolution), in the run's transaction.
 INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version, fencing_token, event_id)
 VALUES ($1, $2, $3, $4, $5, $6, $7);
 

@@ -86,12 +86,10 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("lease_expires_at", "cancel_requested")
+    __slots__ = ("lease_expires_at",)
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
-    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     lease_expires_at: _timestamp_pb2.Timestamp
-    cancel_requested: bool
-    def __init__(self, lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ...) -> None: ...
+    def __init__(self, lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
     __slots__ = ("lease", "expected_version", "state_json", "schema_version", "step_key", "event_id", "event_type", "event_payload_json")

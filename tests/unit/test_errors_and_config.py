@@ -1,0 +1,65 @@
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from shared import errors
+from shared.config import SchedulerSettings
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (errors.InvalidArgument("input_json", "bad"), grpc.StatusCode.INVALID_ARGUMENT),
+        (errors.LeaseLost("gone"), grpc.StatusCode.FAILED_PRECONDITION),
+        (errors.VersionConflict("v"), grpc.StatusCode.ABORTED),
+        (errors.NotFound("n"), grpc.StatusCode.NOT_FOUND),
+        (errors.AlreadyExists("a"), grpc.StatusCode.ALREADY_EXISTS),
+        (errors.Unavailable("u"), grpc.StatusCode.UNAVAILABLE),
+        (errors.RunCancelled("c"), grpc.StatusCode.FAILED_PRECONDITION),
+    ],
+)
+def test_each_error_maps_to_one_status_with_error_info(error, code):
+    status = errors.to_grpc_status(error)
+    assert status.code == code
+    (key, raw), = status.trailing_metadata
+    assert key == "grpc-status-details-bin"
+    detail = status_pb2.Status.FromString(raw).details[0]
+    info = error_details_pb2.ErrorInfo()
+    detail.Unpack(info)
+    assert info.reason == error.reason and info.domain == errors.ERROR_DOMAIN
+
+
+def test_every_error_class_is_in_the_table():
+    classes = {cls for cls in vars(errors).values()
+               if isinstance(cls, type) and issubclass(cls, errors.AgentrtError)}
+    assert classes <= set(errors.STATUS_CODES)
+    assert len({cls.reason for cls in classes}) == len(classes), "reasons must be unique"
+
+
+def test_settings_come_from_env_then_file(tmp_path, monkeypatch):
+    config = tmp_path / "agentrt.yaml"
+    config.write_text("common:\n  log_level: DEBUG\nscheduler:\n  lease_duration_ms: 5000\n"
+                      "  listen_addr: 127.0.0.1:6000\n")
+    monkeypatch.setenv("AGENTRT_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AGENTRT_LISTEN_ADDR", "127.0.0.1:7000")
+    settings = SchedulerSettings()
+    assert settings.lease_duration_ms == 5000
+    assert settings.log_level == "DEBUG"
+    assert settings.listen_addr == "127.0.0.1:7000"  # the environment wins over the file
+
+
+def test_toml_config_file(tmp_path, monkeypatch):
+    config = tmp_path / "agentrt.toml"
+    config.write_text("[scheduler]\nbackoff_cap_ms = 1234\n")
+    monkeypatch.setenv("AGENTRT_CONFIG_FILE", str(config))
+    assert SchedulerSettings().backoff_cap_ms == 1234
+
+
+def test_bad_settings_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTRT_LEASE_DURATION_MS", "5")
+    with pytest.raises(ValueError, match="lease_duration_ms"):
+        SchedulerSettings()
+    monkeypatch.delenv("AGENTRT_LEASE_DURATION_MS")
+    monkeypatch.setenv("AGENTRT_CONFIG_FILE", str(tmp_path / "missing.yaml"))
+    with pytest.raises(ValueError, match="no such file"):
+        SchedulerSettings()
