@@ -264,7 +264,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         run = claimed.run
         annotate(run_id=str(run["id"]), tenant_id=run["tenant_id"], fencing_token=run["fencing_token"],
                  run_version=run["version"], agent=run["agent_name"])
-        lease = ws.Lease(run=convert.run_to_proto(run), lease_duration_ms=claimed.lease_duration_ms)
+        lease = ws.Lease(run=convert.run_to_proto(run), lease_duration_ms=claimed.lease_duration_ms,
+                         heartbeat_interval_ms=self.settings.heartbeat_interval_ms)
         lease.lease_expires_at.CopyFrom(convert.timestamp(run["lease_expires_at"]))
         if claimed.checkpoint is not None:
             lease.checkpoint.CopyFrom(convert.checkpoint_to_proto(claimed.checkpoint, run_id=run["id"]))

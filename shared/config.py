@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -87,8 +87,8 @@ class SchedulerSettings(ComponentSettings):
     database_url: str = "postgresql://postgres@127.0.0.1:5432/agentrt"
     listen_addr: str = "0.0.0.0:50051"
     lease_duration_ms: int = Field(30_000, ge=1_000, le=3_600_000)
-    # Advised to executors; they heartbeat at most every lease_duration/3.
-    heartbeat_interval_ms: int = Field(10_000, ge=100)
+    # Advised to executors with each lease; unset = a third of the lease duration.
+    heartbeat_interval_ms: int | None = Field(None, ge=100)
     backoff_base_ms: int = Field(1_000, ge=1)
     backoff_cap_ms: int = Field(300_000, ge=1)
     backoff_jitter_ms: int = Field(1_000, ge=0)
@@ -102,3 +102,13 @@ class SchedulerSettings(ComponentSettings):
     shutdown_grace_s: float = Field(10.0, ge=0)
     # Tracing of each SQL statement (asyncpg instrumentation): off by default for speed.
     trace_sql: bool = False
+
+    @model_validator(mode="after")
+    def _heartbeat_fits_the_lease(self) -> SchedulerSettings:
+        if self.heartbeat_interval_ms is None:
+            self.heartbeat_interval_ms = self.lease_duration_ms // 3
+        if self.heartbeat_interval_ms * 3 > self.lease_duration_ms:
+            raise ValueError("heartbeat_interval_ms must be at most a third of lease_duration_ms")
+        if self.backoff_cap_ms < self.backoff_base_ms:
+            raise ValueError("backoff_cap_ms must not be below backoff_base_ms")
+        return self

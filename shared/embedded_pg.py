@@ -24,6 +24,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie waiting to be reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
 def _as_user() -> dict[str, object]:
     if os.geteuid() != 0:
         return {}
@@ -102,13 +117,7 @@ class EmbeddedPostgres:
 
     def running(self) -> bool:
         pid = self.pid()
-        if pid is None:
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return pid is not None and pid_alive(pid)
 
     def stop(self, mode: str = "fast") -> None:
         if not self.running():

@@ -26,49 +26,49 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from shared.gen.agentrt.v1 import common_pb2 as agentrt_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61gentrt/v1/work_service.proto\x12\nagentrt.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17\x61gentrt/v1/common.proto\"D\n\x08LeaseRef\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x03\"F\n\x10\x43laimWorkRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61gents\x18\x02 \x03(\t\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x05\"\x8e\x02\n\x05Lease\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.agentrt.v1.Run\x12\x34\n\x10lease_expires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11lease_duration_ms\x18\x03 \x01(\x05\x12*\n\ncheckpoint\x18\x04 \x01(\x0b\x32\x16.agentrt.v1.Checkpoint\x12/\n\x0cpending_tool\x18\x05 \x01(\x0b\x32\x19.agentrt.v1.ToolExecution\x12\x39\n\x16\x63urrent_step_execution\x18\x06 \x01(\x0b\x32\x19.agentrt.v1.ToolExecution\"5\n\x11\x43laimWorkResponse\x12 \n\x05lease\x18\x01 \x01(\x0b\x32\x11.agentrt.v1.Lease\"7\n\x10HeartbeatRequest\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.agentrt.v1.LeaseRef\"I\n\x11HeartbeatResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xd6\x01\n\x15SaveCheckpointRequest\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.agentrt.v1.LeaseRef\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\x03\x12\x12\n\nstate_json\x18\x03 \x01(\t\x12\x16\n\x0eschema_version\x18\x04 \x01(\x05\x12\x10\n\x08step_key\x18\x05 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x06 \x01(\t\x12\x12\n\nevent_type\x18\x07 \x01(\t\x12\x1a\n\x12\x65vent_payload_json\x18\x08 \x01(\t\";\n\x16SaveCheckpointResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08replayed\x18\x02 \x01(\x08\"\xd1\x01\n\x14\x42\x65ginToolCallRequest\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.agentrt.v1.LeaseRef\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\x03\x12\x10\n\x08step_key\x18\x03 \x01(\t\x12\x11\n\ttool_name\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\x14\n\x0crequest_json\x18\x06 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x07 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x08 \x01(\t\"i\n\x15\x42\x65ginToolCallResponse\x12,\n\texecution\x18\x01 \x01(\x0b\x32\x19.agentrt.v1.ToolExecution\x12\x10\n\x08\x65xisting\x18\x02 \x01(\x08\x12\x10\n\x08replayed\x18\x03 \x01(\x08\"\xc7\x02\n\x17\x43ompleteToolCallRequest\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.agentrt.v1.LeaseRef\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\x03\x12\x10\n\x08step_key\x18\x03 \x01(\t\x12(\n\x07outcome\x18\x04 \x01(\x0e\x32\x17.agentrt.v1.ToolOutcome\x12\x15\n\rresponse_json\x18\x05 \x01(\t\x12\x1a\n\x12remote_resource_id\x18\x06 \x01(\t\x12\x12\n\nerror_code\x18\x07 \x01(\t\x12\x12\n\nstate_json\x18\x08 \x01(\t\x12\x16\n\x0eschema_version\x18\t \x01(\x05\x12\x15\n\rnext_step_key\x18\n \x01(\t\x12\x15\n\revidence_json\x18\x0b \x01(\t\x12\x10\n\x08\x65vent_id\x18\x0c \x01(\t\"d\n\x18\x43ompleteToolCallResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12%\n\x06status\x18\x02 \x01(\x0e\x32\x15.agentrt.v1.RunStatus\x12\x10\n\x08replayed\x18\x03 \x01(\x08\"\x85\x01\n\x16MarkToolInDoubtRequest\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.agentrt.v1.LeaseRef\x12\x10\n\x08step_key\x18\x02 \x01(\t\x12\x12\n\nerror_code\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x05 \x01(\t\"R\n\x17MarkToolInDoubtResponse\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.agentrt.v1.RunStatus\x12\x10\n\x08replayed\x18\x02 \x01(\x08\"\xf9\x01\n\x10\x46inishRunRequest\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.agentrt.v1.LeaseRef\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\x03\x12*\n\x07outcome\x18\x03 \x01(\x0e\x32\x19.agentrt.v1.FinishOutcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x13\n\x0bresult_json\x18\x05 \x01(\t\x12\x10\n\x08sleep_ms\x18\x06 \x01(\x03\x12\x1c\n\x14pause_when_exhausted\x18\x07 \x01(\x08\x12\x10\n\x08\x65vent_id\x18\x08 \x01(\t\x12\x13\n\x0b\x65rror_class\x18\t \x01(\t\"\x81\x01\n\x11\x46inishRunResponse\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.agentrt.v1.RunStatus\x12\x33\n\x0fnext_attempt_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08replayed\x18\x03 \x01(\x08*\x7f\n\x0bToolOutcome\x12\x1c\n\x18TOOL_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n\x16TOOL_OUTCOME_SUCCEEDED\x10\x01\x12\x17\n\x13TOOL_OUTCOME_FAILED\x10\x02\x12\x1d\n\x19TOOL_OUTCOME_NOT_EXECUTED\x10\x03*\xbd\x01\n\rFinishOutcome\x12\x1e\n\x1a\x46INISH_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x46INISH_OUTCOME_COMPLETED\x10\x01\x12\x19\n\x15\x46INISH_OUTCOME_FAILED\x10\x02\x12\x1f\n\x1b\x46INISH_OUTCOME_PAUSED_HUMAN\x10\x03\x12\x18\n\x14\x46INISH_OUTCOME_RETRY\x10\x04\x12\x18\n\x14\x46INISH_OUTCOME_SLEEP\x10\x05\x32\xd5\x04\n\x0bWorkService\x12H\n\tClaimWork\x12\x1c.agentrt.v1.ClaimWorkRequest\x1a\x1d.agentrt.v1.ClaimWorkResponse\x12H\n\tHeartbeat\x12\x1c.agentrt.v1.HeartbeatRequest\x1a\x1d.agentrt.v1.HeartbeatResponse\x12W\n\x0eSaveCheckpoint\x12!.agentrt.v1.SaveCheckpointRequest\x1a\".agentrt.v1.SaveCheckpointResponse\x12T\n\rBeginToolCall\x12 .agentrt.v1.BeginToolCallRequest\x1a!.agentrt.v1.BeginToolCallResponse\x12]\n\x10\x43ompleteToolCall\x12#.agentrt.v1.CompleteToolCallRequest\x1a$.agentrt.v1.CompleteToolCallResponse\x12Z\n\x0fMarkToolInDoubt\x12\".agentrt.v1.MarkToolInDoubtRequest\x1a#.agentrt.v1.MarkToolInDoubtResponse\x12H\n\tFinishRun\x12\x1c.agentrt.v1.FinishRunRequest\x1a\x1d.agentrt.v1.FinishRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61gentrt/v1/work_service.proto\x12\nagentrt.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17\x61gentrt/v1/common.proto\"D\n\x08LeaseRef\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x03\"F\n\x10\x43laimWorkRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61gents\x18\x02 \x03(\t\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x05\"\xad\x02\n\x05Lease\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.agentrt.v1.Run\x12\x34\n\x10lease_expires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11lease_duration_ms\x18\x03 \x01(\x05\x12*\n\ncheckpoint\x18\x04 \x01(\x0b\x32\x16.agentrt.v1.Checkpoint\x12/\n\x0cpending_tool\x18\x05 \x01(\x0b\x32\x19.agentrt.v1.ToolExecution\x12\x39\n\x16\x63urrent_step_execution\x18\x06 \x01(\x0b\x32\x19.agentrt.v1.ToolExecution\x12\x1d\n\x15heartbeat_interval_ms\x18\x07 \x01(\x05\"5\n\x11\x43laimWorkResponse\x12 \n\x05lease\x18\x01 \x01(\x0b\x32\x11.agentrt.v1.Lease\"7\n\x10HeartbeatRequest\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.agentrt.v1.LeaseRef\"I\n\x11HeartbeatResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xd6\x01\n\x15SaveCheckpointRequest\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.agentrt.v1.LeaseRef\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\x03\x12\x12\n\nstate_json\x18\x03 \x01(\t\x12\x16\n\x0eschema_version\x18\x04 \x01(\x05\x12\x10\n\x08step_key\x18\x05 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x06 \x01(\t\x12\x12\n\nevent_type\x18\x07 \x01(\t\x12\x1a\n\x12\x65vent_payload_json\x18\x08 \x01(\t\";\n\x16SaveCheckpointResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08replayed\x18\x02 \x01(\x08\"\xd1\x01\n\x14\x42\x65ginToolCallRequest\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.agentrt.v1.LeaseRef\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\x03\x12\x10\n\x08step_key\x18\x03 \x01(\t\x12\x11\n\ttool_name\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\x14\n\x0crequest_json\x18\x06 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x07 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x08 \x01(\t\"i\n\x15\x42\x65ginToolCallResponse\x12,\n\texecution\x18\x01 \x01(\x0b\x32\x19.agentrt.v1.ToolExecution\x12\x10\n\x08\x65xisting\x18\x02 \x01(\x08\x12\x10\n\x08replayed\x18\x03 \x01(\x08\"\xc7\x02\n\x17\x43ompleteToolCallRequest\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.agentrt.v1.LeaseRef\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\x03\x12\x10\n\x08step_key\x18\x03 \x01(\t\x12(\n\x07outcome\x18\x04 \x01(\x0e\x32\x17.agentrt.v1.ToolOutcome\x12\x15\n\rresponse_json\x18\x05 \x01(\t\x12\x1a\n\x12remote_resource_id\x18\x06 \x01(\t\x12\x12\n\nerror_code\x18\x07 \x01(\t\x12\x12\n\nstate_json\x18\x08 \x01(\t\x12\x16\n\x0eschema_version\x18\t \x01(\x05\x12\x15\n\rnext_step_key\x18\n \x01(\t\x12\x15\n\revidence_json\x18\x0b \x01(\t\x12\x10\n\x08\x65vent_id\x18\x0c \x01(\t\"d\n\x18\x43ompleteToolCallResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12%\n\x06status\x18\x02 \x01(\x0e\x32\x15.agentrt.v1.RunStatus\x12\x10\n\x08replayed\x18\x03 \x01(\x08\"\x85\x01\n\x16MarkToolInDoubtRequest\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.agentrt.v1.LeaseRef\x12\x10\n\x08step_key\x18\x02 \x01(\t\x12\x12\n\nerror_code\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x05 \x01(\t\"R\n\x17MarkToolInDoubtResponse\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.agentrt.v1.RunStatus\x12\x10\n\x08replayed\x18\x02 \x01(\x08\"\xf9\x01\n\x10\x46inishRunRequest\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.agentrt.v1.LeaseRef\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\x03\x12*\n\x07outcome\x18\x03 \x01(\x0e\x32\x19.agentrt.v1.FinishOutcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x13\n\x0bresult_json\x18\x05 \x01(\t\x12\x10\n\x08sleep_ms\x18\x06 \x01(\x03\x12\x1c\n\x14pause_when_exhausted\x18\x07 \x01(\x08\x12\x10\n\x08\x65vent_id\x18\x08 \x01(\t\x12\x13\n\x0b\x65rror_class\x18\t \x01(\t\"\x81\x01\n\x11\x46inishRunResponse\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.agentrt.v1.RunStatus\x12\x33\n\x0fnext_attempt_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08replayed\x18\x03 \x01(\x08*\x7f\n\x0bToolOutcome\x12\x1c\n\x18TOOL_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n\x16TOOL_OUTCOME_SUCCEEDED\x10\x01\x12\x17\n\x13TOOL_OUTCOME_FAILED\x10\x02\x12\x1d\n\x19TOOL_OUTCOME_NOT_EXECUTED\x10\x03*\xbd\x01\n\rFinishOutcome\x12\x1e\n\x1a\x46INISH_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x46INISH_OUTCOME_COMPLETED\x10\x01\x12\x19\n\x15\x46INISH_OUTCOME_FAILED\x10\x02\x12\x1f\n\x1b\x46INISH_OUTCOME_PAUSED_HUMAN\x10\x03\x12\x18\n\x14\x46INISH_OUTCOME_RETRY\x10\x04\x12\x18\n\x14\x46INISH_OUTCOME_SLEEP\x10\x05\x32\xd5\x04\n\x0bWorkService\x12H\n\tClaimWork\x12\x1c.agentrt.v1.ClaimWorkRequest\x1a\x1d.agentrt.v1.ClaimWorkResponse\x12H\n\tHeartbeat\x12\x1c.agentrt.v1.HeartbeatRequest\x1a\x1d.agentrt.v1.HeartbeatResponse\x12W\n\x0eSaveCheckpoint\x12!.agentrt.v1.SaveCheckpointRequest\x1a\".agentrt.v1.SaveCheckpointResponse\x12T\n\rBeginToolCall\x12 .agentrt.v1.BeginToolCallRequest\x1a!.agentrt.v1.BeginToolCallResponse\x12]\n\x10\x43ompleteToolCall\x12#.agentrt.v1.CompleteToolCallRequest\x1a$.agentrt.v1.CompleteToolCallResponse\x12Z\n\x0fMarkToolInDoubt\x12\".agentrt.v1.MarkToolInDoubtRequest\x1a#.agentrt.v1.MarkToolInDoubtResponse\x12H\n\tFinishRun\x12\x1c.agentrt.v1.FinishRunRequest\x1a\x1d.agentrt.v1.FinishRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentrt.v1.work_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOOLOUTCOME']._serialized_start=2338
-  _globals['_TOOLOUTCOME']._serialized_end=2465
-  _globals['_FINISHOUTCOME']._serialized_start=2468
-  _globals['_FINISHOUTCOME']._serialized_end=2657
+  _globals['_TOOLOUTCOME']._serialized_start=2369
+  _globals['_TOOLOUTCOME']._serialized_end=2496
+  _globals['_FINISHOUTCOME']._serialized_start=2499
+  _globals['_FINISHOUTCOME']._serialized_end=2688
   _globals['_LEASEREF']._serialized_start=103
   _globals['_LEASEREF']._serialized_end=171
   _globals['_CLAIMWORKREQUEST']._serialized_start=173
   _globals['_CLAIMWORKREQUEST']._serialized_end=243
   _globals['_LEASE']._serialized_start=246
-  _globals['_LEASE']._serialized_end=516
-  _globals['_CLAIMWORKRESPONSE']._serialized_start=518
-  _globals['_CLAIMWORKRESPONSE']._serialized_end=571
-  _globals['_HEARTBEATREQUEST']._serialized_start=573
-  _globals['_HEARTBEATREQUEST']._serialized_end=628
-  _globals['_HEARTBEATRESPONSE']._serialized_start=630
-  _globals['_HEARTBEATRESPONSE']._serialized_end=703
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=706
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=920
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=922
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=981
-  _globals['_BEGINTOOLCALLREQUEST']._serialized_start=984
-  _globals['_BEGINTOOLCALLREQUEST']._serialized_end=1193
-  _globals['_BEGINTOOLCALLRESPONSE']._serialized_start=1195
-  _globals['_BEGINTOOLCALLRESPONSE']._serialized_end=1300
-  _globals['_COMPLETETOOLCALLREQUEST']._serialized_start=1303
-  _globals['_COMPLETETOOLCALLREQUEST']._serialized_end=1630
-  _globals['_COMPLETETOOLCALLRESPONSE']._serialized_start=1632
-  _globals['_COMPLETETOOLCALLRESPONSE']._serialized_end=1732
-  _globals['_MARKTOOLINDOUBTREQUEST']._serialized_start=1735
-  _globals['_MARKTOOLINDOUBTREQUEST']._serialized_end=1868
-  _globals['_MARKTOOLINDOUBTRESPONSE']._serialized_start=1870
-  _globals['_MARKTOOLINDOUBTRESPONSE']._serialized_end=1952
-  _globals['_FINISHRUNREQUEST']._serialized_start=1955
-  _globals['_FINISHRUNREQUEST']._serialized_end=2204
-  _globals['_FINISHRUNRESPONSE']._serialized_start=2207
-  _globals['_FINISHRUNRESPONSE']._serialized_end=2336
-  _globals['_WORKSERVICE']._serialized_start=2660
-  _globals['_WORKSERVICE']._serialized_end=3257
+  _globals['_LEASE']._serialized_end=547
+  _globals['_CLAIMWORKRESPONSE']._serialized_start=549
+  _globals['_CLAIMWORKRESPONSE']._serialized_end=602
+  _globals['_HEARTBEATREQUEST']._serialized_start=604
+  _globals['_HEARTBEATREQUEST']._serialized_end=659
+  _globals['_HEARTBEATRESPONSE']._serialized_start=661
+  _globals['_HEARTBEATRESPONSE']._serialized_end=734
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=737
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=951
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=953
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1012
+  _globals['_BEGINTOOLCALLREQUEST']._serialized_start=1015
+  _globals['_BEGINTOOLCALLREQUEST']._serialized_end=1224
+  _globals['_BEGINTOOLCALLRESPONSE']._serialized_start=1226
+  _globals['_BEGINTOOLCALLRESPONSE']._serialized_end=1331
+  _globals['_COMPLETETOOLCALLREQUEST']._serialized_start=1334
+  _globals['_COMPLETETOOLCALLREQUEST']._serialized_end=1661
+  _globals['_COMPLETETOOLCALLRESPONSE']._serialized_start=1663
+  _globals['_COMPLETETOOLCALLRESPONSE']._serialized_end=1763
+  _globals['_MARKTOOLINDOUBTREQUEST']._serialized_start=1766
+  _globals['_MARKTOOLINDOUBTREQUEST']._serialized_end=1899
+  _globals['_MARKTOOLINDOUBTRESPONSE']._serialized_start=1901
+  _globals['_MARKTOOLINDOUBTRESPONSE']._serialized_end=1983
+  _globals['_FINISHRUNREQUEST']._serialized_start=1986
+  _globals['_FINISHRUNREQUEST']._serialized_end=2235
+  _globals['_FINISHRUNRESPONSE']._serialized_start=2238
+  _globals['_FINISHRUNRESPONSE']._serialized_end=2367
+  _globals['_WORKSERVICE']._serialized_start=2691
+  _globals['_WORKSERVICE']._serialized_end=3288
 # @@protoc_insertion_point(module_scope)

@@ -58,20 +58,22 @@ class ClaimWorkRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., agents: _Optional[_Iterable[str]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("run", "lease_expires_at", "lease_duration_ms", "checkpoint", "pending_tool", "current_step_execution")
+    __slots__ = ("run", "lease_expires_at", "lease_duration_ms", "checkpoint", "pending_tool", "current_step_execution", "heartbeat_interval_ms")
     RUN_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     LEASE_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     PENDING_TOOL_FIELD_NUMBER: _ClassVar[int]
     CURRENT_STEP_EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     run: _common_pb2.Run
     lease_expires_at: _timestamp_pb2.Timestamp
     lease_duration_ms: int
     checkpoint: _common_pb2.Checkpoint
     pending_tool: _common_pb2.ToolExecution
     current_step_execution: _common_pb2.ToolExecution
-    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_duration_ms: _Optional[int] = ..., checkpoint: _Optional[_Union[_common_pb2.Checkpoint, _Mapping]] = ..., pending_tool: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., current_step_execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ...) -> None: ...
+    heartbeat_interval_ms: int
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_duration_ms: _Optional[int] = ..., checkpoint: _Optional[_Union[_common_pb2.Checkpoint, _Mapping]] = ..., pending_tool: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., current_step_execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class ClaimWorkResponse(_message.Message):
     __slots__ = ("lease",)

@@ -1,0 +1,59 @@
+import json
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from support import claim, eid, lease_ref, scheduler_stack
+
+from shared.gen.agentrt.v1 import run_service_pb2 as rs
+from shared.gen.agentrt.v1 import work_service_pb2 as ws
+from shared.tracing import inject_metadata
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def spans():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+async def test_rpc_spans_continue_the_caller_trace_and_reach_the_outbox(db_url, db, spans):
+    provider, exporter = spans
+    tracer = provider.get_tracer("test-client")
+    async with scheduler_stack(db_url, tracer_provider=provider) as stack:
+        with tracer.start_as_current_span("client.submit") as parent:
+            reply = await stack.runs.SubmitRun(
+                rs.SubmitRunRequest(agent_name="demo", input_json="{}"),
+                metadata=inject_metadata(stack.md()))
+        lease = await claim(stack)
+        with tracer.start_as_current_span("client.step") as step:
+            await stack.work.SaveCheckpoint(
+                ws.SaveCheckpointRequest(lease=lease_ref(lease), expected_version=0, state_json=json.dumps({}),
+                                         schema_version=1, event_id=eid()),
+                metadata=inject_metadata())
+
+    server_spans = {s.name: s for s in exporter.get_finished_spans() if s.kind.name == "SERVER"}
+    submit_span = server_spans["/agentrt.v1.RunService/SubmitRun"]
+    assert submit_span.context.trace_id == parent.get_span_context().trace_id
+    assert submit_span.parent.span_id == parent.get_span_context().span_id
+    assert submit_span.attributes["agentrt.run_id"] == reply.run.run_id
+    assert submit_span.attributes["agentrt.tenant_id"] == "tenant-a"
+
+    save_span = server_spans["/agentrt.v1.WorkService/SaveCheckpoint"]
+    assert save_span.parent.span_id == step.get_span_context().span_id
+    assert save_span.attributes["agentrt.fencing_token"] == lease.run.fencing_token == 1
+    assert save_span.attributes["agentrt.run_version"] == 1
+
+    claim_span = server_spans["/agentrt.v1.WorkService/ClaimWork"]
+    assert claim_span.attributes["agentrt.fencing_token"] == 1
+
+    rows = {r["event_type"]: r["traceparent"] for r in await db.fetch("SELECT * FROM outbox")}
+    trace_hex = f"{parent.get_span_context().trace_id:032x}"
+    # The outbox row carries the W3C context of the span whose transaction wrote it.
+    assert rows["agent.run_submitted"].split("-")[1] == trace_hex
+    assert rows["agent.run_submitted"].split("-")[2] == f"{submit_span.context.span_id:016x}"
+    assert rows["agent.checkpoint"].split("-")[2] == f"{save_span.context.span_id:016x}"
