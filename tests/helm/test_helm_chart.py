@@ -1,0 +1,716 @@
+"""The Helm chart (helm/agentrt), rendered and linted by Helm's own engine.
+
+helm-python-sdk embeds Helm v4's Go SDK, so no helm binary is needed. Every
+rendered manifest is validated against a current Kubernetes schema shipped by
+kubernetes-validate, and the chart's promises are checked on the output:
+probes, resources and a locked-down security context on every container; the
+migrations as a hook Job (or a plain Job, an init container, or nothing);
+credentials only from existing Secrets; values.schema.json guarding values;
+grace periods longer than the lease; NetworkPolicies, PDBs, HPA and the
+checksum/config roll-out annotation.
+
+Each values case is rendered once per module (see `renders`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate import utils as kv_utils
+
+pytestmark = pytest.mark.helm
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART_DIR = ROOT / "helm" / "agentrt"
+CI_DIR = CHART_DIR / "ci"
+CI_FILES = sorted(CI_DIR.glob("*.yaml"))
+CASES = ["defaults", *(p.stem for p in CI_FILES)]
+RELEASE = "demo"
+NAMESPACE = "agents"
+COMPONENTS = ("scheduler", "executor", "relay")
+SUBCOMMANDS = {"scheduler", "executor", "relay", "migrate"}
+# The newest Kubernetes schema that kubernetes-validate ships.
+KUBE_VERSION = kv_utils.latest_version()
+# Kinds defined by CRDs: no upstream schema, checked structurally instead.
+CRD_KINDS = {"ServiceMonitor"}
+# Env var names that carry credentials: they must come from Secrets.
+SECRETISH = re.compile(r"(?i)(password|passwd|secret|token|api_?key|credential|database_url|dsn)")
+
+
+def load_case_values(case: str) -> dict[str, Any] | None:
+    if case == "defaults":
+        return None
+    return yaml.safe_load((CI_DIR / f"{case}.yaml").read_text()) or {}
+
+
+@dataclass
+class Rendered:
+    values: dict[str, Any]  # the merged values (chart defaults + the case's file)
+    docs: list[dict[str, Any]]
+    text: str  # every manifest, as Helm rendered it
+    notes: str
+    by_template: dict[str, str] = field(default_factory=dict)
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def named(self, kind: str, name: str) -> dict[str, Any]:
+        found = [d for d in self.of_kind(kind) if d["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+        return found[0]
+
+    def deployment(self, component: str) -> dict[str, Any]:
+        return self.named("Deployment", f"{fullname(self.values)}-{component}")
+
+    def deployments(self) -> dict[str, dict[str, Any]]:
+        return {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in self.of_kind("Deployment")}
+
+
+Renders = Callable[[str], Rendered]
+
+
+def fullname(values: dict[str, Any]) -> str:
+    return values.get("fullnameOverride") or f"{RELEASE}-agentrt"
+
+
+def render(chart: helm.Chart, values: dict[str, Any] | None) -> Rendered:
+    manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    docs: list[dict[str, Any]] = []
+    texts: list[str] = []
+    notes = ""
+    for path, text in sorted(manifests.items()):
+        if path.endswith("NOTES.txt"):
+            notes = text
+            continue
+        texts.append(text)
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return Rendered(
+        values=chart.merge_values(values),
+        docs=docs,
+        text="\n".join(texts),
+        notes=notes,
+        by_template=manifests,
+    )
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm.Chart]:
+    with helm.Chart.load(CHART_DIR) as loaded:
+        yield loaded
+
+
+@pytest.fixture(scope="module")
+def renders(chart: helm.Chart) -> Callable[[str], Rendered]:
+    """Render each values case once for the whole module."""
+    cache: dict[str, Rendered] = {}
+
+    def get(case: str) -> Rendered:
+        if case not in cache:
+            cache[case] = render(chart, load_case_values(case))
+        return cache[case]
+
+    return get
+
+
+def pod_specs(r: Rendered) -> Iterator[tuple[str, dict[str, Any]]]:
+    for doc in r.docs:
+        if doc["kind"] in ("Deployment", "Job"):
+            yield f"{doc['kind']}/{doc['metadata']['name']}", doc["spec"]["template"]["spec"]
+
+
+def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+# --- Helm's own checks ------------------------------------------------------------------
+
+
+def test_chart_metadata(chart: helm.Chart) -> None:
+    meta = chart.metadata
+    assert meta["apiVersion"] == "v2"
+    assert chart.name == "agentrt"
+    assert meta["appVersion"]
+    assert chart.schema is not None, "values.schema.json is missing"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_strict_lint(case: str) -> None:
+    report = helm.lint(
+        CHART_DIR, load_case_values(case), strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}"
+    )
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # 2 = warning, 3 = error
+    assert not problems, problems
+    assert not report["errors"], report["errors"]
+    assert report["total_charts_linted"] == 1
+
+
+def test_ci_values_files_exist() -> None:
+    assert len(CI_FILES) >= 3, "helm/agentrt/ci/ should hold several values files"
+
+
+# --- Kubernetes schema --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_manifests_validate_against_kubernetes_schema(case: str, renders: Renders) -> None:
+    r = renders(case)
+    assert r.docs
+    for doc in r.docs:
+        if doc["kind"] in CRD_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path = ".".join(str(p) for p in e.path)
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {path}: {e.message}")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_object_has_standard_labels_and_namespace(case: str, renders: Renders) -> None:
+    for doc in renders(case).docs:
+        labels = doc["metadata"]["labels"]
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by"):
+            assert key in labels, f"{doc['kind']}/{doc['metadata']['name']} lacks {key}"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert doc["metadata"]["namespace"] == NAMESPACE
+        assert len(doc["metadata"]["name"]) <= 63
+
+
+def test_service_monitor_is_structurally_sound(renders: Renders) -> None:
+    r = renders("production-values")
+    (sm,) = r.of_kind("ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics"
+    assert endpoint["path"] == "/metrics"
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
+    selector = sm["spec"]["selector"]
+    (expr,) = selector["matchExpressions"]
+    selected = []
+    for svc in r.of_kind("Service"):
+        labels = svc["metadata"]["labels"]
+        if (
+            all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+            and labels.get(expr["key"]) in expr["values"]
+        ):
+            selected.append(svc)
+            assert "metrics" in {p["name"] for p in svc["spec"]["ports"]}
+    assert {s["metadata"]["labels"]["app.kubernetes.io/component"] for s in selected} == set(COMPONENTS)
+    # each Service's metrics port reaches the container port named `metrics`
+    for svc in selected:
+        (port,) = [p for p in svc["spec"]["ports"] if p["name"] == "metrics"]
+        assert port["targetPort"] == "metrics"
+
+
+def test_service_monitor_only_when_enabled(renders: Renders) -> None:
+    assert not renders("defaults").of_kind("ServiceMonitor")
+
+
+# --- Containers: probes, resources, security ---------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_container_is_locked_down_and_sized(case: str, renders: Renders) -> None:
+    r = renders(case)
+    seen = 0
+    for where, pod in pod_specs(r):
+        pod_sc = pod.get("securityContext", {})
+        assert pod_sc.get("runAsNonRoot") is True, where
+        assert pod_sc.get("runAsUser", 0) != 0, where
+        assert pod_sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
+        assert pod.get("automountServiceAccountToken") is False, where
+        for c in containers(pod):
+            seen += 1
+            name = f"{where}/{c['name']}"
+            sc = c.get("securityContext", {})
+            assert sc.get("runAsNonRoot") is True, name
+            assert sc.get("runAsUser", pod_sc.get("runAsUser", 0)) != 0, name
+            assert sc.get("readOnlyRootFilesystem") is True, name
+            assert sc.get("allowPrivilegeEscalation") is False, name
+            assert sc.get("capabilities", {}).get("drop") == ["ALL"], name
+            assert not sc.get("capabilities", {}).get("add"), name
+            assert sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", name
+            assert not sc.get("privileged"), name
+            resources = c.get("resources", {})
+            assert resources.get("requests", {}).get("cpu"), f"{name}: no cpu request"
+            assert resources.get("requests", {}).get("memory"), f"{name}: no memory request"
+            assert resources.get("limits", {}).get("memory"), f"{name}: no memory limit"
+            # a read-only root filesystem needs a writable /tmp
+            assert "/tmp" in {m["mountPath"] for m in c.get("volumeMounts", [])}, name
+    assert seen
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_long_running_container_has_native_grpc_probes(case: str, renders: Renders) -> None:
+    expected_ports = {"scheduler": 50051, "executor": 50052, "relay": 50053}
+    deployments = renders(case).deployments()
+    assert deployments
+    for component, dep in deployments.items():
+        pod = dep["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            declared = {p["containerPort"] for p in c["ports"]}
+            assert {p["name"] for p in c["ports"]} >= {"metrics"}
+            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                assert probe in c, f"{component}/{c['name']} has no {probe}"
+                grpc = c[probe].get("grpc")
+                assert grpc, f"{component}: {probe} is not a native gRPC probe"
+                assert grpc["port"] == expected_ports[component]
+                assert grpc["port"] in declared, f"{component}: {probe} port is not a container port"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_containers_run_the_agentrt_entry_points(case: str, renders: Renders) -> None:
+    r = renders(case)
+    for component, dep in r.deployments().items():
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        assert c["args"] == [component]
+        assert "command" not in c, "the image's ENTRYPOINT is agentrt"
+        assert env_of(c)["AGENTRT_CONFIG_FILE"]["value"] == "/etc/agentrt/config.yaml"
+    for _, pod in pod_specs(r):
+        for c in containers(pod):
+            assert c["args"][0] in SUBCOMMANDS
+
+
+# --- Migrations ---------------------------------------------------------------------------
+
+
+def migrate_jobs(r: Rendered) -> list[dict[str, Any]]:
+    return [j for j in r.of_kind("Job") if j["metadata"]["labels"]["app.kubernetes.io/component"] == "migrate"]
+
+
+def test_migrations_are_a_pre_install_pre_upgrade_hook_by_default(renders: Renders) -> None:
+    (job,) = migrate_jobs(renders("defaults"))
+    annotations = job["metadata"]["annotations"]
+    assert set(annotations["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade"}
+    assert "before-hook-creation" in annotations["helm.sh/hook-delete-policy"]
+    spec = job["spec"]
+    assert isinstance(spec["backoffLimit"], int)
+    assert spec["ttlSecondsAfterFinished"] > 0
+    assert spec["activeDeadlineSeconds"] > 0
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    (c,) = pod["containers"]
+    assert c["args"] == ["migrate"]
+    assert env_of(c)["AGENTRT_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "agentrt-database"
+    # A pre-install hook runs before the release's own objects exist: it must not use them.
+    assert pod["serviceAccountName"] == "default"
+    assert not [v for v in pod.get("volumes", []) if "configMap" in v]
+
+
+def test_migrations_without_hooks_are_a_plain_job(renders: Renders) -> None:
+    r = renders("no-hooks-values")
+    (job,) = migrate_jobs(r)
+    assert not any(k.startswith("helm.sh/hook") for k in job["metadata"].get("annotations", {}))
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "agentrt-runner"
+
+
+def test_plain_job_name_changes_with_the_image(chart: helm.Chart) -> None:
+    def job_name(tag: str) -> str:
+        (job,) = migrate_jobs(render(chart, {"migrations": {"mode": "job"}, "image": {"tag": tag}}))
+        return str(job["metadata"]["name"])
+
+    assert job_name("1.0.0") != job_name("1.0.1")
+    assert job_name("1.0.0") == job_name("1.0.0")
+
+
+def test_migrations_as_init_containers(renders: Renders) -> None:
+    r = renders("init-container-values")
+    assert not migrate_jobs(r)
+    deployments = r.deployments()
+    for component in ("scheduler", "relay"):
+        (init,) = deployments[component]["spec"]["template"]["spec"]["initContainers"]
+        assert init["args"] == ["migrate"]
+    assert "initContainers" not in deployments["executor"]["spec"]["template"]["spec"]
+
+
+def test_migrations_can_be_disabled(chart: helm.Chart, renders: Renders) -> None:
+    assert not migrate_jobs(render(chart, {"migrations": {"enabled": False}}))
+    assert not migrate_jobs(renders("executors-only-values"))
+
+
+# --- Secrets ------------------------------------------------------------------------------
+
+# A URL with a user:password@ part, or a credential-looking key with a literal value.
+CREDENTIAL_LITERAL = re.compile(
+    r"[a-z][a-z0-9+.-]*://[^\s/:@]+:[^\s/@]+@"
+    r"|^[ \t]*(?:-[ \t]*)?(?:[\w.-]*[_.-])?(?:password|passwd|secret|token|api_?key)[\"']?[ \t]*[:=][ \t]*\S",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def test_credential_detector_catches_literals() -> None:
+    for leak in ("password: hunter2", "  - kafka_sasl_password: x", "url: postgresql://app:pw@db/agentrt"):
+        assert CREDENTIAL_LITERAL.search(leak), leak
+    for fine in ("automountServiceAccountToken: false", "secretKeyRef:\n  name: db", "secretName: tls"):
+        assert not CREDENTIAL_LITERAL.search(fine), fine
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_no_secret_is_rendered(case: str, renders: Renders) -> None:
+    r = renders(case)
+    assert not r.of_kind("Secret"), "the chart must never create Secrets"
+    assert not CREDENTIAL_LITERAL.search(r.text), CREDENTIAL_LITERAL.search(r.text)
+    for where, pod in pod_specs(r):
+        for c in containers(pod):
+            for e in c.get("env", []):
+                if SECRETISH.search(e["name"]) or e["name"].startswith("AGENTRT_KAFKA_SASL_"):
+                    assert "value" not in e, f"{where}/{c['name']}: {e['name']} is inline"
+                    assert e["valueFrom"]["secretKeyRef"]["name"], e
+
+
+def test_secret_names_only_appear_as_secret_references(renders: Renders) -> None:
+    """Render with values that name existing Secrets: the names appear only where Secrets are referenced."""
+    r = renders("production-values")
+    names = {"prod-agentrt-database", "prod-kafka-sasl", "prod-kafka-tls", "prod-openai", "prod-extra"}
+    found: dict[str, list[str]] = {n: [] for n in names}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{path}.{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+        elif isinstance(node, str) and node in names:
+            found[node].append(path)
+
+    for doc in r.docs:
+        walk(doc, f"{doc['kind']}/{doc['metadata']['name']}")
+    for name, paths in found.items():
+        assert paths, f"{name} is not referenced"
+        for path in paths:
+            assert path.endswith(("secretKeyRef.name", "secret.secretName")), path
+
+
+def test_executors_hold_no_database_credentials(renders: Renders) -> None:
+    for case in CASES:
+        dep = renders(case).deployments().get("executor")
+        if dep is None:
+            continue
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        env = env_of(c)
+        assert "AGENTRT_DATABASE_URL" not in env
+        assert not [k for k in env if k.startswith("AGENTRT_KAFKA_SASL")]
+        assert "initContainers" not in dep["spec"]["template"]["spec"]
+
+
+def test_credentials_come_from_the_named_secrets(renders: Renders) -> None:
+    r = renders("production-values")
+    deployments = r.deployments()
+
+    def ref(component: str, var: str) -> tuple[str, str]:
+        (c,) = deployments[component]["spec"]["template"]["spec"]["containers"]
+        sk = env_of(c)[var]["valueFrom"]["secretKeyRef"]
+        return sk["name"], sk["key"]
+
+    assert ref("scheduler", "AGENTRT_DATABASE_URL") == ("prod-agentrt-database", "postgres-url")
+    assert ref("relay", "AGENTRT_DATABASE_URL") == ("prod-agentrt-database", "postgres-url")
+    assert ref("relay", "AGENTRT_KAFKA_SASL_USERNAME") == ("prod-kafka-sasl", "user")
+    assert ref("relay", "AGENTRT_KAFKA_SASL_PASSWORD") == ("prod-kafka-sasl", "pass")
+    assert ref("executor", "AGENTRT_OPENAI_API_KEY") == ("prod-openai", "key")
+    relay_pod = deployments["relay"]["spec"]["template"]["spec"]
+    (tls,) = [v for v in relay_pod["volumes"] if v["name"] == "kafka-tls"]
+    assert tls["secret"]["secretName"] == "prod-kafka-tls"
+    assert {i["path"] for i in tls["secret"]["items"]} == {"ca.crt", "tls.crt", "tls.key"}
+    config = yaml.safe_load(r.named("ConfigMap", f"{RELEASE}-agentrt-config")["data"]["config.yaml"])
+    assert config["relay"]["kafka_ssl_cafile"] == "/etc/agentrt/kafka-tls/ca.crt"
+    assert config["relay"]["kafka_sasl_mechanism"] == "SCRAM-SHA-512"
+    assert config["relay"]["kafka_security_protocol"] == "SASL_SSL"
+
+
+# --- values.schema.json -------------------------------------------------------------------
+
+BAD_VALUES = {
+    "replicas as a word": "scheduler:\n  replicas: three\n",
+    "unknown component": "worker:\n  replicas: 2\n",
+    "unknown component key": "executor:\n  replica: 2\n",
+    "inline database URL": "database:\n  url: postgresql://agentrt:hunter2@db:5432/agentrt\n",
+    "inline Kafka password": ("kafka:\n  sasl:\n    enabled: true\n    existingSecret: k\n    password: hunter2\n"),
+    "secret in the ConfigMap": "config:\n  relay:\n    kafka_sasl_password: hunter2\n",
+    "inline secret env var": ("defaults:\n  extraEnv:\n    - name: AGENTRT_OPENAI_API_KEY\n      value: sk-123\n"),
+    "SASL without a Secret": "kafka:\n  sasl:\n    enabled: true\n",
+    "lease too short": "config:\n  scheduler:\n    lease_duration_ms: 10\n",
+    "unknown migration mode": "migrations:\n  mode: sometimes\n",
+    "probe handler override": "defaults:\n  livenessProbe:\n    exec:\n      command: [true]\n",
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_VALUES))
+def test_schema_rejects_bad_values_file(bad: str, chart: helm.Chart, tmp_path: Path) -> None:
+    values_file = tmp_path / "bad-values.yaml"
+    values_file.write_text(BAD_VALUES[bad])
+    values = helm.values_from_yaml(values_file.read_text())
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema(values)
+    with pytest.raises(helm.HelmError):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    report = helm.lint(CHART_DIR, values, strict=True)
+    assert [m for m in report["messages"] if m["severity"] == 3] or report["errors"]
+
+
+def test_schema_accepts_every_ci_values_file(chart: helm.Chart) -> None:
+    chart.validate_schema(None)
+    for case in CASES:
+        chart.validate_schema(load_case_values(case))
+
+
+# --- Lease and grace period ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_grace_period_outlasts_the_lease(case: str, renders: Renders) -> None:
+    r = renders(case)
+    lease_ms = r.values["config"]["scheduler"]["lease_duration_ms"]
+    for component, dep in r.deployments().items():
+        grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace * 1000 > lease_ms, f"{component}: {grace}s <= lease {lease_ms}ms"
+
+
+def test_grace_period_is_derived_from_the_lease(chart: helm.Chart, renders: Renders) -> None:
+    for dep in renders("defaults").deployments().values():
+        assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 45
+    longer = render(chart, {"config": {"scheduler": {"lease_duration_ms": 120_500}}})
+    for dep in longer.deployments().values():
+        assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 121 + 15
+    prod = renders("production-values").deployments()
+    assert prod["executor"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 300
+    assert prod["scheduler"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 90
+
+
+def test_grace_period_not_longer_than_the_lease_is_refused(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match="terminationGracePeriodSeconds"):
+        render(chart, {"executor": {"terminationGracePeriodSeconds": 30}})
+
+
+# --- Configuration and roll-outs ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_config_map_feeds_every_component(case: str, renders: Renders) -> None:
+    r = renders(case)
+    cm = r.named("ConfigMap", f"{fullname(r.values)}-config")
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert set(config) == {"common", "scheduler", "executor", "relay"}
+    for section in config.values():
+        assert not [k for k in section if SECRETISH.search(k)], section
+    assert config["common"]["metrics_addr"] == "0.0.0.0:9464"
+    assert config["scheduler"]["listen_addr"] == "0.0.0.0:50051"
+    assert config["executor"]["health_addr"] == "0.0.0.0:50052"
+    assert config["relay"]["health_addr"] == "0.0.0.0:50053"
+    assert config["relay"]["kafka_bootstrap"] == r.values["kafka"]["bootstrapServers"]
+    for dep in r.deployments().values():
+        pod = dep["spec"]["template"]["spec"]
+        (config_volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
+        assert config_volume["configMap"]["name"] == cm["metadata"]["name"]
+
+
+def test_executors_dial_the_scheduler_service(renders: Renders) -> None:
+    r = renders("defaults")
+    config = yaml.safe_load(r.named("ConfigMap", f"{RELEASE}-agentrt-config")["data"]["config.yaml"])
+    svc = r.named("Service", f"{RELEASE}-agentrt-scheduler")
+    (grpc,) = [p for p in svc["spec"]["ports"] if p["name"] == "grpc"]
+    assert config["executor"]["scheduler_addr"] == f"{RELEASE}-agentrt-scheduler.{NAMESPACE}.svc:{grpc['port']}"
+    assert grpc["targetPort"] == "grpc"
+    assert svc["spec"]["selector"] == r.deployment("scheduler")["spec"]["selector"]["matchLabels"]
+    remote = renders("executors-only-values")
+    config = yaml.safe_load(remote.named("ConfigMap", f"{RELEASE}-agentrt-config")["data"]["config.yaml"])
+    assert config["executor"]["scheduler_addr"] == "agentrt-scheduler.agentrt-core.svc:50051"
+    assert not remote.of_kind("Service")
+
+
+def checksums(r: Rendered) -> set[str]:
+    return {d["spec"]["template"]["metadata"]["annotations"]["checksum/config"] for d in r.deployments().values()}
+
+
+def test_checksum_config_rolls_pods_when_config_changes(chart: helm.Chart, renders: Renders) -> None:
+    base = checksums(renders("defaults"))
+    assert len(base) == 1, "every component reads the same ConfigMap"
+    changed = checksums(render(chart, {"config": {"common": {"log_level": "DEBUG"}}}))
+    assert len(changed) == 1 and changed != base
+    bootstrap = checksums(render(chart, {"kafka": {"bootstrapServers": "other:9092"}}))
+    assert bootstrap != base
+    unrelated = checksums(render(chart, {"scheduler": {"replicas": 5}}))
+    assert unrelated == base
+
+
+def test_selectors_match_pod_labels(renders: Renders) -> None:
+    for case in CASES:
+        for dep in renders(case).deployments().values():
+            selector = dep["spec"]["selector"]["matchLabels"]
+            labels = dep["spec"]["template"]["metadata"]["labels"]
+            assert selector.items() <= labels.items()
+            assert "app.kubernetes.io/version" not in selector
+
+
+def test_component_values_fall_back_to_defaults(renders: Renders) -> None:
+    prod = renders("production-values").deployments()
+    spec = {c: d["spec"]["template"]["spec"] for c, d in prod.items()}
+    # executor.resources sets limits only: the requests come from the executor's own
+    # defaults in values.yaml, the limits from the production file
+    executor_resources = spec["executor"]["containers"][0]["resources"]
+    assert executor_resources["limits"] == {"memory": "4Gi"}
+    assert executor_resources["requests"]["memory"] == "512Mi"
+    scheduler_resources = spec["scheduler"]["containers"][0]["resources"]
+    assert scheduler_resources["requests"] == {"cpu": "500m", "memory": "512Mi"}
+    assert scheduler_resources["limits"] == {"memory": "512Mi"}  # from defaults
+    for s in spec.values():  # defaults.topologySpreadConstraints reaches every component
+        assert s["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
+    assert prod["scheduler"]["spec"]["replicas"] == 3
+    assert prod["relay"]["spec"]["replicas"] == 2
+
+
+# --- Scaling and availability ------------------------------------------------------------
+
+
+def test_hpa_scales_executors(renders: Renders) -> None:
+    assert not renders("defaults").of_kind("HorizontalPodAutoscaler")
+    r = renders("production-values")
+    (hpa,) = r.of_kind("HorizontalPodAutoscaler")
+    target = hpa["spec"]["scaleTargetRef"]
+    executor = r.deployment("executor")
+    assert (target["kind"], target["name"]) == ("Deployment", executor["metadata"]["name"])
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 30)
+    assert {m["resource"]["name"] for m in hpa["spec"]["metrics"]} == {"cpu", "memory"}
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 60
+    # the HPA owns the executor's replica count
+    assert "replicas" not in executor["spec"]
+    assert "replicas" in r.deployment("scheduler")["spec"]
+
+
+def test_pdb_only_when_enabled(renders: Renders) -> None:
+    assert not renders("defaults").of_kind("PodDisruptionBudget")
+    prod = renders("production-values")
+    pdbs = {p["metadata"]["labels"]["app.kubernetes.io/component"]: p for p in prod.of_kind("PodDisruptionBudget")}
+    assert set(pdbs) == set(COMPONENTS)
+    assert pdbs["scheduler"]["spec"]["minAvailable"] == 2
+    assert "maxUnavailable" not in pdbs["scheduler"]["spec"]
+    assert pdbs["executor"]["spec"]["maxUnavailable"] == 1
+    for component, pdb in pdbs.items():
+        assert pdb["spec"]["selector"]["matchLabels"] == prod.deployment(component)["spec"]["selector"]["matchLabels"]
+    only = renders("executors-only-values")
+    (pdb,) = only.of_kind("PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 2
+    assert set(only.deployments()) == {"executor"}
+
+
+# --- NetworkPolicies ----------------------------------------------------------------------
+
+
+def policies(r: Rendered) -> dict[str, dict[str, Any]]:
+    return {
+        p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]: p for p in r.of_kind("NetworkPolicy")
+    }
+
+
+def egress_ports(policy: dict[str, Any]) -> set[int]:
+    return {p["port"] for rule in policy["spec"]["egress"] for p in rule.get("ports", [])}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_network_policy_per_component_when_enabled(case: str, renders: Renders) -> None:
+    r = renders(case)
+    nps = policies(r)
+    if not r.values["networkPolicy"]["enabled"]:
+        assert not nps
+        return
+    assert set(nps) == set(r.deployments())
+    for component, np in nps.items():
+        assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        assert np["spec"]["podSelector"]["matchLabels"] == r.deployment(component)["spec"]["selector"]["matchLabels"]
+
+
+def test_network_policies_limit_each_component(renders: Renders) -> None:
+    r = renders("defaults")
+    nps = policies(r)
+    scheduler_labels = r.deployment("scheduler")["spec"]["selector"]["matchLabels"]
+    executor_labels = r.deployment("executor")["spec"]["selector"]["matchLabels"]
+
+    # executors: DNS, the scheduler's pods on its gRPC port, and their tools' egress (HTTPS)
+    executor_egress = nps["executor"]["spec"]["egress"]
+    to_scheduler = [
+        rule
+        for rule in executor_egress
+        if any(peer.get("podSelector", {}).get("matchLabels") == scheduler_labels for peer in rule.get("to", []))
+    ]
+    assert to_scheduler and {p["port"] for p in to_scheduler[0]["ports"]} == {50051}
+    assert egress_ports(nps["executor"]) == {53, 50051, 443}
+    assert 5432 not in egress_ports(nps["executor"])
+
+    # the scheduler reaches PostgreSQL, not Kafka; executors may call it
+    assert egress_ports(nps["scheduler"]) == {53, 5432}
+    scheduler_ingress = nps["scheduler"]["spec"]["ingress"]
+    assert any(
+        peer.get("podSelector", {}).get("matchLabels") == executor_labels
+        for rule in scheduler_ingress
+        for peer in rule["from"]
+    )
+
+    # the relay reaches PostgreSQL and Kafka
+    assert egress_ports(nps["relay"]) == {53, 5432, 9092}
+
+    prod = policies(renders("production-values"))
+    assert egress_ports(prod["relay"]) == {53, 5432, 9096}
+    (pg_rule,) = [rule for rule in prod["relay"]["spec"]["egress"] if rule["ports"][0]["port"] == 5432]
+    assert pg_rule["to"] == [{"ipBlock": {"cidr": "10.20.0.0/24"}}]
+
+    tight = policies(renders("init-container-values"))
+    assert egress_ports(tight["executor"]) == {50051}
+    assert tight["relay"]["spec"]["ingress"] == []
+
+
+# --- NOTES --------------------------------------------------------------------------------
+
+
+def test_notes_say_how_to_reach_the_api_and_check_health(renders: Renders) -> None:
+    notes = renders("defaults").notes
+    assert f"port-forward svc/{RELEASE}-agentrt-scheduler 50051:50051" in notes
+    assert "grpc.health.v1.Health/Check" in notes
+    assert f"{RELEASE}-agentrt-scheduler.{NAMESPACE}.svc:50051" in notes
+    assert "executor.replicas" in notes
+
+
+# --- README -------------------------------------------------------------------------------
+
+
+def test_readme_install_command_renders(chart: helm.Chart) -> None:
+    """The README's `helm install` command, with its --set values, installs a valid release."""
+    readme = (CHART_DIR / "README.md").read_text()
+    for heading in ("## Install", "### Prerequisites", "PostgreSQL 15+", "Kafka", "### Scaling executors"):
+        assert heading in readme
+    assert "### Upgrading" in readme
+    block = re.search(r"```bash\n(helm install [^`]*?)```", readme)
+    assert block, "no helm install command in the README"
+    command = block.group(1).replace("\\\n", " ")
+    values: dict[str, Any] = {}
+    for expression in re.findall(r"--set (\S+)", command):
+        expression = expression.replace("'", "")  # the shell strips the quotes
+        _deep_update(values, helm.parse_set_string(expression))
+    for required in ("image", "database", "kafka"):
+        assert required in values, f"the install command does not set {required}"
+    r = render(chart, values)
+    assert r.values["kafka"]["bootstrapServers"].count(",") >= 1
+    for doc in r.docs:
+        if doc["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def _deep_update(target: dict[str, Any], update: dict[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _deep_update(target[key], value)
+        else:
+            target[key] = value
