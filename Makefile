@@ -25,7 +25,6 @@ test-integration: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy scheduler executor relay shared
 
 proto: $(STAMP)

@@ -29,7 +29,7 @@ def json_text(value: Any) -> str:
     return "" if value is None else canonical_json(value)
 
 
-def _set_time(message: Any, field: str, value: dt.datetime | None) -> None:
+def set_time(message: Any, field: str, value: dt.datetime | None) -> None:
     ts = timestamp(value)
     if ts is not None:
         getattr(message, field).CopyFrom(ts)
@@ -60,9 +60,9 @@ def run_to_proto(row: Any) -> pb.Run:
     run.budget.max_steps = row["budget_max_steps"]
     run.budget.max_tokens = row["budget_max_tokens"]
     run.budget.max_cost_usd = row["budget_max_cost_usd"]
-    _set_time(run.budget, "deadline", row["deadline_at"])
+    set_time(run.budget, "deadline", row["deadline_at"])
     for name in ("next_attempt_at", "created_at", "updated_at", "finished_at", "lease_expires_at"):
-        _set_time(run, name, row[name])
+        set_time(run, name, row[name])
     return run
 
 
@@ -76,29 +76,28 @@ def checkpoint_to_proto(row: Any, run_id: Any = None) -> pb.Checkpoint:
         fencing_token=row["fencing_token"],
         event_id=str(row["event_id"]),
     )
-    _set_time(checkpoint, "created_at", row["created_at"])
+    set_time(checkpoint, "created_at", row["created_at"])
     return checkpoint
 
 
 def execution_to_proto(row: Any, run_id: Any = None) -> pb.ToolExecution:
-    get = row.get if isinstance(row, dict) else row.__getitem__
     execution = pb.ToolExecution(
-        execution_id=str(get("id")),
-        run_id=str(run_id if run_id is not None else get("run_id")),
-        step_key=get("step_key"),
-        tool_name=get("tool_name"),
-        idempotency_key=get("idempotency_key"),
-        request_json=json_text(get("request_json")),
-        request_hash=bytes(get("request_hash")).hex(),
-        status=TOOL_STATUS[get("status")],
-        remote_resource_id=get("remote_resource_id") or "",
-        response_json=json_text(get("response_json")),
-        error_code=get("error_code") or "",
-        fencing_token=get("fencing_token"),
-        reconciliation_evidence_json=json_text(get("reconciliation_evidence")),
+        execution_id=str(row["id"]),
+        run_id=str(run_id if run_id is not None else row["run_id"]),
+        step_key=row["step_key"],
+        tool_name=row["tool_name"],
+        idempotency_key=row["idempotency_key"],
+        request_json=json_text(row["request_json"]),
+        request_hash=bytes(row["request_hash"]).hex(),
+        status=TOOL_STATUS[row["status"]],
+        remote_resource_id=row["remote_resource_id"] or "",
+        response_json=json_text(row["response_json"]),
+        error_code=row["error_code"] or "",
+        fencing_token=row["fencing_token"],
+        reconciliation_evidence_json=json_text(row["reconciliation_evidence"]),
     )
     for name in ("outbound_intent_at", "completed_at", "reconciled_at"):
-        _set_time(execution, name, get(name))
+        set_time(execution, name, row[name])
     return execution
 
 
@@ -113,6 +112,6 @@ def event_to_proto(row: Any) -> pb.OutboxEvent:
         run_version=row["run_version"],
         traceparent=row["traceparent"] or "",
     )
-    _set_time(event, "created_at", row["created_at"])
-    _set_time(event, "published_at", row["published_at"])
+    set_time(event, "created_at", row["created_at"])
+    set_time(event, "published_at", row["published_at"])
     return event

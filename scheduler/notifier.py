@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from typing import Any
 
@@ -17,6 +18,10 @@ import asyncpg
 
 log = logging.getLogger(__name__)
 CHANNEL = "agentrt_work"
+
+
+def _set_event(event: asyncio.Event, *_: Any) -> None:
+    event.set()
 
 
 class WorkNotifier:
@@ -36,12 +41,13 @@ class WorkNotifier:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def wait(self, epoch: int, timeout: float) -> None:
+    async def wait(self, epoch: int, at_most_s: float) -> None:
+        """Returns when the epoch moved past `epoch`, or after `at_most_s` seconds."""
         if self._epoch != epoch:
             return
         changed = self._changed
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), timeout)
+            await asyncio.wait_for(changed.wait(), at_most_s)
 
     async def start(self) -> None:
         if self._dsn is not None:
@@ -58,7 +64,7 @@ class WorkNotifier:
                 delay = 0.1
                 self.notify_local()  # anything submitted while we were away
                 closed = asyncio.Event()
-                conn.add_termination_listener(lambda _c: closed.set())
+                conn.add_termination_listener(functools.partial(_set_event, closed))
                 stop = asyncio.create_task(self._stopping.wait())
                 lost = asyncio.create_task(closed.wait())
                 await asyncio.wait({stop, lost}, return_when=asyncio.FIRST_COMPLETED)

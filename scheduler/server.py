@@ -23,7 +23,12 @@ from scheduler.service import RunServicer, WorkServicer
 from scheduler.store import Store, connect_pool
 from shared.config import SchedulerSettings
 from shared.errors import SchemaMismatch
-from shared.gen.agentrt.v1 import run_service_pb2, run_service_pb2_grpc, work_service_pb2, work_service_pb2_grpc
+from shared.gen.agentrt.v1 import (
+    run_service_pb2,
+    run_service_pb2_grpc,
+    work_service_pb2,
+    work_service_pb2_grpc,
+)
 from shared.tracing import setup_tracing
 
 log = logging.getLogger(__name__)

@@ -16,14 +16,14 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 
 from scheduler import convert
 from scheduler import validate as v
 from scheduler.notifier import WorkNotifier
-from scheduler.store import LeaseRef, Store, SubmitSpec
+from scheduler.store import LeaseRef, ResolveOutcome, Store, SubmitSpec
 from shared.canonical import uuid7
 from shared.config import SchedulerSettings
 from shared.errors import AgentrtError, InvalidArgument, to_grpc_status
@@ -193,7 +193,7 @@ class RunServicer(rs_grpc.RunServiceServicer):
         event_id = v.optional_uuid("event_id", request.event_id)
         evidence = {**evidence, "resolved_by": resolved_by, "rule_version": rule_version}
         run, execution = await self.store.resolve_tool_execution(
-            tenant, run_id, step_key, outcome, result, remote_id, evidence, resolved_by, event_id,
+            tenant, run_id, step_key, cast(ResolveOutcome, outcome), result, remote_id, evidence, resolved_by, event_id,
             current_trace(),
         )
         return rs.ResolveToolExecutionResponse(run=convert.run_to_proto(run),
@@ -266,7 +266,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                  run_version=run["version"], agent=run["agent_name"])
         lease = ws.Lease(run=convert.run_to_proto(run), lease_duration_ms=claimed.lease_duration_ms,
                          heartbeat_interval_ms=self.settings.heartbeat_interval_ms)
-        lease.lease_expires_at.CopyFrom(convert.timestamp(run["lease_expires_at"]))
+        convert.set_time(lease, "lease_expires_at", run["lease_expires_at"])
         if claimed.checkpoint is not None:
             lease.checkpoint.CopyFrom(convert.checkpoint_to_proto(claimed.checkpoint, run_id=run["id"]))
         if claimed.step_execution is not None:
@@ -281,7 +281,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         lease = _lease(request)
         expires = await self.store.heartbeat(lease)
         response = ws.HeartbeatResponse()
-        response.lease_expires_at.CopyFrom(convert.timestamp(expires))
+        convert.set_time(response, "lease_expires_at", expires)
         return response
 
     @rpc
@@ -376,7 +376,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             error_class, event_id, current_trace())
         response = ws.FinishRunResponse(status=convert.RUN_STATUS[status], replayed=replayed)
         if next_at is not None:
-            response.next_attempt_at.CopyFrom(convert.timestamp(next_at))
+            convert.set_time(response, "next_attempt_at", next_at)
         return response
 
 

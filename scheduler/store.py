@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, ParamSpec, TypeVar
 
 import asyncpg
+from asyncpg import Record
 
 from scheduler.queries import Q
 from shared.canonical import canonical_json, request_hash, sha256_of, uuid7
@@ -50,7 +51,6 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 T = TypeVar("T")
 
-Record = asyncpg.Record
 COMMIT_UNKNOWN_COUNTER = "commit_unknown_inconsistent"
 _ASSERT_SQLSTATE = "AR001"
 

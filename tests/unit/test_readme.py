@@ -1,5 +1,6 @@
-from shared.config import SchedulerSettings
 from tests_paths import REPO
+
+from shared.config import SchedulerSettings
 
 
 def test_readme_documents_every_scheduler_setting():
