@@ -215,6 +215,8 @@ class Store:
         async with self.pool.acquire() as conn, conn.transaction():
             run = await self._lock_tenant_run(conn, tenant_id, run_id)
             status = RunStatus(run["status"])
+            if status in TERMINAL and run["cancel_requested_at"] is not None:
+                return run  # cancelled already: a retried cancel answers with the outcome
             if status in LEASED:
                 if run["cancel_requested_at"] is not None:
                     return run  # already flagged: cancelling twice is not an error

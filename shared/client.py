@@ -1,0 +1,245 @@
+"""A small async client for agentrt's public RunService.
+
+    async with AgentrtClient("127.0.0.1:50051", tenant="acme") as client:
+        run = await client.submit("returns", {"order_id": 42}, client_request_id="order-42")
+        run = await client.wait(run.run_id, until={"COMPLETED", "FAILED", "PAUSED_HUMAN"})
+
+Submits are idempotent: every submit carries a client request id (made up if
+you give none), so a retry after UNAVAILABLE or a deadline cannot create a
+second run. Calls that only read, and calls the server makes idempotent, are
+retried on UNAVAILABLE with capped exponential backoff; errors come back as the
+typed classes of shared.errors (NotFound, AlreadyExists, InvalidArgument, …).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import random
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+
+from shared.errors import Unavailable, from_rpc_error
+from shared.gen.agentrt.v1 import common_pb2 as pb
+from shared.gen.agentrt.v1 import run_service_pb2 as rs
+from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
+from shared.tracing import inject_metadata
+
+T = TypeVar("T")
+TERMINAL = frozenset({"COMPLETED", "FAILED"})
+_STATUS_NAMES = {value: name.removeprefix("RUN_STATUS_") for name, value in pb.RunStatus.items()}
+_STATUS_NUMBERS = {name: value for value, name in _STATUS_NAMES.items()}
+
+
+def _time(message: Any, name: str) -> dt.datetime | None:
+    return message.__getattribute__(name).ToDatetime(tzinfo=dt.UTC) if message.HasField(name) else None
+
+
+def _json(text: str) -> Any:
+    return json.loads(text) if text else None
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    tenant_id: str
+    agent_name: str
+    agent_version: str
+    status: str
+    version: int
+    fencing_token: int
+    attempt_count: int
+    max_attempts: int
+    input: dict[str, Any]
+    labels: dict[str, str]
+    current_step_key: str
+    terminal_reason: str
+    pause_reason: str
+    cancel_requested: bool
+    client_request_id: str
+    result: Any
+    human_input: Any
+    created_at: dt.datetime | None
+    updated_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    next_attempt_at: dt.datetime | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    @classmethod
+    def from_proto(cls, run: pb.Run) -> RunInfo:
+        return cls(
+            run_id=run.run_id, tenant_id=run.tenant_id, agent_name=run.agent_name, agent_version=run.agent_version,
+            status=_STATUS_NAMES.get(run.status, "UNSPECIFIED"), version=run.version,
+            fencing_token=run.fencing_token, attempt_count=run.attempt_count, max_attempts=run.max_attempts,
+            input=_json(run.input_json) or {}, labels=dict(run.labels), current_step_key=run.current_step_key,
+            terminal_reason=run.terminal_reason, pause_reason=run.pause_reason,
+            cancel_requested=run.cancel_requested, client_request_id=run.client_request_id,
+            result=_json(run.result_json), human_input=_json(run.human_input_json),
+            created_at=_time(run, "created_at"), updated_at=_time(run, "updated_at"),
+            finished_at=_time(run, "finished_at"), next_attempt_at=_time(run, "next_attempt_at"),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        for key, value in data.items():
+            if isinstance(value, dt.datetime):
+                data[key] = value.isoformat()
+        return data
+
+
+@dataclass(frozen=True)
+class History:
+    run: RunInfo
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    tool_executions: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _message_dict(message: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    data: dict[str, Any] = MessageToDict(message, preserving_proto_field_name=True)
+    for key in [k for k in data if k.endswith("_json")]:
+        data[key.removesuffix("_json")] = _json(data.pop(key))
+    return data
+
+
+class AgentrtClient:
+    def __init__(self, addr: str, tenant: str, *, timeout_s: float = 10.0, max_retries: int = 5,
+                 channel: grpc.aio.Channel | None = None) -> None:
+        self.addr = addr
+        self.tenant = tenant
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self._channel = channel or grpc.aio.insecure_channel(addr)
+        self._owns_channel = channel is None
+        self._stub = rs_grpc.RunServiceStub(self._channel)
+
+    async def __aenter__(self) -> AgentrtClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_channel:
+            await self._channel.close()
+
+    async def _call(self, method: Callable[..., Awaitable[T]], request: Any) -> T:
+        delay = 0.1
+        for attempt in range(self.max_retries + 1):
+            try:
+                return await method(request, metadata=inject_metadata([("x-tenant-id", self.tenant)]),
+                                    timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as error:
+                retryable = error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if not retryable or attempt == self.max_retries:
+                    raise from_rpc_error(error) from None
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 5.0)
+        raise Unavailable(f"{self.addr} unavailable")
+
+    async def submit(self, agent_name: str, input: dict[str, Any] | None = None, *,
+                     client_request_id: str | None = None, agent_version: str = "", max_attempts: int = 0,
+                     labels: dict[str, str] | None = None, max_steps: int = 0, max_tokens: int = 0,
+                     max_cost_usd: float = 0.0, deadline: dt.datetime | None = None) -> tuple[RunInfo, bool]:
+        """Returns (run, created). The same client_request_id always answers with the same run."""
+        request = rs.SubmitRunRequest(
+            agent_name=agent_name, agent_version=agent_version, input_json=json.dumps(input or {}),
+            client_request_id=client_request_id or f"client-{uuid.uuid4()}", max_attempts=max_attempts,
+            labels=labels or {},
+        )
+        request.budget.max_steps = max_steps
+        request.budget.max_tokens = max_tokens
+        request.budget.max_cost_usd = max_cost_usd
+        if deadline is not None:
+            request.budget.deadline.FromDatetime(deadline)
+        reply = await self._call(self._stub.SubmitRun, request)
+        return RunInfo.from_proto(reply.run), reply.created
+
+    async def get(self, run_id: str) -> RunInfo:
+        return RunInfo.from_proto(await self._call(self._stub.GetRun, rs.GetRunRequest(run_id=run_id)))
+
+    async def list(self, *, statuses: Iterable[str] = (), agent_name: str = "", page_size: int = 50,
+                   page_token: str = "") -> tuple[list[RunInfo], str]:
+        numbers = [_STATUS_NUMBERS[s.upper()] for s in statuses]
+        reply = await self._call(self._stub.ListRuns, rs.ListRunsRequest(
+            statuses=numbers, agent_name=agent_name, page_size=page_size, page_token=page_token))
+        return [RunInfo.from_proto(r) for r in reply.runs], reply.next_page_token
+
+    async def list_all(self, **filters: Any) -> AsyncIterator[RunInfo]:
+        token = ""
+        while True:
+            runs, token = await self.list(page_token=token, **filters)
+            for run in runs:
+                yield run
+            if not token:
+                return
+
+    async def cancel(self, run_id: str, reason: str = "") -> RunInfo:
+        return RunInfo.from_proto(await self._call(self._stub.CancelRun,
+                                                   rs.CancelRunRequest(run_id=run_id, reason=reason)))
+
+    async def resume(self, run_id: str, *, operator: str, approve: bool | None = None,
+                     input: Any = None, comment: str = "") -> RunInfo:
+        """approve=True/False answers an approval; input=... answers wait_for_input."""
+        if approve is None and input is None:
+            raise ValueError("resume needs approve=True/False or input=...")
+        decision = (rs.RESUME_DECISION_INPUT if approve is None
+                    else rs.RESUME_DECISION_APPROVE if approve else rs.RESUME_DECISION_REJECT)
+        request = rs.ResumeRunRequest(run_id=run_id, decision=decision, operator=operator, comment=comment,
+                                      input_json=json.dumps(input) if input is not None else "")
+        return RunInfo.from_proto(await self._call(self._stub.ResumeRun, request))
+
+    async def resolve_tool(self, run_id: str, step_key: str, outcome: str, *, evidence: dict[str, Any],
+                           resolved_by: str, result: Any = None, remote_resource_id: str = "",
+                           rule_version: str = "") -> tuple[RunInfo, dict[str, Any]]:
+        """outcome: SUCCEEDED (with result) | NOT_EXECUTED | UNKNOWN. One event id across retries."""
+        outcomes = {"SUCCEEDED": rs.RESOLUTION_OUTCOME_SUCCEEDED, "NOT_EXECUTED": rs.RESOLUTION_OUTCOME_NOT_EXECUTED,
+                    "UNKNOWN": rs.RESOLUTION_OUTCOME_UNKNOWN}
+        request = rs.ResolveToolExecutionRequest(
+            run_id=run_id, step_key=step_key, outcome=outcomes[outcome.upper()],
+            result_json=json.dumps(result) if result is not None else "", remote_resource_id=remote_resource_id,
+            evidence_json=json.dumps(evidence), resolved_by=resolved_by, rule_version=rule_version,
+            event_id=str(uuid.uuid4()),
+        )
+        reply = await self._call(self._stub.ResolveToolExecution, request)
+        return RunInfo.from_proto(reply.run), _message_dict(reply.execution)
+
+    async def history(self, run_id: str) -> History:
+        reply = await self._call(self._stub.GetRunHistory, rs.GetRunHistoryRequest(run_id=run_id))
+        return History(run=RunInfo.from_proto(reply.run),
+                       checkpoints=[_message_dict(c) for c in reply.checkpoints],
+                       tool_executions=[_message_dict(t) for t in reply.tool_executions],
+                       events=[_message_dict(e) for e in reply.events])
+
+    async def watch(self, run_id: str, *, poll_s: float = 0.5) -> AsyncIterator[RunInfo]:
+        """Yields the run each time its status or version changes, until it is terminal."""
+        last: tuple[str, int] | None = None
+        while True:
+            run = await self.get(run_id)
+            if (run.status, run.version) != last:
+                last = (run.status, run.version)
+                yield run
+            if run.terminal:
+                return
+            await asyncio.sleep(poll_s)
+
+    async def wait(self, run_id: str, *, until: Iterable[str] = TERMINAL, timeout_s: float = 300,
+                   poll_s: float = 0.5) -> RunInfo:
+        """Polls until the run reaches one of `until`; TimeoutError after timeout_s."""
+        wanted = {s.upper() for s in until}
+        async with asyncio.timeout(timeout_s):
+            while True:
+                run = await self.get(run_id)
+                if run.status in wanted:
+                    return run
+                await asyncio.sleep(poll_s)
