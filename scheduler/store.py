@@ -398,13 +398,21 @@ class Store:
                 return replay, True, True
             existing = await conn.fetchrow(Q["tool_execution_for_step"], lease.run_id, step_key)
             if existing is not None:
-                return existing, True, False
-            by_key = await conn.fetchrow(Q["tool_execution_by_key"], tool_name, idempotency_key)
-            if by_key is not None:
-                raise AlreadyExists("idempotency_key is already recorded for another step",
-                                    field="idempotency_key")
+                # The existing row is an answer for the live holder only; a stale fence gets LEASE_LOST.
+                run = await conn.fetchrow(Q["read_run"], lease.run_id)
+                if (run is not None and run["lease_owner"] == lease.worker_id
+                        and run["fencing_token"] == lease.fencing_token and run["lease_live"]):
+                    return existing, True, False
+            else:
+                by_key = await conn.fetchrow(Q["tool_execution_by_key"], tool_name, idempotency_key)
+                if by_key is not None:
+                    raise AlreadyExists("idempotency_key is already recorded for another step",
+                                        field="idempotency_key")
             refusal = await self._refusal(conn, Op.BEGIN_TOOL_CALL, lease, expected_version)
-            if isinstance(refusal, VersionConflict | InvalidTransition | LeaseLost | NotFound | RunCancelled):
+            # _refusal's last resort is a VersionConflict at the expected version ("changed
+            # concurrently"): with everything else in order, the decision is what did not match.
+            if not (isinstance(refusal, VersionConflict)
+                    and refusal.metadata.get("version") == str(expected_version)):
                 raise refusal
             raise DecisionNotCheckpointed(
                 "the current checkpoint does not record this tool decision (step key, tool and request "
