@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-after", type=float, default=0.0,
                    help="stop after this many seconds once healthy (0 = run until Ctrl-C)")
     p.set_defaults(func=cmd_dev)
+
+    from shared.cli_runs import add_commands as add_run_commands
+
+    add_run_commands(sub)
     return parser
 
 
@@ -93,6 +97,10 @@ def _one_line(exc: BaseException) -> str:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "settings"
         return f"invalid setting {field}: {first['msg']}"
+    from shared.errors import AgentrtError
+
+    if isinstance(exc, AgentrtError):
+        return f"{exc.reason}: {exc.message}" if exc.reason != "INVALID_ARGUMENT" else exc.message
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

@@ -1,0 +1,246 @@
+"""`agentrt runs …` and `agentrt tools resolve`: operate a running deployment through RunService.
+
+Human-readable output by default, `--json` for scripts. Address from --addr or
+AGENTRT_ADDR (default 127.0.0.1:50051); tenant from --tenant or AGENTRT_TENANT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from shared.client import AgentrtClient, RunInfo
+from shared.errors import InvalidArgument
+
+RUN_COLUMNS = ("run_id", "agent_name", "status", "version", "fencing_token", "attempt_count", "current_step_key")
+
+
+def _client(args: argparse.Namespace) -> AgentrtClient:
+    tenant = args.tenant or os.environ.get("AGENTRT_TENANT")
+    if not tenant:
+        raise InvalidArgument("--tenant", "name the tenant with --tenant or AGENTRT_TENANT")
+    addr = args.addr or os.environ.get("AGENTRT_ADDR") or "127.0.0.1:50051"
+    return AgentrtClient(addr, tenant=tenant, timeout_s=args.timeout, max_retries=2)
+
+
+def _json_arg(name: str, text: str | None) -> Any:
+    if text is None:
+        return None
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as handle:
+            text = handle.read()
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgument(name, f"is not valid JSON ({exc})") from None
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def _print_runs(runs: list[RunInfo]) -> None:
+    rows = [[str(getattr(run, column)) for column in RUN_COLUMNS] for run in runs]
+    widths = [max(len(column), *(len(row[i]) for row in rows)) for i, column in enumerate(RUN_COLUMNS)]
+    print("  ".join(column.upper().ljust(widths[i]) for i, column in enumerate(RUN_COLUMNS)))
+    for row in rows:
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)))
+
+
+def _print_run(run: RunInfo) -> None:
+    for key, value in run.as_dict().items():
+        if value not in (None, "", {}, False):
+            print(f"{key:18} {json.dumps(value) if isinstance(value, dict | list) else value}")
+
+
+def _show(args: argparse.Namespace, run: RunInfo) -> None:
+    if args.json:
+        _print_json(run.as_dict())
+    else:
+        _print_run(run)
+
+
+async def _submit(args: argparse.Namespace, client: AgentrtClient) -> None:
+    payload = _json_arg("--input", args.input) or {}
+    if not isinstance(payload, dict):
+        raise InvalidArgument("--input", "must be a JSON object")
+    labels = dict(label.split("=", 1) for label in args.label or [] if "=" in label)
+    run, created = await client.submit(args.agent, payload, client_request_id=args.request_id,
+                                       agent_version=args.agent_version or "", max_attempts=args.max_attempts,
+                                       labels=labels, max_steps=args.max_steps)
+    if args.json:
+        _print_json({**run.as_dict(), "created": created})
+    else:
+        print(f"{'submitted' if created else 'already submitted'}: {run.run_id} ({run.status})")
+
+
+async def _get(args: argparse.Namespace, client: AgentrtClient) -> None:
+    _show(args, await client.get(args.run_id))
+
+
+async def _list(args: argparse.Namespace, client: AgentrtClient) -> None:
+    runs, token = await client.list(statuses=args.status or [], agent_name=args.agent or "",
+                                    page_size=args.limit, page_token=args.page_token or "")
+    if args.json:
+        _print_json({"runs": [r.as_dict() for r in runs], "next_page_token": token})
+        return
+    _print_runs(runs)
+    if token:
+        print(f"(more: --page-token {token})")
+
+
+async def _watch(args: argparse.Namespace, client: AgentrtClient) -> None:
+    async for run in client.watch(args.run_id, poll_s=args.poll):
+        if args.json:
+            print(json.dumps(run.as_dict(), sort_keys=True, default=str), flush=True)
+        else:
+            print(f"{run.updated_at}  {run.status:15} v{run.version} fence {run.fencing_token} "
+                  f"{run.current_step_key or ''} {run.pause_reason or run.terminal_reason or ''}", flush=True)
+        if args.until and run.status in {s.upper() for s in args.until}:
+            return
+
+
+async def _cancel(args: argparse.Namespace, client: AgentrtClient) -> None:
+    _show(args, await client.cancel(args.run_id, args.reason or ""))
+
+
+async def _resume(args: argparse.Namespace, client: AgentrtClient) -> None:
+    approve = True if args.approve else False if args.reject else None
+    value = _json_arg("--input", args.input)
+    if approve is None and value is None:
+        raise InvalidArgument("--approve/--reject/--input", "say what the operator decided")
+    _show(args, await client.resume(args.run_id, operator=args.operator, approve=approve, input=value,
+                                    comment=args.comment or ""))
+
+
+async def _history(args: argparse.Namespace, client: AgentrtClient) -> None:
+    history = await client.history(args.run_id)
+    if args.json:
+        _print_json({"run": history.run.as_dict(), "checkpoints": history.checkpoints,
+                     "tool_executions": history.tool_executions, "events": history.events})
+        return
+    _print_run(history.run)
+    print(f"\ncheckpoints ({len(history.checkpoints)}):")
+    for cp in history.checkpoints:
+        print(f"  v{cp.get('version')} fence {cp.get('fencing_token', 0)} schema {cp.get('schema_version')} "
+              f"{cp.get('created_at', '')}")
+    print(f"\ntool executions ({len(history.tool_executions)}):")
+    for te in history.tool_executions:
+        status = te.get("status", "").removeprefix("TOOL_EXECUTION_STATUS_")
+        print(f"  {te.get('step_key')}  {te.get('tool_name')}  {status}  key {te.get('idempotency_key')}")
+    print(f"\nevents ({len(history.events)}):")
+    for event in history.events:
+        print(f"  #{event.get('id')} {event.get('event_type')} v{event.get('run_version', 0)} "
+              f"{'published' if event.get('published_at') else 'pending'}")
+
+
+async def _resolve(args: argparse.Namespace, client: AgentrtClient) -> None:
+    outcome = "SUCCEEDED" if args.succeeded else "NOT_EXECUTED" if args.not_executed else "UNKNOWN"
+    evidence = _json_arg("--evidence", args.evidence)
+    if not isinstance(evidence, dict):
+        evidence = {"note": args.evidence}
+    result = _json_arg("--result", args.result)
+    if outcome == "SUCCEEDED" and result is None:
+        raise InvalidArgument("--result", "is required with --succeeded")
+    run, execution = await client.resolve_tool(args.run_id, args.step_key, outcome, evidence=evidence,
+                                               resolved_by=args.operator, result=result)
+    if args.json:
+        _print_json({"run": run.as_dict(), "execution": execution})
+    else:
+        print(f"{args.step_key}: {execution.get('status', '').removeprefix('TOOL_EXECUTION_STATUS_')}; "
+              f"run {run.run_id} is {run.status}")
+
+
+def _runner(handler: Callable[[argparse.Namespace, AgentrtClient], Awaitable[None]]) -> Callable[..., int]:
+    def run(args: argparse.Namespace) -> int:
+        async def main() -> None:
+            async with _client(args) as client:
+                await handler(args, client)
+
+        asyncio.run(main())
+        return 0
+
+    return run
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--addr", help="scheduler address (default AGENTRT_ADDR or 127.0.0.1:50051)")
+    parser.add_argument("--tenant", help="tenant id (default AGENTRT_TENANT)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--timeout", type=float, default=10.0, help="per-call deadline in seconds")
+
+
+def add_commands(sub: Any) -> None:
+    runs = sub.add_parser("runs", help="submit and operate runs").add_subparsers(dest="runs_command", required=True)
+
+    p = runs.add_parser("submit", help="submit a run (idempotent with --request-id)")
+    _common(p)
+    p.add_argument("agent")
+    p.add_argument("--input", help="JSON object, or @file.json")
+    p.add_argument("--request-id", help="client request id: the same id returns the same run")
+    p.add_argument("--agent-version")
+    p.add_argument("--max-attempts", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=0)
+    p.add_argument("--label", action="append", help="key=value (repeatable)")
+    p.set_defaults(func=_runner(_submit))
+
+    for name, handler, text in (("get", _get, "show one run"), ("history", _history, "checkpoints, ledger, events")):
+        p = runs.add_parser(name, help=text)
+        _common(p)
+        p.add_argument("run_id")
+        p.set_defaults(func=_runner(handler))
+
+    p = runs.add_parser("list", help="list runs, newest first")
+    _common(p)
+    p.add_argument("--status", action="append", help="filter (repeatable): QUEUED, RUNNING, …")
+    p.add_argument("--agent")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--page-token")
+    p.set_defaults(func=_runner(_list))
+
+    p = runs.add_parser("watch", help="follow a run until it ends")
+    _common(p)
+    p.add_argument("run_id")
+    p.add_argument("--poll", type=float, default=0.5)
+    p.add_argument("--until", action="append", help="also stop at this status (repeatable)")
+    p.set_defaults(func=_runner(_watch))
+
+    p = runs.add_parser("cancel", help="cancel a run (a leased run ends at its holder's next write)")
+    _common(p)
+    p.add_argument("run_id")
+    p.add_argument("--reason")
+    p.set_defaults(func=_runner(_cancel))
+
+    p = runs.add_parser("resume", help="answer a run paused for a human")
+    _common(p)
+    p.add_argument("run_id")
+    decision = p.add_mutually_exclusive_group()
+    decision.add_argument("--approve", action="store_true")
+    decision.add_argument("--reject", action="store_true")
+    p.add_argument("--input", help="JSON value for wait_for_input, or @file.json")
+    p.add_argument("--operator", default=os.environ.get("USER", "operator"))
+    p.add_argument("--comment")
+    p.set_defaults(func=_runner(_resume))
+
+    tools = sub.add_parser("tools", help="tool ledger operations").add_subparsers(dest="tools_command", required=True)
+    p = tools.add_parser("resolve", help="resolve an IN_DOUBT tool execution with evidence")
+    _common(p)
+    p.add_argument("run_id")
+    p.add_argument("step_key")
+    outcome = p.add_mutually_exclusive_group(required=True)
+    outcome.add_argument("--succeeded", action="store_true")
+    outcome.add_argument("--not-executed", action="store_true")
+    outcome.add_argument("--unknown", action="store_true")
+    p.add_argument("--evidence", required=True, help="JSON object (or text) recording how you know")
+    p.add_argument("--result", help="the tool's result as JSON (with --succeeded)")
+    p.add_argument("--operator", default=os.environ.get("USER", "operator"))
+    p.set_defaults(func=_runner(_resolve))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use: agentrt runs …")

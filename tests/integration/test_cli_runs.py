@@ -1,0 +1,105 @@
+"""`agentrt runs …` / `agentrt tools resolve` against a live scheduler, as a user would run them."""
+
+import asyncio
+import json
+import sys
+
+import pytest
+from support import claim, eid, lease_ref, scheduler_stack, tool_state
+from tests_paths import REPO
+
+from shared.embedded_pg import free_port
+from shared.gen.agentrt.v1 import work_service_pb2 as ws
+
+pytestmark = pytest.mark.integration
+
+
+async def agentrt(*args: str, addr: str | None = None, tenant: str = "tenant-a") -> tuple[int, str, str]:
+    extra = ["--tenant", tenant] if tenant else []
+    if addr:
+        extra += ["--addr", addr]
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "shared.cli", *args, *extra, cwd=REPO,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_every_runs_command_against_a_live_scheduler(db_url):
+    async with scheduler_stack(db_url) as stack:
+        a = stack.addr
+        code, out, _ = await agentrt("runs", "submit", "demo", "--input", '{"order": 7}', "--request-id", "r-1",
+                                     "--json", addr=a)
+        assert code == 0
+        submitted = json.loads(out)
+        run_id = submitted["run_id"]
+        assert submitted["created"] is True and submitted["input"] == {"order": 7}
+        code, out, _ = await agentrt("runs", "submit", "demo", "--input", '{"order": 7}', "--request-id", "r-1",
+                                     "--json", addr=a)
+        assert json.loads(out)["run_id"] == run_id and json.loads(out)["created"] is False
+
+        code, out, _ = await agentrt("runs", "get", run_id, "--json", addr=a)
+        assert code == 0 and json.loads(out)["status"] == "QUEUED"
+        code, out, _ = await agentrt("runs", "list", "--status", "QUEUED", "--json", addr=a)
+        assert [r["run_id"] for r in json.loads(out)["runs"]] == [run_id]
+        code, out, _ = await agentrt("runs", "list", addr=a)
+        assert code == 0 and run_id in out and "STATUS" in out
+
+        # Pause it for a human, then resume with an approval.
+        lease = await claim(stack)
+        await stack.work.FinishRun(ws.FinishRunRequest(lease=lease_ref(lease), expected_version=0,
+                                                       outcome=ws.FINISH_OUTCOME_PAUSED_HUMAN,
+                                                       reason="refund above threshold", event_id=eid()))
+        code, out, _ = await agentrt("runs", "watch", run_id, "--until", "PAUSED_HUMAN", "--json", addr=a)
+        assert code == 0 and json.loads(out.strip().splitlines()[-1])["status"] == "PAUSED_HUMAN"
+        code, out, _ = await agentrt("runs", "resume", run_id, "--approve", "--operator", "alice", "--json", addr=a)
+        resumed = json.loads(out)
+        assert resumed["status"] == "QUEUED" and resumed["human_input"]["decision"] == "APPROVE"
+
+        # Freeze it in doubt, then resolve the tool execution with evidence.
+        lease = await claim(stack)
+        ref = lease_ref(lease)
+        await stack.work.SaveCheckpoint(ws.SaveCheckpointRequest(
+            lease=ref, expected_version=0, state_json=json.dumps(tool_state("label/attempt-1", "label", {"o": 7})),
+            schema_version=1, event_id=eid()))
+        await stack.work.BeginToolCall(ws.BeginToolCallRequest(
+            lease=ref, expected_version=1, step_key="label/attempt-1", tool_name="label", idempotency_key="k-7",
+            request_json='{"o": 7}', execution_id=eid(), event_id=eid()))
+        await stack.work.MarkToolInDoubt(ws.MarkToolInDoubtRequest(lease=ref, step_key="label/attempt-1",
+                                                                   error_code="timeout", event_id=eid()))
+        code, out, err = await agentrt("tools", "resolve", run_id, "label/attempt-1", "--succeeded", "--result",
+                                       '{"label": "L-1"}', "--evidence", '{"lookup": "found"}', "--json", addr=a)
+        assert code == 0, err
+        resolved = json.loads(out)
+        assert resolved["run"]["status"] == "QUEUED"
+        assert resolved["execution"]["status"] == "TOOL_EXECUTION_STATUS_SUCCEEDED"
+
+        code, out, _ = await agentrt("runs", "history", run_id, "--json", addr=a)
+        history = json.loads(out)
+        # int64 fields print as strings in proto JSON.
+        assert [int(c["version"]) for c in history["checkpoints"]] == [1, 2]
+        assert "agent.tool_resolved" in [e["event_type"] for e in history["events"]]
+        code, out, _ = await agentrt("runs", "history", run_id, addr=a)
+        assert code == 0 and "tool executions (1)" in out
+
+        code, out, _ = await agentrt("runs", "cancel", run_id, "--reason", "done testing", "--json", addr=a)
+        assert json.loads(out)["status"] == "FAILED"
+
+        # Errors: one readable line, non-zero exit, no traceback.
+        code, _, err = await agentrt("runs", "get", "not-a-uuid", addr=a)
+        assert code == 1 and "run_id" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        code, _, err = await agentrt("runs", "get", run_id, addr=a, tenant="tenant-b")
+        assert code == 1 and "NOT_FOUND" in err
+        code, _, err = await agentrt("runs", "submit", "demo", "--input", "[1]", addr=a)
+        assert code == 1 and "--input" in err
+        code, _, err = await agentrt("runs", "resume", run_id, addr=a)
+        assert code == 1 and "decided" in err
+        code, _, err = await agentrt("runs", "frobnicate", addr=a)
+        assert code == 2
+
+
+async def test_a_stopped_service_is_one_line_and_non_zero():
+    code, _, err = await agentrt("runs", "list", "--timeout", "0.5", addr=f"127.0.0.1:{free_port()}")
+    assert code == 1 and "UNAVAILABLE" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = await agentrt("runs", "list", tenant="", addr="127.0.0.1:1")
+    assert code == 1 and "--tenant" in err
