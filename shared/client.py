@@ -170,7 +170,7 @@ class AgentrtClient:
 
     async def list(self, *, statuses: Iterable[str] = (), agent_name: str = "", page_size: int = 50,
                    page_token: str = "") -> tuple[list[RunInfo], str]:
-        numbers = [_STATUS_NUMBERS[s.upper()] for s in statuses]
+        numbers: list[Any] = [_STATUS_NUMBERS[s.upper()] for s in statuses]
         reply = await self._call(self._stub.ListRuns, rs.ListRunsRequest(
             statuses=numbers, agent_name=agent_name, page_size=page_size, page_token=page_token))
         return [RunInfo.from_proto(r) for r in reply.runs], reply.next_page_token
