@@ -57,6 +57,31 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_executor(args: argparse.Namespace) -> int:
+    from executor.config import ExecutorSettings
+    from executor.main import serve
+
+    overrides: dict[str, Any] = {}
+    if args.scheduler:
+        overrides["scheduler_addr"] = args.scheduler
+    if args.agents:
+        overrides["agents_path"] = args.agents
+    if args.slots:
+        overrides["slots"] = args.slots
+    settings = ExecutorSettings(**overrides)
+    _setup_logging(settings.log_level)
+    asyncio.run(serve(settings))
+    return 0
+
+
+def cmd_mocktool(args: argparse.Namespace) -> int:
+    from executor.mocktool import run_server
+
+    _setup_logging("INFO")
+    asyncio.run(run_server(args.host, args.port, args.db, latency_ms=args.latency_ms))
+    return 0
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from shared.devstack import run_dev
 
@@ -75,6 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--database-url", help="PostgreSQL URL (default: AGENTRT_DATABASE_URL)")
     p.add_argument("--listen", help="host:port (default: AGENTRT_LISTEN_ADDR or 0.0.0.0:50051)")
     p.set_defaults(func=cmd_scheduler)
+
+    p = sub.add_parser("executor", help="run an executor (claims fenced work from the scheduler)")
+    p.add_argument("--scheduler", help="scheduler host:port (default: AGENTRT_SCHEDULER_ADDR or 127.0.0.1:50051)")
+    p.add_argument("--agents", help="agent definitions: a directory or comma-separated files "
+                                    "(default: AGENTRT_AGENTS_PATH)")
+    p.add_argument("--slots", type=int, help="concurrent runs (default: AGENTRT_SLOTS or 4)")
+    p.set_defaults(func=cmd_executor)
+
+    p = sub.add_parser("mocktool", help="the mock tool HTTP server (test infrastructure, SQLite store)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--db", type=Path, required=True, help="SQLite file recording every request")
+    p.add_argument("--latency-ms", type=int, default=0)
+    p.set_defaults(func=cmd_mocktool)
 
     p = sub.add_parser("dev", help="embedded PostgreSQL + migrations + the services, for local development")
     p.add_argument("--data-dir", type=Path, default=Path(".agentrt"), help="kept between runs (default .agentrt)")

@@ -1,0 +1,186 @@
+"""From a checkpoint to the next state to persist and the action to take once it is persisted.
+
+Order of precedence: a recorded end, a durable wait, a persisted tool decision
+(executed, never re-sampled: invariant 6), a transient retry's next attempt,
+then — budgets permitting — a new proposal from the decider, validated here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jsonschema
+
+from executor.agents import AgentDefinition
+from executor.checkpoint import Finished, State, ToolDecision, Waiting
+from executor.deciders.base import (
+    Decider,
+    DecisionContext,
+    Fail,
+    Finish,
+    Invalid,
+    Proposal,
+    Sleep,
+    ToolCall,
+    WaitForInput,
+)
+from executor.errors import ErrorClass, classify
+from executor.steps import (
+    RunIds,
+    decided_finish,
+    decided_invalid,
+    decided_tool,
+    decided_wait,
+    finished_without_decision,
+    next_attempt,
+    paused,
+    step_key_for,
+    tool_decision,
+)
+
+
+@dataclass(frozen=True)
+class ExecuteTool:
+    decision: ToolDecision
+
+
+@dataclass(frozen=True)
+class EndRun:
+    finished: Finished
+
+
+@dataclass(frozen=True)
+class Park:
+    waiting: Waiting
+
+
+@dataclass(frozen=True)
+class DecideAgain:
+    pass
+
+
+Action = ExecuteTool | EndRun | Park | DecideAgain
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The tighter of the run's budget and the agent's (0 = unlimited)."""
+
+    max_steps: int = 0
+    max_tokens: int = 0
+    max_cost_usd: float = 0.0
+    deadline: dt.datetime | None = None
+
+    def exhausted(self, state: State, now: dt.datetime) -> str | None:
+        usage = state.usage
+        if self.max_steps and usage.steps >= self.max_steps:
+            return f"max_steps {self.max_steps} reached ({usage.steps} steps taken)"
+        if self.max_tokens and usage.tokens >= self.max_tokens:
+            return f"max_tokens {self.max_tokens} reached ({usage.tokens} used)"
+        if self.max_cost_usd and usage.cost_usd >= self.max_cost_usd:
+            return f"max_cost_usd {self.max_cost_usd} reached ({usage.cost_usd:.6f} spent)"
+        if self.deadline is not None and now >= self.deadline:
+            return f"deadline {self.deadline.isoformat()} passed"
+        return None
+
+
+def tighter(a: float, b: float) -> float:
+    return min(x for x in (a, b) if x) if (a or b) else 0
+
+
+class Advancer:
+    def __init__(self, agent: AgentDefinition, decider: Decider, ids: RunIds, run_input: dict,
+                 limits: Limits, max_attempts: int, db_now: Callable[[], dt.datetime]) -> None:
+        self.agent = agent
+        self.decider = decider
+        self.ids = ids
+        self.run_input = run_input
+        self.limits = limits
+        self.max_attempts = max_attempts
+        self.db_now = db_now
+        self.validators = {t.name: jsonschema.Draft202012Validator(t.input_schema) for t in agent.tools}
+
+    def end(self, state: State, code: str, reason: str, *, policy_pause: bool) -> tuple[State, Action]:
+        """A permanent error: FAILED, or PAUSED_HUMAN when the agent's policy says so."""
+        if policy_pause:
+            state = paused(state, reason)
+            assert state.waiting is not None
+            return state, Park(state.waiting)
+        finished = Finished(outcome="FAILED", reason=reason, error_class=f"{classify(code).value}:{code}")
+        return finished_without_decision(state, finished), EndRun(finished)
+
+    async def advance(self, state: State) -> tuple[State, Action]:
+        if state.finished is not None:
+            return state, EndRun(state.finished)
+        if state.waiting is not None:
+            return state, Park(state.waiting)
+        if state.pending_tool is not None:
+            return state, ExecuteTool(state.pending_tool)
+        if state.retry_tool is not None:
+            if state.retry_tool.attempt >= self.max_attempts:
+                return self.end(state, "attempts_exhausted",
+                                f"attempts exhausted: step {state.retry_tool.step_key} failed transiently "
+                                f"{state.retry_tool.attempt} times",
+                                policy_pause=self.agent.policy.pause_when_attempts_exhausted)
+            state, decision = next_attempt(state, state.retry_tool, self.ids)
+            return state, ExecuteTool(decision)
+        why = self.limits.exhausted(state, self.db_now())
+        if why is not None:
+            return self.end(state, "budget_exhausted", f"budget exhausted: {why}",
+                            policy_pause=self.agent.policy.on_budget_exhausted == "pause")
+        ctx = DecisionContext(agent=self.agent, run_id=self.ids.run_id, tenant_id=self.ids.tenant_id,
+                              input=self.run_input, state=state)
+        return self.apply(state, await self.decider.decide(ctx))
+
+    def validate(self, call: ToolCall) -> Invalid | None:
+        if self.agent.tool(call.tool) is None:
+            return Invalid("unknown_tool", f"no tool named {call.tool!r}")
+        errors = sorted(self.validators[call.tool].iter_errors(call.args), key=lambda e: list(e.path))
+        if errors:
+            where = "/".join(str(p) for p in errors[0].path) or "(arguments)"
+            return Invalid("invalid_arguments", f"{call.tool}: {where}: {errors[0].message}")
+        return None
+
+    def apply(self, state: State, proposal: Proposal) -> tuple[State, Action]:
+        decision = proposal.decision
+        if isinstance(decision, ToolCall):
+            invalid = self.validate(decision)
+            if invalid is not None:
+                proposal = Proposal(invalid, proposal.node, proposal.raw, proposal.tokens, proposal.cost_usd,
+                                    proposal.model)
+                decision = invalid
+        if isinstance(decision, ToolCall):
+            tool = self.agent.tool(decision.tool)
+            assert tool is not None
+            made = tool_decision(state, proposal, decision, self.ids)
+            state = decided_tool(state, proposal, made, needs_approval=tool.contract.requires_approval)
+            if state.waiting is not None:
+                return state, Park(state.waiting)
+            return state, ExecuteTool(made)
+        if isinstance(decision, Finish | Fail):
+            completed = isinstance(decision, Finish)
+            finished = Finished(
+                outcome="COMPLETED" if completed else "FAILED",
+                result=decision.result if isinstance(decision, Finish) else None,
+                reason="" if isinstance(decision, Finish) else decision.reason,
+                error_class="" if completed else f"{ErrorClass.PERMANENT.value}:plan_failed")
+            state = decided_finish(state, proposal, finished)
+            return state, EndRun(finished)
+        if isinstance(decision, Sleep | WaitForInput):
+            key = step_key_for(proposal.node, 1)
+            waiting = (Waiting(kind="sleep", step_key=key, node=proposal.node, sleep_ms=decision.ms)
+                       if isinstance(decision, Sleep)
+                       else Waiting(kind="input", step_key=key, node=proposal.node, prompt=decision.prompt))
+            state = decided_wait(state, proposal, waiting)
+            return state, Park(waiting)
+        assert isinstance(decision, Invalid)
+        state = decided_invalid(state, proposal, decision)
+        policy = self.agent.policy
+        if self.decider.pure or state.invalid_streak > policy.max_decision_retries:
+            return self.end(state, "decision_retries_exhausted",
+                            f"no valid decision after {state.invalid_streak} attempt(s); last: "
+                            f"{decision.kind}: {decision.detail}",
+                            policy_pause=policy.on_decision_retries_exhausted == "pause")
+        return state, DecideAgain()

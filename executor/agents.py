@@ -1,0 +1,311 @@
+"""Agent definitions: one YAML or TOML file per agent version, loaded and validated at start.
+
+A definition names its decider, its tools (kind, contract flags, JSON Schema),
+its budgets and its model / prompt / policy versions. Anything invalid stops
+the executor with one line naming the file and the field (`DefinitionError`).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import jsonschema
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shared.canonical import sha256_of
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$"
+_NODE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+SUFFIXES = (".yaml", ".yml", ".toml")
+
+
+class DefinitionError(Exception):
+    """An agent definition that cannot be served. str() is one line: file, field, problem."""
+
+    def __init__(self, path: Path | str, field: str, problem: str) -> None:
+        super().__init__(f"{path}: {field}: {problem}")
+        self.path, self.field, self.problem = str(path), field, problem
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ToolContract(_Strict):
+    idempotent: bool = False  # the downstream dedupes by Idempotency-Key
+    lookup: bool = False  # the downstream answers a query by idempotency key
+    fenced: bool = False  # the downstream refuses a stale X-Fencing-Token
+    requires_approval: bool = False  # PAUSED_HUMAN before Tx1 until approved
+
+    @property
+    def retry_after_not_found(self) -> bool:
+        # A lookup's "not found" only proves the request can never take effect
+        # when the lookup also raised the fence, so a late stale send is refused.
+        return self.lookup and self.fenced
+
+
+class _ToolBase(_Strict):
+    name: str = Field(pattern=_NAME)
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    contract: ToolContract = Field(default_factory=ToolContract)
+    timeout_s: float = Field(default=30.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _schema(self) -> _ToolBase:
+        try:
+            jsonschema.Draft202012Validator.check_schema(self.input_schema)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"input_schema is not a valid JSON Schema: {exc.message}") from None
+        if self.input_schema.get("type", "object") != "object":
+            raise ValueError("input_schema must describe a JSON object")
+        return self
+
+
+class HttpTool(_ToolBase):
+    kind: Literal["http"]
+    url: str = Field(pattern=r"^https?://")
+    # GET {lookup_url}?key=<idempotency key>; required with contract.lookup.
+    lookup_url: str | None = Field(default=None, pattern=r"^https?://")
+    remote_id_field: str = "id"
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _lookup(self) -> HttpTool:
+        if self.contract.lookup != (self.lookup_url is not None):
+            raise ValueError("contract.lookup and lookup_url go together")
+        return self
+
+
+class PythonTool(_ToolBase):
+    kind: Literal["python"]
+    # "package.module:function"; called with (arguments, ToolCallContext).
+    callable: str = Field(pattern=r"^[\w.]+:[\w.]+$")
+    # "package.module:function"; called with (idempotency_key, ToolCallContext).
+    lookup_callable: str | None = Field(default=None, pattern=r"^[\w.]+:[\w.]+$")
+
+    @model_validator(mode="after")
+    def _lookup(self) -> PythonTool:
+        if self.contract.lookup != (self.lookup_callable is not None):
+            raise ValueError("contract.lookup and lookup_callable go together")
+        return self
+
+
+ToolDefinition = Annotated[HttpTool | PythonTool, Field(discriminator="kind")]
+
+
+class PlanNode(_Strict):
+    """One node of a scripted plan: exactly one of tool / sleep_ms / wait_for_input / finish / fail."""
+
+    id: str = Field(pattern=_NODE)
+    tool: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    sleep_ms: int | None = Field(default=None, gt=0)
+    wait_for_input: str | None = None
+    finish: Any = None
+    fail: str | None = None
+    # Where to go next (default: the following node); a node may be revisited.
+    next: str | None = None
+    # After a definite tool failure: "fail" (end the run), "continue", or a node id.
+    on_failure: str = "fail"
+    # Visit the node this many times in a row before moving on.
+    repeat: int = Field(default=1, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _one_action(self) -> PlanNode:
+        chosen = [k for k in ("tool", "sleep_ms", "wait_for_input", "finish", "fail")
+                  if getattr(self, k) is not None]
+        if len(chosen) != 1:
+            raise ValueError("a plan node needs exactly one of tool, sleep_ms, wait_for_input, finish, fail")
+        return self
+
+
+class ScriptedDecider(_Strict):
+    kind: Literal["scripted"]
+    plan: list[PlanNode] = Field(min_length=1)
+
+
+class OpenAIDecider(_Strict):
+    kind: Literal["openai"]
+    base_url: str = Field(pattern=r"^https?://")
+    model: str
+    api_key_env: str | None = None  # env var with the key; else the executor's openai_api_key
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    timeout_s: float = Field(default=60.0, gt=0)
+    usd_per_1k_input_tokens: float = Field(default=0.0, ge=0)
+    usd_per_1k_output_tokens: float = Field(default=0.0, ge=0)
+    allow_sleep: bool = True
+    allow_wait_for_input: bool = True
+
+
+DeciderDefinition = Annotated[ScriptedDecider | OpenAIDecider, Field(discriminator="kind")]
+
+
+class Budgets(_Strict):
+    max_steps: int = Field(default=0, ge=0)  # 0 = unlimited
+    max_tokens: int = Field(default=0, ge=0)
+    max_cost_usd: float = Field(default=0.0, ge=0)
+    deadline_s: float = Field(default=0.0, ge=0)  # wall clock from the run's creation (database time)
+
+
+class Policy(_Strict):
+    version: str = "1"
+    on_budget_exhausted: Literal["fail", "pause"] = "fail"
+    on_approval_rejected: Literal["fail", "continue"] = "fail"
+    # Consecutive invalid decisions (parse failure, refusal, filter, bad arguments) before giving up.
+    max_decision_retries: int = Field(default=3, ge=0, le=100)
+    on_decision_retries_exhausted: Literal["fail", "pause"] = "fail"
+    # When the downstream stays transiently unavailable past the run's max_attempts.
+    pause_when_attempts_exhausted: bool = False
+
+
+class ModelInfo(_Strict):
+    provider: str = ""
+    name: str = ""
+    version: str = ""
+
+
+class PromptInfo(_Strict):
+    version: str = ""
+    system: str = ""
+
+
+class AgentDefinition(_Strict):
+    format: Literal[1] = 1
+    name: str = Field(pattern=_NAME)
+    version: str = Field(min_length=1, max_length=100)
+    description: str = ""
+    decider: DeciderDefinition
+    tools: list[ToolDefinition] = Field(default_factory=list)
+    budgets: Budgets = Field(default_factory=Budgets)
+    policy: Policy = Field(default_factory=Policy)
+    model: ModelInfo = Field(default_factory=ModelInfo)
+    prompt: PromptInfo = Field(default_factory=PromptInfo)
+
+    @model_validator(mode="after")
+    def _references(self) -> AgentDefinition:
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError("tool names must be unique")
+        if isinstance(self.decider, ScriptedDecider):
+            ids = [n.id for n in self.decider.plan]
+            if len(set(ids)) != len(ids):
+                raise ValueError("decider.plan: node ids must be unique")
+            for index, node in enumerate(self.decider.plan):
+                where = f"decider.plan.{index}"
+                if node.tool is not None and node.tool not in names:
+                    raise _FieldProblem(f"{where}.tool", f"unknown tool {node.tool!r}")
+                if node.next is not None and node.next not in ids:
+                    raise _FieldProblem(f"{where}.next", f"unknown node {node.next!r}")
+                if node.on_failure not in ("fail", "continue", *ids):
+                    raise _FieldProblem(f"{where}.on_failure", "must be fail, continue or a node id")
+        return self
+
+    def tool(self, name: str) -> HttpTool | PythonTool | None:
+        for tool in self.tools:
+            if tool.name == name:
+                return tool
+        return None
+
+    def tool_schemas_hash(self) -> str:
+        return sha256_of([[t.name, t.input_schema] for t in self.tools]).hex()[:16]
+
+
+class _FieldProblem(ValueError):
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}|{problem}")
+
+
+def _field_and_problem(exc: ValidationError) -> tuple[str, str]:
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"] if p not in ("http", "python", "scripted", "openai"))
+    message = str(first.get("msg", "invalid"))
+    message = re.sub(r"^(Value error|Assertion failed), ", "", message)
+    if "|" in message and not field:
+        field, _, message = message.partition("|")
+    elif "|" in message:
+        sub, _, message = message.partition("|")
+        field = f"{field}.{sub}" if field else sub
+    return field or "(file)", message
+
+
+def parse_definition(data: Any, path: Path | str = "<memory>") -> AgentDefinition:
+    if not isinstance(data, dict):
+        raise DefinitionError(path, "(file)", "must be a mapping")
+    try:
+        return AgentDefinition.model_validate(data)
+    except ValidationError as exc:
+        field, problem = _field_and_problem(exc)
+        raise DefinitionError(path, field, problem) from None
+
+
+def load_file(path: Path) -> AgentDefinition:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DefinitionError(path, "(file)", f"cannot read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise DefinitionError(path, "(file)", f"not valid {path.suffix[1:].upper()}: "
+                                              f"{str(exc).splitlines()[0]}") from None
+    return parse_definition(data, path)
+
+
+def definition_files(spec: str) -> list[Path]:
+    """The files `agents_path` names: a directory (its *.yaml/*.yml/*.toml) or comma-separated files."""
+    files: list[Path] = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        path = Path(part)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file()))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise DefinitionError(path, "(file)", "no such file or directory")
+    return files
+
+
+class AgentCatalog:
+    """Every loaded definition, by name and version."""
+
+    def __init__(self, definitions: Iterable[AgentDefinition]) -> None:
+        self._by_name: dict[str, dict[str, AgentDefinition]] = {}
+        for definition in definitions:
+            versions = self._by_name.setdefault(definition.name, {})
+            if definition.version in versions:
+                raise DefinitionError(definition.name, "version",
+                                      f"{definition.version!r} is defined twice")
+            versions[definition.version] = definition
+
+    @classmethod
+    def load(cls, spec: str) -> AgentCatalog:
+        files = definition_files(spec)
+        if not files:
+            raise DefinitionError(spec, "(file)", "no agent definitions (*.yaml, *.yml, *.toml) found")
+        return cls(load_file(path) for path in files)
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+    def all(self) -> list[AgentDefinition]:
+        return [d for versions in self._by_name.values() for d in versions.values()]
+
+    def get(self, name: str, version: str = "") -> AgentDefinition | None:
+        """The named version, or (no version asked) the only one / the last in natural order."""
+        versions = self._by_name.get(name)
+        if not versions:
+            return None
+        if version:
+            return versions.get(version)
+        return versions[max(versions, key=_natural)]
+
+
+def _natural(text: str) -> list[Any]:
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text)]

@@ -1,0 +1,141 @@
+"""The checkpoint an executor writes: an explicit, versioned schema.
+
+What a checkpoint holds (reference sections 6 and 9): the cursor and step index,
+the validated decision (raw and schema result), tool name, normalised arguments
+and their hash, the step key and idempotency key, completed tool results, budget
+used, model / prompt / tool-schema / policy versions, and exceptions (parse
+failures, refusals, filters, operator responses).
+
+`pending_tool` carries the three keys the scheduler's Tx1 checks (step_key,
+tool_name, request_hash). `tool_results[step_key]` is where Tx2 and the
+scheduler's ResolveToolExecution record a step's outcome.
+
+Reading a checkpoint of another schema version goes through a registered
+migration or is refused (`UnsupportedCheckpoint`); it is never parsed into
+zero values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA_VERSION = 1
+
+# from-version -> function turning that version's state into the next version's.
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+MIGRATIONS: dict[int, Migration] = {}
+
+
+class UnsupportedCheckpoint(Exception):
+    """A checkpoint this executor must not interpret; the run is paused with str(self) as reason."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolDecision(_Model):
+    """A validated tool call, persisted before Tx1 (invariant 6)."""
+
+    step_key: str
+    tool_name: str
+    request_hash: str  # hex of shared.canonical.request_hash(tool_name, request)
+    request: dict[str, Any]
+    idempotency_key: str
+    node: str  # workflow node id (with its visit, e.g. poll@2)
+    attempt: int = Field(ge=1)
+    decision_index: int = Field(ge=0)
+    raw: Any = None  # the decider's raw proposal
+    schema_valid: bool = True
+    approval: dict[str, Any] | None = None  # operator's APPROVE, when the tool requires one
+
+
+class Waiting(_Model):
+    """A durable wait the run is parked on: a timer, operator input, an approval, or an
+    operator's decision after a pause (`resume`: budget exhausted, decisions kept failing...)."""
+
+    kind: Literal["sleep", "input", "approval", "resume"]
+    step_key: str
+    node: str
+    prompt: str | None = None  # input: the question; approval / resume: the reason shown
+    sleep_ms: int | None = None
+    tool: ToolDecision | None = None  # approval: the decision awaiting it
+
+
+class Finished(_Model):
+    """The run's final decision, recorded before FinishRun so a takeover repeats it exactly."""
+
+    outcome: Literal["COMPLETED", "FAILED"]
+    reason: str = ""
+    result: Any = None
+    error_class: str = ""
+
+
+class HistoryEntry(_Model):
+    index: int
+    node: str
+    step_key: str
+    kind: Literal["tool", "sleep", "input", "approval", "finish", "fail", "exception"]
+    tool: str | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class Usage(_Model):
+    steps: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class Versions(_Model):
+    agent: str
+    agent_version: str
+    decider: str
+    model: str = ""
+    prompt: str = ""
+    policy: str = ""
+    tool_schemas: str = ""
+
+
+class State(_Model):
+    cursor: str = ""  # the step key being worked on (or last finished)
+    step_index: int = 0  # decisions taken so far
+    versions: Versions
+    pending_tool: ToolDecision | None = None
+    retry_tool: ToolDecision | None = None  # transient failure: re-send as the next attempt
+    tool_results: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    inputs: dict[str, Any] = Field(default_factory=dict)  # operator input by step key
+    history: list[HistoryEntry] = Field(default_factory=list)
+    waiting: Waiting | None = None
+    finished: Finished | None = None
+    usage: Usage = Usage()
+    exceptions: list[dict[str, Any]] = Field(default_factory=list)
+    invalid_streak: int = 0  # consecutive invalid decisions
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def load_state(state_json: dict[str, Any], schema_version: int) -> State:
+    """Migrates (only through registered steps) and validates; refuses anything else."""
+    version = schema_version
+    data = dict(state_json)
+    while version != SCHEMA_VERSION:
+        migrate = MIGRATIONS.get(version) if version < SCHEMA_VERSION else None
+        if migrate is None:
+            known = ", ".join(str(v) for v in sorted(MIGRATIONS)) or "none"
+            raise UnsupportedCheckpoint(
+                f"checkpoint schema version {schema_version} is not supported by this executor "
+                f"(it writes version {SCHEMA_VERSION}; registered migrations from: {known})")
+        data = migrate(data)
+        version += 1
+    try:
+        return State.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(state)"
+        raise UnsupportedCheckpoint(
+            f"checkpoint (schema version {schema_version}) does not match schema version "
+            f"{SCHEMA_VERSION}: {field}: {first['msg']}") from None

@@ -1,0 +1,48 @@
+"""Executor settings: env AGENTRT_*, or the `executor:` section of AGENTRT_CONFIG_FILE."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field, SecretStr, model_validator
+
+from shared.config import ComponentSettings
+
+
+class ExecutorSettings(ComponentSettings):
+    section: ClassVar[str] = "executor"
+
+    service_name: str = "agentrt-executor"
+    scheduler_addr: str = "127.0.0.1:50051"
+    # A directory of *.yaml / *.yml / *.toml agent definitions, or files separated by commas.
+    agents_path: str = "agents"
+    # Concurrent runs this process holds leases on.
+    slots: int = Field(4, ge=1, le=10_000)
+    # Concurrent ClaimWork long-polls (each waits for a free slot first).
+    claimers: int = Field(1, ge=1, le=64)
+    claim_wait_ms: int = Field(10_000, ge=0, le=60_000)
+    # Heartbeat at this fraction of the lease (never more than a third), or the
+    # scheduler's advised interval when that is shorter.
+    heartbeat_fraction: float = Field(1 / 3, gt=0, le=1 / 3)
+    # Per-call deadline for scheduler RPCs; calls whose outcome is unknown are
+    # retried with the same event id until the lease would lapse.
+    rpc_timeout_s: float = Field(10.0, gt=0)
+    health_addr: str = "0.0.0.0:50052"
+    # SIGTERM: stop claiming, cancel model calls at once, give in-flight tool
+    # calls and scheduler writes until this many seconds, then exit.
+    shutdown_grace_s: float = Field(10.0, ge=0)
+    worker_id: str = ""
+    # Key for `openai` deciders whose definition names no api_key_env.
+    openai_api_key: SecretStr | None = None
+    # Fault injection for tests and the acceptance suite (never set in production):
+    # e.g. after_checkpoint_commit, after_outbound_intent_commit,
+    # after_tool_response_before_tx2_commit. `raise` abandons the run in-process;
+    # `exit` ends the process at once (like SIGKILL).
+    fault_points: list[str] = Field(default_factory=list)
+    fault_action: str = Field("raise", pattern="^(raise|exit)$")
+
+    @model_validator(mode="after")
+    def _check(self) -> ExecutorSettings:
+        if self.claimers > self.slots:
+            self.claimers = self.slots
+        return self

@@ -1,0 +1,34 @@
+"""Deciders by kind: `scripted` (a deterministic plan) and `openai` (chat completions with tools)."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from executor.agents import AgentDefinition, OpenAIDecider, ScriptedDecider
+from executor.deciders.base import Decider
+
+
+class DeciderRegistry:
+    """One decider per (agent, version); built at start so a bad definition stops the executor early."""
+
+    def __init__(self, agents: list[AgentDefinition], session: aiohttp.ClientSession,
+                 default_api_key: str | None = None) -> None:
+        from executor.deciders.openai import OpenAIDeciderImpl
+        from executor.deciders.scripted import ScriptedDeciderImpl
+
+        self._deciders: dict[tuple[str, str], Decider] = {}
+        for agent in agents:
+            decider: Decider
+            if isinstance(agent.decider, ScriptedDecider):
+                decider = ScriptedDeciderImpl(agent.decider)
+            else:
+                assert isinstance(agent.decider, OpenAIDecider)
+                decider = OpenAIDeciderImpl(agent, agent.decider, session, default_api_key)
+            self._deciders[(agent.name, agent.version)] = decider
+
+    def get(self, agent: AgentDefinition) -> Decider:
+        return self._deciders[(agent.name, agent.version)]
+
+    async def close(self) -> None:
+        for decider in self._deciders.values():
+            await decider.close()

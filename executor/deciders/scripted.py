@@ -1,0 +1,141 @@
+"""The `scripted` decider: a deterministic plan or graph, for workflows without an LLM, tests and demos.
+
+The position in the plan is derived from the checkpoint's history only, so the
+same checkpoint always yields the same next step. Arguments may reference
+`${input.x}`, `${results.<node>.response.y}`, `${inputs.<node>}` and `${run.id}`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from executor.agents import PlanNode, ScriptedDecider
+from executor.checkpoint import HistoryEntry, State
+from executor.deciders.base import (
+    Decision,
+    DecisionContext,
+    Fail,
+    Finish,
+    Invalid,
+    Proposal,
+    Sleep,
+    ToolCall,
+    WaitForInput,
+)
+
+_WHOLE = re.compile(r"^\$\{([^}]+)\}$")
+_PART = re.compile(r"\$\{([^}]+)\}")
+FAILED_STATUSES = frozenset({"FAILED", "REJECTED"})
+
+
+class TemplateError(Exception):
+    pass
+
+
+def node_id(node_key: str) -> str:
+    return node_key.split("@", 1)[0]
+
+
+def _lookup(scope: dict[str, Any], path: str) -> Any:
+    value: Any = scope
+    for part in path.strip().split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise TemplateError(f"${{{path}}} does not resolve (no {part!r})")
+    return value
+
+
+def render(value: Any, scope: dict[str, Any]) -> Any:
+    if isinstance(value, str):
+        whole = _WHOLE.match(value)
+        if whole:
+            return _lookup(scope, whole.group(1))
+        return _PART.sub(lambda m: str(_lookup(scope, m.group(1))), value)
+    if isinstance(value, dict):
+        return {k: render(v, scope) for k, v in value.items()}
+    if isinstance(value, list):
+        return [render(v, scope) for v in value]
+    return value
+
+
+def _scope(ctx: DecisionContext) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    inputs: dict[str, Any] = {}
+    for entry in ctx.state.history:
+        if entry.kind == "tool" and entry.step_key in ctx.state.tool_results:
+            results[node_id(entry.node)] = ctx.state.tool_results[entry.step_key]
+        elif entry.kind == "input" and entry.step_key in ctx.state.inputs:
+            inputs[node_id(entry.node)] = ctx.state.inputs[entry.step_key]
+    return {"input": ctx.input, "results": results, "inputs": inputs, "run": {"id": ctx.run_id}}
+
+
+class ScriptedDeciderImpl:
+    pure = True
+
+    def __init__(self, definition: ScriptedDecider) -> None:
+        self.plan = definition.plan
+        self.by_id = {node.id: node for node in self.plan}
+        self.order = {node.id: index for index, node in enumerate(self.plan)}
+
+    async def decide(self, ctx: DecisionContext) -> Proposal:
+        target = self._next(ctx.state)
+        if isinstance(target, Fail):
+            return Proposal(target, node="end")
+        if target is None:
+            return Proposal(Finish(None), node="end")
+        visits = sum(1 for e in ctx.state.history if e.kind != "exception" and node_id(e.node) == target.id)
+        key = target.id if visits == 0 else f"{target.id}@{visits + 1}"
+        try:
+            decision = self._decision(target, _scope(ctx))
+        except TemplateError as exc:
+            decision = Invalid("invalid_arguments", f"plan node {target.id}: {exc}")
+        return Proposal(decision, node=key, raw={"plan_node": target.id})
+
+    def _decision(self, node: PlanNode, scope: dict[str, Any]) -> Decision:
+        if node.tool is not None:
+            return ToolCall(node.tool, render(node.args, scope))
+        if node.sleep_ms is not None:
+            return Sleep(node.sleep_ms)
+        if node.wait_for_input is not None:
+            return WaitForInput(str(render(node.wait_for_input, scope)))
+        if node.fail is not None:
+            return Fail(str(render(node.fail, scope)))
+        return Finish(render(node.finish, scope))
+
+    def _following(self, node: PlanNode) -> PlanNode | None:
+        if node.next is not None:
+            return self.by_id[node.next]
+        index = self.order[node.id] + 1
+        return self.plan[index] if index < len(self.plan) else None
+
+    def _next(self, state: State) -> PlanNode | Fail | None:
+        entries: list[HistoryEntry] = [e for e in state.history if e.kind != "exception"]
+        if not entries:
+            return self.plan[0]
+        last = entries[-1]
+        node = self.by_id.get(node_id(last.node))
+        if node is None:
+            return Fail(f"checkpoint names plan node {last.node!r}, which this plan does not have")
+        result = state.tool_results.get(last.step_key) if last.kind == "tool" else None
+        if result is not None and result.get("status") in FAILED_STATUSES:
+            if node.on_failure == "fail":
+                error = result.get("error_code") or result.get("status")
+                return Fail(f"tool {last.tool} failed at step {last.step_key}: {error} {result.get('detail', '')}"
+                            .strip())
+            if node.on_failure != "continue":
+                return self.by_id[node.on_failure]
+        trailing = 0
+        for entry in reversed(entries):
+            if node_id(entry.node) != node.id:
+                break
+            trailing += 1
+        if trailing < node.repeat:
+            return node
+        return self._following(node)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,254 @@
+"""Drives one claimed run under its lease: recover, then decide → persist → act, step by step.
+
+Every step is an OpenTelemetry span; every scheduler call carries its trace
+context. A tool call is Tx1 (intent) → send → Tx2 (result + checkpoint), or
+MarkToolInDoubt when the outcome is unknown (reference section 8).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+
+from executor.advance import Action, Advancer, DecideAgain, EndRun, ExecuteTool, Limits, Park, tighter
+from executor.agents import AgentCatalog, AgentDefinition
+from executor.checkpoint import SCHEMA_VERSION, State, UnsupportedCheckpoint, Waiting, load_state
+from executor.client import WorkClient
+from executor.deciders import DeciderRegistry
+from executor.faults import Faults
+from executor.lease import HeldLease
+from executor.shutdown import Shutdown, Stopped
+from executor.steps import RunIds, initial_state, next_attempt
+from executor.toolcalls import ToolCalls
+from executor.wake import wake
+from shared import tracing
+from shared.errors import AgentrtError, DecisionNotCheckpointed, VersionConflict
+from shared.gen.agentrt.v1 import common_pb2 as pb
+from shared.gen.agentrt.v1 import work_service_pb2 as ws
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("agentrt.executor")
+MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
+
+
+@dataclass
+class Services:
+    catalog: AgentCatalog
+    deciders: DeciderRegistry
+    tools: Any  # executor.tools.ToolRegistry
+    client: WorkClient
+    worker_id: str
+    faults: Faults
+    shutdown: Shutdown
+
+
+def _ts(value: Any) -> dt.datetime:
+    return value.ToDatetime(tzinfo=dt.UTC)  # type: ignore[no-any-return]
+
+
+class RunDriver:
+    def __init__(self, lease: ws.Lease, held: HeldLease, services: Services, received_at: float) -> None:
+        self.lease = lease
+        self.run = lease.run
+        self.held = held
+        self.s = services
+        self.version = self.run.version
+        self.status = self.run.status
+        self.ids = RunIds(self.run.tenant_id, self.run.run_id)
+        self.saved: dict[str, Any] | None = None
+        claimed_db = _ts(lease.lease_expires_at) - dt.timedelta(milliseconds=lease.lease_duration_ms)
+        self._clock = (claimed_db, received_at)
+        self.sleep_from: dt.datetime | None = None  # a re-issued sleep counts from its checkpoint
+
+    # ------------------------------------------------------------------ clocks and writes
+
+    def db_now(self) -> dt.datetime:
+        """The database clock, estimated from the claim (never the worker's wall clock)."""
+        claimed_db, received_at = self._clock
+        return claimed_db + dt.timedelta(seconds=time.monotonic() - received_at)
+
+    @property
+    def give_up_at(self) -> float:
+        return self.held.give_up_at()
+
+    def span_attributes(self) -> dict[str, Any]:
+        return {tracing.AGENT: self.run.agent_name, tracing.RUN_ID: self.run.run_id,
+                tracing.TENANT: self.run.tenant_id, tracing.FENCING_TOKEN: self.held.fencing_token,
+                tracing.RUN_VERSION: self.version, tracing.WORKER: self.s.worker_id}
+
+    async def persist(self, state: State) -> None:
+        data = state.to_json_dict()
+        if data == self.saved:
+            return
+        reply = await self.s.client.save_checkpoint(self.held.ref, self.version, data, SCHEMA_VERSION,
+                                                    state.cursor, self.give_up_at)
+        self.version, self.saved = reply.version, data
+        self.s.faults.hit("after_checkpoint_commit")
+
+    async def finish(self, outcome: ws.FinishOutcome, reason: str = "", *, result: Any = None,
+                     sleep_ms: int = 0, error_class: str = "", pause_when_exhausted: bool = False) -> None:
+        request = ws.FinishRunRequest(
+            lease=self.held.ref, expected_version=self.version, outcome=outcome, reason=reason[:4000],
+            result_json=json.dumps(result) if result is not None else "", sleep_ms=sleep_ms,
+            error_class=error_class, pause_when_exhausted=pause_when_exhausted)
+        reply = await self.s.client.finish_run(request, self.give_up_at)
+        log.info("run %s -> %s %s", self.run.run_id, pb.RunStatus.Name(reply.status), reason[:200])
+
+    # ------------------------------------------------------------------ the run
+
+    def _agent(self, state: State | None) -> AgentDefinition | None:
+        version = self.run.agent_version or (state.versions.agent_version if state else "")
+        return self.s.catalog.get(self.run.agent_name, version)
+
+    async def run_lease(self) -> None:
+        try:
+            await self._run()
+        except Stopped:
+            log.info("run %s left to lapse at shutdown (fence %d)", self.run.run_id, self.held.fencing_token)
+        except (VersionConflict, DecisionNotCheckpointed) as exc:
+            log.error("run %s: scheduler refused a write (%s): %s", self.run.run_id, exc.reason, exc.message)
+        except AgentrtError as exc:
+            log.warning("run %s: stopped working on it: %s: %s", self.run.run_id, exc.reason, exc.message)
+
+    async def _run(self) -> None:
+        state: State | None = None
+        if self.lease.HasField("checkpoint"):
+            try:
+                state = load_state(json.loads(self.lease.checkpoint.state_json),
+                                   self.lease.checkpoint.schema_version)
+            except UnsupportedCheckpoint as exc:
+                await self.refuse("checkpoint_unsupported", str(exc))
+                return
+        agent = self._agent(state)
+        if agent is None:
+            await self.refuse("agent_not_served", f"agent {self.run.agent_name!r} version "
+                              f"{self.run.agent_version or (state and state.versions.agent_version)!r} "
+                              "is not served by this executor")
+            return
+        current: State = state or initial_state(agent)
+        if current.versions.agent_version != agent.version:  # an explicit run version wins; say so
+            log.warning("run %s: checkpoint written by agent version %s, continuing with %s",
+                        self.run.run_id, current.versions.agent_version, agent.version)
+        self.saved = json.loads(self.lease.checkpoint.state_json) if self.lease.HasField("checkpoint") else None
+        decider = self.s.deciders.get(agent)
+        advancer = Advancer(agent, decider, self.ids, json.loads(self.run.input_json or "{}"),
+                            self._limits(agent), self.run.max_attempts, self.db_now)
+        calls = ToolCalls(self, agent, advancer, decider.pure)
+        action: Action | None = None
+        if self.status == pb.RUN_STATUS_WAITING_TOOL:
+            with tracer.start_as_current_span("agent.takeover", attributes=self.span_attributes()):
+                taken = await calls.take_over(current)
+            if taken is None:
+                return
+            current, action = taken
+        else:
+            current = self.recover(current, advancer)
+        await self.loop(current, action, advancer, calls)
+
+    async def loop(self, state: State, action: Action | None, advancer: Advancer, calls: ToolCalls) -> None:
+        while True:
+            if self.s.shutdown.stopping.is_set():
+                raise Stopped("shutting down")
+            with tracer.start_as_current_span("agent.step", attributes=self.span_attributes()) as span:
+                if action is None:
+                    state, action = await self.s.shutdown.race(advancer.advance(state), self.s.shutdown.stopping)
+                    await self.persist(state)
+                span.set_attribute(tracing.STEP_KEY, state.cursor)
+                span.set_attribute(tracing.RUN_VERSION, self.version)
+                if isinstance(action, ExecuteTool):
+                    span.set_attribute(tracing.TOOL, action.decision.tool_name)
+                    span.set_attribute("agentrt.decision_hash", action.decision.request_hash)
+                    done = await calls.execute(state, action.decision)
+                    if done is None:
+                        return
+                    state, action = done
+                elif isinstance(action, DecideAgain):
+                    action = None
+                elif isinstance(action, EndRun):
+                    self.s.faults.hit("before_finish")
+                    finished = action.finished
+                    outcome = ws.FINISH_OUTCOME_COMPLETED if finished.outcome == "COMPLETED" else \
+                        ws.FINISH_OUTCOME_FAILED
+                    await self.finish(outcome, finished.reason, result=finished.result,
+                                      error_class=finished.error_class)
+                    return
+                else:
+                    assert isinstance(action, Park)
+                    await self.park(action)
+                    return
+
+    def _limits(self, agent: AgentDefinition) -> Limits:
+        budget = self.run.budget
+        deadlines = []
+        if budget.HasField("deadline"):
+            deadlines.append(_ts(budget.deadline))
+        if agent.budgets.deadline_s and self.run.HasField("created_at"):
+            deadlines.append(_ts(self.run.created_at) + dt.timedelta(seconds=agent.budgets.deadline_s))
+        return Limits(max_steps=int(tighter(budget.max_steps, agent.budgets.max_steps)),
+                      max_tokens=int(tighter(budget.max_tokens, agent.budgets.max_tokens)),
+                      max_cost_usd=float(tighter(budget.max_cost_usd, agent.budgets.max_cost_usd)),
+                      deadline=min(deadlines) if deadlines else None)
+
+    def wait_answered(self) -> bool:
+        """Has the durable wait in the latest checkpoint ended (sleep elapsed, operator answered)?
+
+        Only FinishRun SLEEP / ResumeRun (and resolves, which never follow a
+        wait) move next_attempt_at past the waiting checkpoint's creation: a
+        claim never does. So a later next_attempt_at means the wait was
+        entered and has ended; an earlier one means the executor died between
+        saving the wait and parking the run, and must park it again.
+        """
+        if not (self.lease.HasField("checkpoint") and self.run.HasField("next_attempt_at")):
+            return False
+        return _ts(self.run.next_attempt_at) > _ts(self.lease.checkpoint.created_at)
+
+    def recover(self, state: State, advancer: Advancer) -> State:
+        """A RUNNING claim: end a wait that has ended, or start the next attempt of a step proven not executed."""
+        if state.waiting is not None:
+            if self.wait_answered():
+                human = json.loads(self.run.human_input_json) if self.run.human_input_json else {}
+                return wake(state, human, advancer)
+            self.sleep_from = _ts(self.lease.checkpoint.created_at)
+            return state
+        pending = state.pending_tool
+        row = self.lease.current_step_execution if self.lease.HasField("current_step_execution") else None
+        if pending is not None and row is not None and row.step_key == pending.step_key:
+            if row.status == pb.TOOL_EXECUTION_STATUS_NOT_EXECUTED:
+                # Proven never to have taken effect: the same decision, as the next attempt.
+                state, _ = next_attempt(state, pending, self.ids)
+                return state
+            return advancer.end(state, "policy_refused",
+                                f"ledger row for step {pending.step_key} is "
+                                f"{pb.ToolExecutionStatus.Name(row.status)} but the checkpoint still "
+                                "holds the decision; not acting on it", policy_pause=True)[0]
+        return state
+
+    async def park(self, park: Park) -> None:
+        waiting: Waiting = park.waiting
+        if waiting.kind == "sleep":
+            sleep_ms = waiting.sleep_ms or 1
+            if self.sleep_from is not None:
+                due = self.sleep_from + dt.timedelta(milliseconds=sleep_ms)
+                sleep_ms = max(1, int((due - self.db_now()).total_seconds() * 1000))
+            await self.finish(ws.FINISH_OUTCOME_SLEEP, f"sleeping {sleep_ms} ms at {waiting.step_key}",
+                              sleep_ms=min(sleep_ms, MAX_SLEEP_MS))
+            return
+        reason = {"input": f"waiting for input at {waiting.step_key}: {waiting.prompt}",
+                  "approval": f"approval required: {waiting.prompt}",
+                  "resume": waiting.prompt or "paused"}[waiting.kind]
+        await self.finish(ws.FINISH_OUTCOME_PAUSED_HUMAN, reason)
+
+    async def refuse(self, code: str, reason: str) -> None:
+        """The executor cannot interpret this run: pause it for a person (freeze a WAITING_TOOL one)."""
+        log.error("run %s: %s", self.run.run_id, reason)
+        if self.status == pb.RUN_STATUS_WAITING_TOOL and self.lease.HasField("pending_tool"):
+            await self.s.client.mark_tool_in_doubt(self.held.ref, self.lease.pending_tool.step_key, code, reason,
+                                                   self.give_up_at)
+            return
+        await self.finish(ws.FINISH_OUTCOME_PAUSED_HUMAN, reason, error_class=f"permanent:{code}")

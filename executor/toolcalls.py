@@ -1,0 +1,154 @@
+"""Tool steps under a lease: Tx1 → send → Tx2, the error-class table, and WAITING_TOOL takeover.
+
+Never a blind resend: once an intent is recorded, only its own holder (who
+knows it has not sent yet) may send it; anyone else looks it up or freezes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from executor.advance import Action, Advancer
+from executor.agents import AgentDefinition
+from executor.checkpoint import SCHEMA_VERSION, State, ToolDecision
+from executor.errors import Action as ErrorAction
+from executor.errors import action_for, classify
+from executor.steps import tool_result
+from executor.tools.base import ToolCallContext, ToolOutcome
+from shared.canonical import canonical_json
+from shared.gen.agentrt.v1 import common_pb2 as pb
+from shared.gen.agentrt.v1 import work_service_pb2 as ws
+from shared.tracing import inject_metadata
+
+if TYPE_CHECKING:
+    from executor.driver import RunDriver
+
+log = logging.getLogger(__name__)
+TAKEOVER_RULE = "executor-takeover/1"
+Next = tuple[State, Action | None]
+
+
+class ToolCalls:
+    def __init__(self, driver: RunDriver, agent: AgentDefinition, advancer: Advancer, fold: bool) -> None:
+        self.d = driver
+        self.agent = agent
+        self.advancer = advancer
+        # A pure decider's next decision is made before Tx2 and persisted in Tx2's checkpoint.
+        self.fold = fold
+
+    def context(self, step_key: str, idempotency_key: str) -> ToolCallContext:
+        return ToolCallContext(run_id=self.d.run.run_id, tenant_id=self.d.run.tenant_id, step_key=step_key,
+                               idempotency_key=idempotency_key, fencing_token=self.d.held.fencing_token,
+                               headers=dict(inject_metadata()))
+
+    async def execute(self, state: State, decision: ToolDecision) -> Next | None:
+        d, s = self.d, self.d.s
+        began = await s.client.begin_tool_call(d.held.ref, d.version, decision.step_key, decision.tool_name,
+                                               decision.idempotency_key, decision.request, d.give_up_at)
+        if began.existing and not began.replayed:
+            # A row this call did not write: never a licence to send.
+            reason = (f"a ledger row for step {decision.step_key} already exists "
+                      f"({pb.ToolExecutionStatus.Name(began.execution.status)}); not sending again")
+            paused, action = self.advancer.end(state, "policy_refused", reason, policy_pause=True)
+            await d.persist(paused)
+            return paused, action
+        # replayed: our own intent, whose commit we had not heard of; nothing was sent yet.
+        d.status = pb.RUN_STATUS_WAITING_TOOL
+        s.faults.hit("after_outbound_intent_commit")
+        if not d.held.alive():
+            return None  # lapsed or lost: sending now could race the next holder
+        adapter = s.tools.get(self.agent, decision.tool_name)
+        outcome: ToolOutcome = await s.shutdown.race(
+            adapter.call(decision.request, self.context(decision.step_key, decision.idempotency_key)),
+            s.shutdown.hard_stop)
+        s.faults.hit("after_tool_response_before_tx2_commit")
+        return await self.complete(state, decision, outcome)
+
+    async def complete(self, state: State, decision: ToolDecision, outcome: ToolOutcome) -> Next | None:
+        if outcome.ok:
+            after = tool_result(state, decision, "SUCCEEDED", response=outcome.response,
+                                remote_resource_id=outcome.remote_resource_id)
+            return await self.close(after, decision, ws.TOOL_OUTCOME_SUCCEEDED, outcome.response,
+                                    outcome.remote_resource_id)
+        code, error_class = outcome.error_code, classify(outcome.error_code).value
+        action = action_for(code)
+        detail = outcome.detail + (f" {json.dumps(outcome.evidence)}" if outcome.evidence else "")
+        if action is ErrorAction.FREEZE_IN_DOUBT:
+            await self.d.s.client.mark_tool_in_doubt(self.d.held.ref, decision.step_key, code, detail,
+                                                     self.d.give_up_at)
+            log.warning("run %s step %s in doubt: %s", self.d.run.run_id, decision.step_key, code)
+            return None
+        retry = action is ErrorAction.RETRY_WITH_BACKOFF
+        after = tool_result(state, decision, "FAILED", error_code=code, detail=outcome.detail,
+                            error_class=error_class, evidence=outcome.evidence or None, retry=retry)
+        closed = await self.close(after, decision, ws.TOOL_OUTCOME_FAILED, None, None, error_code=code,
+                                  fold=not retry)
+        if not retry:
+            return closed
+        await self.d.finish(ws.FINISH_OUTCOME_RETRY, f"tool {decision.tool_name} at {decision.step_key}: {code} "
+                            f"{outcome.detail}".strip(), error_class=f"{error_class}:{code}",
+                            pause_when_exhausted=self.agent.policy.pause_when_attempts_exhausted)
+        return None
+
+    async def close(self, after: State, decision: ToolDecision, outcome: ws.ToolOutcome, response: Any,
+                    remote_resource_id: str | None, *, error_code: str = "", evidence: dict[str, Any] | None = None,
+                    fold: bool = True) -> Next:
+        """Tx2: the definite outcome, the next checkpoint and the event, in one transaction."""
+        action: Action | None = None
+        if fold and self.fold:
+            after, action = await self.advancer.advance(after)
+        data = after.to_json_dict()
+        request = ws.CompleteToolCallRequest(
+            lease=self.d.held.ref, expected_version=self.d.version, step_key=decision.step_key, outcome=outcome,
+            response_json=canonical_json(response) if response is not None else "",
+            remote_resource_id=remote_resource_id or "", error_code=error_code, state_json=canonical_json(data),
+            schema_version=SCHEMA_VERSION, next_step_key=after.cursor,
+            evidence_json=canonical_json(evidence) if evidence else "")
+        reply = await self.d.s.client.complete_tool_call(request, self.d.give_up_at)
+        self.d.version, self.d.saved, self.d.status = reply.version, data, pb.RUN_STATUS_RUNNING
+        return after, action
+
+    async def freeze(self, step_key: str, code: str, detail: str) -> None:
+        await self.d.s.client.mark_tool_in_doubt(self.d.held.ref, step_key, code, detail, self.d.give_up_at)
+        log.warning("run %s step %s frozen at takeover: %s", self.d.run.run_id, step_key, code)
+
+    async def take_over(self, state: State) -> Next | None:
+        """A run claimed in WAITING_TOOL: the request may or may not have been sent. Look up, or freeze."""
+        d = self.d
+        if not d.lease.HasField("pending_tool"):
+            log.error("run %s claimed WAITING_TOOL without an open ledger row", d.run.run_id)
+            return None
+        row = d.lease.pending_tool
+        decision = state.pending_tool
+        tool = self.agent.tool(row.tool_name)
+        if decision is None or decision.step_key != row.step_key:
+            await self.freeze(row.step_key, "takeover_no_lookup", "the checkpoint does not hold this step's decision")
+            return None
+        if tool is None or not tool.contract.lookup:
+            await self.freeze(row.step_key, "takeover_no_lookup",
+                              f"tool {row.tool_name} has no lookup contract; the request may have been sent, "
+                              "so it is not sent again")
+            return None
+        adapter = d.s.tools.get(self.agent, row.tool_name)
+        found = await d.s.shutdown.race(adapter.lookup(self.context(row.step_key, row.idempotency_key)),
+                                        d.s.shutdown.hard_stop)
+        evidence = {"lookup": found.status, "response": found.evidence, "fencing_token": d.held.fencing_token,
+                    "rule": TAKEOVER_RULE, "worker_id": d.s.worker_id}
+        if found.status == "found":
+            after = tool_result(state, decision, "SUCCEEDED", response=found.response,
+                                remote_resource_id=found.remote_resource_id, evidence=evidence)
+            return await self.close(after, decision, ws.TOOL_OUTCOME_SUCCEEDED, found.response,
+                                    found.remote_resource_id, evidence=evidence)
+        if found.status == "not_found" and tool.contract.retry_after_not_found:
+            await d.s.client.complete_tool_call(ws.CompleteToolCallRequest(
+                lease=d.held.ref, expected_version=d.version, step_key=row.step_key,
+                outcome=ws.TOOL_OUTCOME_NOT_EXECUTED, error_code="not_executed",
+                evidence_json=canonical_json(evidence)), d.give_up_at)
+            log.info("run %s step %s proven not executed; re-queued for its next attempt",
+                     d.run.run_id, row.step_key)
+            return None
+        code = "takeover_not_found_unfenced" if found.status == "not_found" else "takeover_lookup_unknown"
+        await self.freeze(row.step_key, code, canonical_json(evidence))
+        return None

@@ -1,0 +1,40 @@
+"""Tool adapters by kind: `http` and `python`."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from executor.agents import AgentDefinition, DefinitionError, HttpTool
+from executor.tools.base import LookupOutcome, ToolAdapter, ToolCallContext, ToolOutcome
+from executor.tools.http import HttpToolAdapter
+from executor.tools.python import PythonToolAdapter
+
+
+class ToolRegistry:
+    """One adapter per (agent, version, tool); http adapters share one client session."""
+
+    def __init__(self, agents: list[AgentDefinition], session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self._adapters: dict[tuple[str, str, str], ToolAdapter] = {}
+        for agent in agents:
+            for index, tool in enumerate(agent.tools):
+                adapter: ToolAdapter
+                if isinstance(tool, HttpTool):
+                    adapter = HttpToolAdapter(tool, session)
+                else:
+                    try:
+                        adapter = PythonToolAdapter(tool)
+                    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+                        raise DefinitionError(f"agent {agent.name} {agent.version}", f"tools.{index}.callable",
+                                              f"cannot import: {exc}") from None
+                self._adapters[(agent.name, agent.version, tool.name)] = adapter
+
+    def get(self, agent: AgentDefinition, tool_name: str) -> ToolAdapter | None:
+        return self._adapters.get((agent.name, agent.version, tool_name))
+
+    async def close(self) -> None:
+        for adapter in self._adapters.values():
+            await adapter.close()
+
+
+__all__ = ["LookupOutcome", "ToolAdapter", "ToolCallContext", "ToolOutcome", "ToolRegistry"]

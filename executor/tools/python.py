@@ -1,0 +1,72 @@
+"""The `python` tool adapter: an in-process callable by import path, with the http adapter's contract.
+
+The callable gets (arguments, ToolCallContext) and returns a JSON value (or a
+ToolOutcome). ToolRefused → a definite failure, ToolRetryLater → transient;
+any other exception, or a timeout, is an unknown outcome: it may have acted.
+Synchronous callables run inline and must be quick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from executor.agents import PythonTool
+from executor.tools.base import LookupOutcome, ToolCallContext, ToolOutcome, ToolRefused, ToolRetryLater
+
+
+def import_callable(path: str) -> Callable[..., Any]:
+    module_name, _, attr = path.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError(f"{path} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+async def _invoke(func: Callable[..., Any], timeout_s: float, *args: Any) -> Any:
+    result = func(*args)
+    if inspect.isawaitable(result):
+        return await asyncio.wait_for(result, timeout_s)
+    return result
+
+
+class PythonToolAdapter:
+    def __init__(self, tool: PythonTool) -> None:
+        self.tool = tool
+        self.func = import_callable(tool.callable)
+        self.lookup_func = import_callable(tool.lookup_callable) if tool.lookup_callable else None
+
+    async def call(self, request: dict[str, Any], ctx: ToolCallContext) -> ToolOutcome:
+        try:
+            result = await _invoke(self.func, self.tool.timeout_s, request, ctx)
+        except ToolRefused as exc:
+            return ToolOutcome.failure("tool_refused", str(exc))
+        except ToolRetryLater as exc:
+            return ToolOutcome.failure("tool_busy", str(exc))
+        except TimeoutError:
+            return ToolOutcome.failure("timeout", f"no answer within {self.tool.timeout_s}s")
+        except Exception as exc:
+            return ToolOutcome.failure("tool_crashed", f"{type(exc).__name__}: {exc}")
+        if isinstance(result, ToolOutcome):
+            return result
+        remote = result.get("id") if isinstance(result, dict) else None
+        return ToolOutcome.success(result, str(remote) if remote is not None else None)
+
+    async def lookup(self, ctx: ToolCallContext) -> LookupOutcome:
+        if self.lookup_func is None:
+            return LookupOutcome("unknown", evidence={"reason": "tool has no lookup contract"})
+        try:
+            result = await _invoke(self.lookup_func, self.tool.timeout_s, ctx.idempotency_key, ctx)
+        except Exception as exc:
+            return LookupOutcome("unknown", evidence={"error": f"{type(exc).__name__}: {exc}"[:500]})
+        if not isinstance(result, LookupOutcome):
+            return LookupOutcome("unknown", evidence={"error": "lookup did not return a LookupOutcome"})
+        return result
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,181 @@
+"""The executor's worker: N run slots, claim loops, one heartbeat per held lease, ordered shutdown.
+
+Shutdown order (SIGTERM): health NOT_SERVING → stop claiming and starting
+steps (model calls are cancelled) → let in-flight tool calls and scheduler
+writes finish for most of the grace period → cancel tool calls → cancel what
+is left → close adapters, deciders and the channel. Leases left behind lapse
+and are taken over. `stop()` is safe to call twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+
+import aiohttp
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from executor.agents import AgentCatalog
+from executor.client import WorkClient
+from executor.config import ExecutorSettings
+from executor.deciders import DeciderRegistry
+from executor.driver import RunDriver, Services
+from executor.faults import Faults, InjectedCrash
+from executor.lease import HeldLease
+from executor.shutdown import Shutdown, Stopped
+from executor.tools import ToolRegistry
+from shared.errors import AgentrtError
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(self, settings: ExecutorSettings, catalog: AgentCatalog, faults: Faults | None = None) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.faults = faults or Faults(settings.fault_points, settings.fault_action)
+        self.worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.shutdown = Shutdown()
+        self.active: dict[str, asyncio.Task[None]] = {}
+        self.claimed = 0
+        self.health_port: int | None = None
+        self._slots = asyncio.Semaphore(settings.slots)
+        self._claimers: list[asyncio.Task[None]] = []
+        self._stopped = False
+        self._channel: grpc.aio.Channel | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None  # type: ignore[name-defined]
+        self.services: Services | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        agents = self.catalog.all()
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max(100, s.slots)))
+        try:
+            tools = ToolRegistry(agents, self._session)
+            key = s.openai_api_key.get_secret_value() if s.openai_api_key else None
+            deciders = DeciderRegistry(agents, self._session, key)
+        except BaseException:
+            await self._session.close()
+            raise
+        self._channel = grpc.aio.insecure_channel(s.scheduler_addr, options=[
+            ("grpc.keepalive_time_ms", 30_000), ("grpc.max_receive_message_length", 64 << 20)])
+        client = WorkClient(self._channel, rpc_timeout_s=s.rpc_timeout_s)
+        self.services = Services(catalog=self.catalog, deciders=deciders, tools=tools, client=client,
+                                 worker_id=self.worker_id, faults=self.faults, shutdown=self.shutdown)
+        await self._start_health()
+        self._claimers = [asyncio.create_task(self._claim_loop(), name=f"claimer-{i}") for i in range(s.claimers)]
+        log.info("executor %s serving %s with %d slots via %s", self.worker_id, ", ".join(self.catalog.names()),
+                 s.slots, s.scheduler_addr)
+
+    async def _start_health(self) -> None:
+        if not self.settings.health_addr:
+            return
+        server = grpc.aio.server()
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        self.health_port = server.add_insecure_port(self.settings.health_addr)
+        if not self.health_port:
+            raise OSError(f"cannot listen on {self.settings.health_addr}")
+        await server.start()
+        self._health_server = server
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    async def _claim_loop(self) -> None:
+        assert self.services is not None
+        client, stopping = self.services.client, self.shutdown.stopping
+        pause = 0.1
+        while not stopping.is_set():
+            await self._slots.acquire()
+            try:
+                lease = await self.shutdown.race(
+                    client.claim(self.worker_id, self.catalog.names(), self.settings.claim_wait_ms), stopping)
+            except Stopped:
+                self._slots.release()
+                return
+            except AgentrtError as exc:
+                self._slots.release()
+                log.warning("claim failed (%s); retrying in %.1fs", exc.message, pause)
+                with contextlib.suppress(Stopped):
+                    await self.shutdown.race(asyncio.sleep(pause), stopping)
+                pause = min(pause * 2, 5.0)
+                continue
+            pause = 0.1
+            if lease is None:
+                self._slots.release()
+                continue
+            self.claimed += 1
+            received = time.monotonic()
+            held = HeldLease(client, lease, self.worker_id, fraction=self.settings.heartbeat_fraction,
+                             received_at=received)
+            driver = RunDriver(lease, held, self.services, received)
+            task = asyncio.create_task(self._drive(driver, held), name=f"run-{lease.run.run_id}")
+            self.active[lease.run.run_id] = task
+
+    async def _drive(self, driver: RunDriver, held: HeldLease) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_lost(why: str) -> None:
+            task.cancel()
+
+        held.start(on_lost)
+        try:
+            await driver.run_lease()
+        except asyncio.CancelledError:
+            if held.lost is None and not self.shutdown.stopping.is_set():
+                raise
+            log.warning("run %s: work cancelled (%s)", held.run_id, held.lost or "shutdown")
+        except InjectedCrash as exc:
+            log.error("run %s: abandoned at injected fault %s", held.run_id, exc)
+        except Exception:
+            log.exception("run %s: executor error; the lease is left to lapse", held.run_id)
+        finally:
+            await held.stop()
+            self.active.pop(held.run_id, None)
+            self._slots.release()
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        grace = self.settings.shutdown_grace_s if grace is None else grace
+        deadline = time.monotonic() + grace
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        self.shutdown.stopping.set()
+        await asyncio.gather(*self._claimers, return_exceptions=True)
+        running = set(self.active.values())
+        if running:
+            _, running = await asyncio.wait(running, timeout=max(0.0, grace * 0.8))
+        if running:
+            self.shutdown.hard_stop.set()
+            _, running = await asyncio.wait(running, timeout=max(0.05, deadline - time.monotonic()))
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running, timeout=1.0)
+        if self.services is not None:
+            await self.services.deciders.close()
+            await self.services.tools.close()
+        if self._session is not None:
+            await self._session.close()
+        if self._channel is not None:
+            await self._channel.close()
+        if self._health_server is not None:
+            await self._health_server.stop(0)
+        log.info("executor %s stopped", self.worker_id)
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

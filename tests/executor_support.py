@@ -1,0 +1,172 @@
+"""Executor test helpers: the mock tool server, agent files, an in-process executor, condition waits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from support import Stack
+
+from executor.agents import AgentCatalog
+from executor.config import ExecutorSettings
+from executor.faults import Faults
+from executor.mocktool import MockToolServer
+from executor.tools.base import LookupOutcome, ToolCallContext, ToolRefused
+from executor.worker import Worker
+from shared.gen.agentrt.v1 import common_pb2 as pb
+from shared.gen.agentrt.v1 import run_service_pb2 as rs
+
+T = TypeVar("T")
+STATUS = pb.RunStatus.Name
+
+
+async def wait_for(probe: Callable[[], Awaitable[T | None]], within: float = 20.0, what: str = "condition",
+                   interval: float = 0.05) -> T:
+    """Polls `probe` until it returns a truthy value, or fails after `timeout` seconds."""
+    deadline = time.monotonic() + within
+    last: Any = None
+    while True:
+        last = await probe()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what} (last: {last!r})")
+        await asyncio.sleep(interval)
+
+
+async def get_run(stack: Stack, run_id: str, tenant: str = "tenant-a") -> pb.Run:
+    return await stack.runs.GetRun(rs.GetRunRequest(run_id=run_id), metadata=stack.md(tenant))
+
+
+async def wait_status(stack: Stack, run_id: str, *statuses: int, within: float = 20.0,
+                      tenant: str = "tenant-a") -> pb.Run:
+    seen: list[str] = []
+
+    async def probe() -> pb.Run | None:
+        run = await get_run(stack, run_id, tenant)
+        seen.append(f"{STATUS(run.status)} {run.terminal_reason or run.pause_reason}".strip())
+        return run if run.status in statuses else None
+
+    try:
+        return await wait_for(probe, within, f"run {run_id} in {[STATUS(s) for s in statuses]}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen: {seen[-1] if seen else None}") from None
+
+
+async def history(stack: Stack, run_id: str, tenant: str = "tenant-a") -> rs.RunHistory:
+    return await stack.runs.GetRunHistory(rs.GetRunHistoryRequest(run_id=run_id), metadata=stack.md(tenant))
+
+
+def latest_state(hist: rs.RunHistory) -> dict[str, Any]:
+    return json.loads(hist.checkpoints[-1].state_json) if hist.checkpoints else {}
+
+
+def write_agent(directory: Path, definition: dict[str, Any], filename: str | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / (filename or f"{definition['name'].replace('/', '_')}-{definition['version']}.yaml")
+    path.write_text(yaml.safe_dump(definition, sort_keys=False))
+    return path
+
+
+def http_tool(mock_url: str, name: str, *, lookup: bool = True, fenced: bool = True, idempotent: bool = True,
+              requires_approval: bool = False, schema: dict[str, Any] | None = None,
+              timeout_s: float = 5.0) -> dict[str, Any]:
+    tool: dict[str, Any] = {
+        "name": name, "kind": "http", "url": f"{mock_url}/tools/{name}", "timeout_s": timeout_s,
+        "contract": {"idempotent": idempotent, "lookup": lookup, "fenced": fenced,
+                     "requires_approval": requires_approval},
+        "input_schema": schema or {"type": "object"},
+    }
+    if lookup:
+        tool["lookup_url"] = f"{mock_url}/lookup/{name}"
+    return tool
+
+
+def scripted_agent(name: str, plan: list[dict[str, Any]], tools: list[dict[str, Any]], **extra: Any,
+                   ) -> dict[str, Any]:
+    return {"name": name, "version": "1", "decider": {"kind": "scripted", "plan": plan}, "tools": tools, **extra}
+
+
+class MockTool:
+    """The mock tool server in this process (real HTTP on loopback, its own SQLite file)."""
+
+    def __init__(self, server: MockToolServer) -> None:
+        self.server = server
+        self.url = server.url
+
+    def fault(self, tool: str, mode: str, count: int = 1, **params: int) -> None:
+        self.server.store.db.execute(
+            "INSERT INTO faults (tool, mode, remaining, latency_ms, hold_ms) VALUES (?,?,?,?,?)",
+            (tool, mode, count, params.get("latency_ms", 0), params.get("hold_ms", 30_000)))
+
+    def rows(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        return self.server.store.db.execute(sql, args).fetchall()
+
+    def calls_by_key(self, tool: str | None = None) -> dict[str, int]:
+        rows = self.rows("SELECT idempotency_key, count(*) FROM requests WHERE kind = 'call' "
+                         "AND (? IS NULL OR tool = ?) GROUP BY idempotency_key", tool, tool)
+        return {key: count for key, count in rows}
+
+    def executions(self, tool: str | None = None) -> int:
+        return int(self.rows("SELECT count(*) FROM executions WHERE (? IS NULL OR tool = ?)", tool, tool)[0][0])
+
+
+@asynccontextmanager
+async def mock_tool(tmp_path: Path, latency_ms: int = 0) -> AsyncIterator[MockTool]:
+    server = MockToolServer(tmp_path / "mocktool.sqlite", latency_ms=latency_ms)
+    await server.start()
+    try:
+        yield MockTool(server)
+    finally:
+        await server.stop()
+
+
+def executor_settings(stack: Stack, agents_path: Path | str, **overrides: Any) -> ExecutorSettings:
+    values: dict[str, Any] = {"scheduler_addr": stack.addr, "agents_path": str(agents_path), "health_addr": "",
+                              "claim_wait_ms": 300, "slots": 4, "shutdown_grace_s": 2.0, "rpc_timeout_s": 5.0}
+    values.update(overrides)
+    return ExecutorSettings(**values)
+
+
+@asynccontextmanager
+async def executor(stack: Stack, agents_path: Path | str, faults: Faults | None = None,
+                   **overrides: Any) -> AsyncIterator[Worker]:
+    settings = executor_settings(stack, agents_path, **overrides)
+    worker = Worker(settings, AgentCatalog.load(settings.agents_path), faults=faults)
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop()
+
+
+# ---------------------------------------------------------------- python tools used by agent files
+
+CALLS: dict[str, list[dict[str, Any]]] = {}
+
+
+def record_tool(request: dict[str, Any], ctx: ToolCallContext) -> dict[str, Any]:
+    """A python tool that remembers each call by idempotency key (and dedupes like a good downstream)."""
+    seen = CALLS.setdefault(ctx.idempotency_key, [])
+    seen.append({"request": request, "fence": ctx.fencing_token, "step_key": ctx.step_key})
+    return {"id": f"py-{ctx.idempotency_key[-8:]}", "echo": request, "calls": len(seen)}
+
+
+def record_lookup(key: str, ctx: ToolCallContext) -> LookupOutcome:
+    if key in CALLS:
+        return LookupOutcome("found", {"id": f"py-{key[-8:]}", "echo": CALLS[key][0]["request"]})
+    return LookupOutcome("not_found", evidence={"checked": key})
+
+
+def refusing_tool(request: dict[str, Any], ctx: ToolCallContext) -> dict[str, Any]:
+    raise ToolRefused(f"refused {request}")
+
+
+def noop_tool(request: dict[str, Any], ctx: ToolCallContext) -> dict[str, Any]:
+    return {"ok": True}
