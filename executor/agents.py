@@ -118,8 +118,9 @@ class PlanNode(_Strict):
 
     @model_validator(mode="after")
     def _one_action(self) -> PlanNode:
-        chosen = [k for k in ("tool", "sleep_ms", "wait_for_input", "finish", "fail")
-                  if getattr(self, k) is not None]
+        chosen = [k for k in ("tool", "sleep_ms", "wait_for_input", "fail") if getattr(self, k) is not None]
+        if "finish" in self.model_fields_set:  # `finish: null` ends the run with no result
+            chosen.append("finish")
         if len(chosen) != 1:
             raise ValueError("a plan node needs exactly one of tool, sleep_ms, wait_for_input, finish, fail")
         return self

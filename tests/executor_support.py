@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -96,17 +97,18 @@ def scripted_agent(name: str, plan: list[dict[str, Any]], tools: list[dict[str, 
 class MockTool:
     """The mock tool server in this process (real HTTP on loopback, its own SQLite file)."""
 
-    def __init__(self, server: MockToolServer) -> None:
+    def __init__(self, server: MockToolServer, db_path: Path) -> None:
         self.server = server
         self.url = server.url
+        self.db = sqlite3.connect(str(db_path), isolation_level=None)  # readable after the server stops
 
     def fault(self, tool: str, mode: str, count: int = 1, **params: int) -> None:
-        self.server.store.db.execute(
+        self.db.execute(
             "INSERT INTO faults (tool, mode, remaining, latency_ms, hold_ms) VALUES (?,?,?,?,?)",
             (tool, mode, count, params.get("latency_ms", 0), params.get("hold_ms", 30_000)))
 
     def rows(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-        return self.server.store.db.execute(sql, args).fetchall()
+        return self.db.execute(sql, args).fetchall()
 
     def calls_by_key(self, tool: str | None = None) -> dict[str, int]:
         rows = self.rows("SELECT idempotency_key, count(*) FROM requests WHERE kind = 'call' "
@@ -119,10 +121,11 @@ class MockTool:
 
 @asynccontextmanager
 async def mock_tool(tmp_path: Path, latency_ms: int = 0) -> AsyncIterator[MockTool]:
-    server = MockToolServer(tmp_path / "mocktool.sqlite", latency_ms=latency_ms)
+    path = tmp_path / "mocktool.sqlite"
+    server = MockToolServer(path, latency_ms=latency_ms)
     await server.start()
     try:
-        yield MockTool(server)
+        yield MockTool(server, path)
     finally:
         await server.stop()
 
@@ -170,3 +173,18 @@ def refusing_tool(request: dict[str, Any], ctx: ToolCallContext) -> dict[str, An
 
 def noop_tool(request: dict[str, Any], ctx: ToolCallContext) -> dict[str, Any]:
     return {"ok": True}
+
+
+SLOW: dict[str, str] = {}  # idempotency key -> started | finished | cancelled
+
+
+async def slow_tool(request: dict[str, Any], ctx: ToolCallContext) -> dict[str, Any]:
+    """Sleeps request["seconds"]; remembers whether it finished or was cancelled."""
+    SLOW[ctx.idempotency_key] = "started"
+    try:
+        await asyncio.sleep(float(request.get("seconds", 30)))
+    except asyncio.CancelledError:
+        SLOW[ctx.idempotency_key] = "cancelled"
+        raise
+    SLOW[ctx.idempotency_key] = "finished"
+    return {"slept": request.get("seconds")}
