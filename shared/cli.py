@@ -82,6 +82,46 @@ def cmd_mocktool(args: argparse.Namespace) -> int:
     return 0
 
 
+def _relay_settings(args: argparse.Namespace) -> Any:
+    from relay.config import RelaySettings
+
+    overrides: dict[str, Any] = {}
+    for option, field in (("database_url", "database_url"), ("kafka_bootstrap", "kafka_bootstrap"),
+                          ("health_addr", "health_addr")):
+        if getattr(args, option, None):
+            overrides[field] = getattr(args, option)
+    return RelaySettings(**overrides)
+
+
+def cmd_relay(args: argparse.Namespace) -> int:
+    from relay.main import serve
+
+    settings = _relay_settings(args)
+    _setup_logging(settings.log_level)
+    logging.getLogger("aiokafka").setLevel(settings.kafka_log_level.upper())
+    asyncio.run(serve(settings))
+    return 0
+
+
+def cmd_outbox(args: argparse.Namespace) -> int:
+    import getpass
+
+    from relay import admin
+
+    settings = _relay_settings(args)
+    if args.action == "status":
+        result: Any = asyncio.run(admin.status(settings))
+    elif args.action == "parked":
+        state = None if args.state == "all" else args.state
+        result = asyncio.run(admin.list_parked(settings, state, args.limit))
+    else:
+        operator = args.operator or getpass.getuser()
+        action = admin.retry if args.action == "retry" else admin.skip
+        result = asyncio.run(action(settings, args.outbox_id, operator, args.note))
+    print(admin.dumps(result))
+    return 0
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from shared.devstack import run_dev
 
@@ -114,6 +154,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", type=Path, required=True, help="SQLite file recording every request")
     p.add_argument("--latency-ms", type=int, default=0)
     p.set_defaults(func=cmd_mocktool)
+
+    p = sub.add_parser("relay", help="run the relay (outbox rows to Kafka as CloudEvents, per-run order)")
+    p.add_argument("--database-url", help="PostgreSQL URL (default: AGENTRT_DATABASE_URL)")
+    p.add_argument("--kafka-bootstrap", help="host:port[,host:port] (default: AGENTRT_KAFKA_BOOTSTRAP)")
+    p.add_argument("--health-addr", help="gRPC health host:port (default: AGENTRT_HEALTH_ADDR or 0.0.0.0:50053)")
+    p.set_defaults(func=cmd_relay)
+
+    p = sub.add_parser("outbox", help="operate on the outbox: status, parked rows, retry or skip one")
+    p.add_argument("--database-url", help="PostgreSQL URL (default: AGENTRT_DATABASE_URL)")
+    outbox = p.add_subparsers(dest="action", required=True)
+    outbox.add_parser("status", help="events waiting, oldest age, parked rows, relays and their shards")
+    q = outbox.add_parser("parked", help="list parked rows")
+    q.add_argument("--state", default="PARKED", choices=["PARKED", "RETRY", "SKIPPED", "DELIVERED", "all"])
+    q.add_argument("--limit", type=int, default=100)
+    for action, text in (("retry", "let the relay try a parked row again"),
+                         ("skip", "drop a parked row for good; its run's later events flow again")):
+        q = outbox.add_parser(action, help=text)
+        q.add_argument("outbox_id", type=int, help="outbox id of the parked row")
+        q.add_argument("--operator", help="who decides (default: the OS user)")
+        q.add_argument("--note", required=action == "skip", default="",
+                       help="why (required for skip; kept with the row)")
+    p.set_defaults(func=cmd_outbox)
 
     p = sub.add_parser("dev", help="embedded PostgreSQL + migrations + the services, for local development")
     p.add_argument("--data-dir", type=Path, default=Path(".agentrt"), help="kept between runs (default .agentrt)")

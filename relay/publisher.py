@@ -1,0 +1,244 @@
+"""Publishes one round of outbox rows to Kafka, in record batches that succeed or fail whole.
+
+Per-run order rests on three facts:
+- a run's events go to one partition (key = run id, Kafka's murmur2
+  partitioner), in outbox id order;
+- each round sends at most one record batch per partition and waits for every
+  answer before the next round, and a Kafka record batch is appended whole or
+  not at all, so a failure never leaves a hole with later events of the same
+  run delivered after it;
+- the next round starts again from the oldest unmarked row of every run, so a
+  retry re-sends from the first event not known to be acknowledged. A batch
+  that timed out may still land later: that is a duplicate of events already
+  re-sent in order, never a first delivery out of order.
+
+A row refused for good (over `max_message_bytes`, or a permanent broker error)
+is reported for parking; the rest of its run in this round is held back. A
+permanent error on a batch of several rows is narrowed down by sending that
+partition's rows one at a time until the bad one is found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError
+from aiokafka.partitioner import murmur2
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from relay.config import RelaySettings
+from relay.store import OutboxRow
+from shared.cloudevents import encode_headers
+from shared.errors import Unavailable
+from shared.kafka_client import is_permanent_record_error
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+
+
+class KafkaUnreachable(Unavailable):
+    """No broker answered within the startup timeout."""
+
+    reason = "KAFKA_UNREACHABLE"
+
+
+@dataclass
+class RoundResult:
+    delivered: list[OutboxRow] = field(default_factory=list)
+    refused: list[tuple[OutboxRow, str]] = field(default_factory=list)
+    held_back: int = 0
+    # The first transient failure of the round, if any (rows stay unpublished).
+    error: BaseException | None = None
+
+    @property
+    def timed_out(self) -> bool:
+        return isinstance(self.error, KafkaTimeoutError | RequestTimedOutError | TimeoutError)
+
+
+def partition_for(key: bytes, partitions: list[int]) -> int:
+    """Kafka's default partitioner (murmur2), so Java clients agree on where a run lives."""
+    return partitions[(murmur2(key) & 0x7FFFFFFF) % len(partitions)]
+
+
+class Publisher:
+    def __init__(self, settings: RelaySettings) -> None:
+        self.settings = settings
+        self._producer: AIOKafkaProducer | None = None
+        # Partitions narrowed down one row per round after a permanent batch error:
+        # value = rows still to try one by one.
+        self._isolate: dict[TopicPartition, int] = {}
+
+    @property
+    def connected(self) -> bool:
+        return self._producer is not None
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        s = self.settings
+        return AIOKafkaProducer(
+            **s.kafka_client_kwargs(),
+            acks="all",
+            enable_idempotence=s.enable_idempotence,
+            max_request_size=s.max_batch_bytes + 65_536,
+            max_batch_size=s.max_batch_bytes,
+            linger_ms=0,
+            retry_backoff_ms=min(s.retry_backoff_base_ms, 1_000),
+        )
+
+    async def start(self, within_s: float | None = None) -> None:
+        """Connects; raises KafkaUnreachable if no broker answers in time."""
+        timeout = self.settings.startup_timeout_s if within_s is None else within_s
+        producer = self._new_producer()
+        try:
+            await asyncio.wait_for(producer.start(), timeout)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            await _stop_quietly(producer)
+            detail = "no answer" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            raise KafkaUnreachable(
+                f"cannot reach Kafka at {self.settings.kafka_bootstrap} within {timeout:g}s ({detail})",
+                bootstrap=self.settings.kafka_bootstrap) from None
+        self._producer = producer
+
+    async def recreate(self) -> None:
+        """Throws the producer away (its connections and in-flight batches) and connects anew."""
+        old, self._producer = self._producer, None
+        if old is not None:
+            await _stop_quietly(old)
+        await self.start(within_s=self.settings.kafka_request_timeout_ms / 1000)
+
+    async def stop(self) -> None:
+        old, self._producer = self._producer, None
+        if old is not None:
+            await _stop_quietly(old, flush_timeout=5.0)
+
+    async def publish(self, rows: list[OutboxRow], *,
+                      after_send: Callable[[], Awaitable[None]] | None = None) -> RoundResult:
+        """Sends one round; never raises for Kafka trouble (it is in the result)."""
+        result = RoundResult()
+        producer = self._producer
+        if producer is None:
+            result.error = Unavailable("no Kafka producer")
+            result.held_back = len(rows)
+            return result
+        s = self.settings
+        partitions: dict[str, list[int]] = {}
+        builders: dict[TopicPartition, Any] = {}
+        members: dict[TopicPartition, list[OutboxRow]] = {}
+        closed: set[TopicPartition] = set()
+        blocked_runs: set[uuid.UUID] = set()
+
+        for row in rows:
+            if row.run_id in blocked_runs:
+                result.held_back += 1
+                continue
+            topic = s.topic_for(row.event_type)
+            if topic not in partitions:
+                try:
+                    partitions[topic] = sorted(await producer.partitions_for(topic))
+                except (KafkaError, OSError, TimeoutError) as exc:
+                    result.error = result.error or exc
+                    partitions[topic] = []
+            if not partitions[topic]:
+                blocked_runs.add(row.run_id)
+                result.held_back += 1
+                continue
+            key = str(row.run_id).encode()
+            tp = (topic, partition_for(key, partitions[topic]))
+            value = row.payload_json.encode()
+            headers = encode_headers(
+                event_id=row.event_id, event_type=row.event_type, source=s.cloudevents_source,
+                run_id=row.run_id, created_at=row.created_at, tenant_id=row.tenant_id,
+                fencing_token=row.fencing_token, run_version=row.run_version, outbox_id=row.id,
+                traceparent=row.traceparent, tracestate=row.tracestate)
+            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+            if size > s.max_message_bytes:
+                result.refused.append(
+                    (row, f"record is {size} bytes, over max_message_bytes {s.max_message_bytes}"))
+                blocked_runs.add(row.run_id)
+                continue
+            if tp in closed:
+                blocked_runs.add(row.run_id)
+                result.held_back += 1
+                continue
+            builder = builders.get(tp)
+            if builder is None:
+                builder = builders[tp] = producer.create_batch()
+                members[tp] = []
+            timestamp_ms = int(row.created_at.timestamp() * 1000)
+            if builder.append(timestamp=timestamp_ms, key=key, value=value, headers=headers) is None:
+                # Batch full: this partition waits for the next round from here on.
+                closed.add(tp)
+                blocked_runs.add(row.run_id)
+                result.held_back += 1
+                continue
+            members[tp].append(row)
+            if tp in self._isolate:
+                closed.add(tp)
+
+        sent: list[tuple[TopicPartition, asyncio.Future[Any]]] = []
+        for tp, builder in builders.items():
+            try:
+                future = await producer.send_batch(builder, tp[0], partition=tp[1])
+            except (KafkaError, OSError, TimeoutError) as exc:
+                result.error = result.error or exc
+                result.held_back += len(members[tp])
+                continue
+            sent.append((tp, future))
+            if after_send is not None:
+                await after_send()
+                after_send = None
+
+        if sent:
+            # aiokafka expires a batch after request_timeout; the guard only
+            # catches a sender that stopped answering altogether.
+            guard = s.kafka_request_timeout_ms / 1000 * 2 + 5
+            _, pending = await asyncio.wait([f for _, f in sent], timeout=guard)
+            for future in pending:
+                future.cancel()
+            for tp, future in sent:
+                rows_in_batch = members[tp]
+                error: BaseException | None
+                if future in pending:
+                    error = KafkaTimeoutError(f"no answer for {tp} within {guard:g}s")
+                elif future.cancelled():
+                    error = asyncio.CancelledError()
+                else:
+                    error = future.exception()
+                if error is None:
+                    result.delivered.extend(rows_in_batch)
+                    self._note_success(tp)
+                elif is_permanent_record_error(error):
+                    if len(rows_in_batch) == 1:
+                        result.refused.append((rows_in_batch[0], f"broker refused: {type(error).__name__}: "
+                                                                 f"{error}"))
+                        self._isolate.pop(tp, None)
+                    else:
+                        log.warning("broker refused a batch of %d rows for %s (%s); "
+                                    "sending them one by one to find the bad one", len(rows_in_batch), tp, error)
+                        self._isolate[tp] = len(rows_in_batch)
+                        result.held_back += len(rows_in_batch)
+                else:
+                    result.error = result.error or error
+                    result.held_back += len(rows_in_batch)
+        return result
+
+    def _note_success(self, tp: TopicPartition) -> None:
+        if tp in self._isolate:
+            self._isolate[tp] -= 1
+            if self._isolate[tp] <= 0:
+                del self._isolate[tp]
+
+
+async def _stop_quietly(producer: AIOKafkaProducer, flush_timeout: float = 2.0) -> None:
+    # stop() flushes pending batches first; with the broker gone that can hang.
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(producer.stop(), flush_timeout)
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(producer.client.close(), 1.0)

@@ -1,0 +1,216 @@
+"""The relay's data-access layer: the only relay code that runs SQL.
+
+Every method is one statement from relay/sql/queries.sql in autocommit: no
+method opens a transaction that spans a call to Kafka. Connection failures
+surface as `shared.errors.Unavailable`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import asyncpg
+
+from scheduler.queries import parse_named_queries
+from scheduler.store import _init_connection
+from shared.errors import AgentrtError, NotFound, Unavailable
+
+Q = parse_named_queries((Path(__file__).parent / "sql" / "queries.sql").read_text(encoding="utf-8"))
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    ConnectionError,
+    OSError,
+    TimeoutError,
+)
+
+
+class ShardCountMismatch(AgentrtError):
+    reason = "SHARD_COUNT_MISMATCH"
+
+
+def db_call(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    @functools.wraps(func)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await func(*args, **kwargs)
+        except _CONNECTION_ERRORS as exc:
+            raise Unavailable(f"database unavailable: {type(exc).__name__}: {exc}") from exc
+
+    return wrapper
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    id: int
+    event_id: uuid.UUID
+    run_id: uuid.UUID
+    tenant_id: str
+    event_type: str
+    payload_json: str
+    fencing_token: int
+    run_version: int
+    traceparent: str | None
+    tracestate: str | None
+    created_at: dt.datetime
+    retrying: bool
+
+
+@dataclass(frozen=True)
+class Lag:
+    pending: int
+    oldest_age_s: float
+    parked: int
+    parked_total: int
+
+
+async def connect_pool(dsn: str, *, min_size: int, max_size: int, command_timeout: float) -> asyncpg.Pool:
+    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection,
+                                     command_timeout=command_timeout)
+    assert pool is not None
+    return pool
+
+
+def _deleted(status: str) -> int:
+    return int(status.rsplit(" ", 1)[-1]) if status.startswith("DELETE") else 0
+
+
+class RelayStore:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    # ------------------------------------------------------------ shards and membership
+
+    @db_call
+    async def ensure_shards(self, shard_count: int) -> None:
+        existing = await self.pool.fetchval(Q["ensure_config"], shard_count)
+        if existing != shard_count:
+            raise ShardCountMismatch(
+                f"shard_count {shard_count} configured, but this database's relays use {existing}; "
+                "every relay must use the same shard count",
+                configured=shard_count, database=existing)
+        await self.pool.execute(Q["ensure_shards"], shard_count)
+
+    @db_call
+    async def heartbeat_member(self, relay_id: str, ttl_ms: int) -> int:
+        return int(await self.pool.fetchval(Q["heartbeat_member"], relay_id, ttl_ms))
+
+    @db_call
+    async def leave_membership(self, relay_id: str) -> None:
+        await self.pool.execute(Q["leave_membership"], relay_id)
+
+    @db_call
+    async def set_wants_wakeup(self, relay_id: str, wanted: bool) -> None:
+        await self.pool.execute(Q["set_wants_wakeup"], relay_id, wanted)
+
+    @db_call
+    async def renew_shards(self, relay_id: str, ttl_ms: int, held: dict[int, int]) -> dict[int, int]:
+        if not held:
+            return {}
+        rows = await self.pool.fetch(Q["renew_shards"], relay_id, ttl_ms, list(held), list(held.values()))
+        return {row["shard"]: row["fencing_token"] for row in rows}
+
+    @db_call
+    async def acquire_shards(self, relay_id: str, ttl_ms: int, limit: int) -> dict[int, int]:
+        if limit <= 0:
+            return {}
+        rows = await self.pool.fetch(Q["acquire_shards"], relay_id, ttl_ms, limit)
+        return {row["shard"]: row["fencing_token"] for row in rows}
+
+    @db_call
+    async def release_shards(self, relay_id: str, shards: list[int]) -> list[int]:
+        if not shards:
+            return []
+        rows = await self.pool.fetch(Q["release_shards"], relay_id, shards)
+        return [row["shard"] for row in rows]
+
+    # ------------------------------------------------------------ publishing
+
+    @db_call
+    async def claim_batch(self, relay_id: str, held: dict[int, int], shard_count: int,
+                          limit: int) -> list[OutboxRow]:
+        if not held:
+            return []
+        rows = await self.pool.fetch(Q["claim_batch"], relay_id, list(held), list(held.values()),
+                                     shard_count, limit)
+        return [OutboxRow(**dict(row)) for row in rows]
+
+    @db_call
+    async def mark_published(self, ids: list[int], retried: list[int]) -> None:
+        await self.pool.execute(Q["mark_published"], ids)
+        if retried:
+            await self.pool.execute(Q["mark_retries_delivered"], retried)
+
+    @db_call
+    async def park(self, outbox_id: int, reason: str, relay_id: str) -> int | None:
+        """Parks a row; returns its park count, or None if it was already parked or published."""
+        value = await self.pool.fetchval(Q["park_row"], outbox_id, reason[:2000], relay_id)
+        return int(value) if value is not None else None
+
+    @db_call
+    async def lag(self) -> Lag:
+        row = await self.pool.fetchrow(Q["outbox_lag"])
+        assert row is not None
+        return Lag(pending=row["pending"], oldest_age_s=float(row["oldest_age_s"] or 0.0),
+                   parked=row["parked"], parked_total=row["parked_total"])
+
+    # ------------------------------------------------------------ operator
+
+    @db_call
+    async def list_parked(self, state: str | None = None, limit: int = 100) -> list[asyncpg.Record]:
+        return list(await self.pool.fetch(Q["list_parked"], state, limit))
+
+    @db_call
+    async def retry_parked(self, outbox_id: int, operator: str, note: str) -> asyncpg.Record:
+        row = await self.pool.fetchrow(Q["retry_parked"], outbox_id, operator, note)
+        if row is None:
+            raise await self._not_parked(outbox_id)
+        return row
+
+    @db_call
+    async def skip_parked(self, outbox_id: int, operator: str, note: str) -> asyncpg.Record:
+        row = await self.pool.fetchrow(Q["skip_parked"], outbox_id, operator, note)
+        if row is None:
+            raise await self._not_parked(outbox_id)
+        return row
+
+    async def _not_parked(self, outbox_id: int) -> AgentrtError:
+        state = await self.pool.fetchval(Q["parked_state"], outbox_id)
+        if state is None:
+            return NotFound(f"outbox row {outbox_id} is not parked", outbox_id=outbox_id)
+        return NotFound(f"outbox row {outbox_id} is {state}, not PARKED", outbox_id=outbox_id, state=state)
+
+    @db_call
+    async def shards(self) -> list[asyncpg.Record]:
+        return list(await self.pool.fetch(Q["list_shards"]))
+
+    @db_call
+    async def members(self) -> list[asyncpg.Record]:
+        return list(await self.pool.fetch(Q["list_members"]))
+
+    # ------------------------------------------------------------ retention
+
+    @db_call
+    async def delete_published_outbox(self, older_than_s: float, limit: int) -> int:
+        return _deleted(await self.pool.execute(Q["delete_published_outbox"], older_than_s, limit))
+
+    @db_call
+    async def delete_consumed_events(self, older_than_s: float, limit: int) -> int:
+        return _deleted(await self.pool.execute(Q["delete_consumed_events"], older_than_s, limit))
+
+
+def record_dict(row: asyncpg.Record) -> dict[str, Any]:
+    return dict(row.items())
