@@ -49,16 +49,16 @@ async def running_relay(settings: RelaySettings) -> AsyncIterator[RelayServer]:
         await server.stop()
 
 
-async def wait_until(check: Callable[[], Awaitable[Any]], timeout: float, what: str,
+async def wait_until(check: Callable[[], Awaitable[Any]], within_s: float, what: str,
                      interval: float = 0.05) -> Any:
     """Polls `check` until it returns a truthy value; fails with `what` at the deadline."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within_s
     while True:
         value = await check()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {value!r})")
+            raise AssertionError(f"timed out after {within_s:g}s waiting for {what} (last: {value!r})")
         await asyncio.sleep(interval)
 
 
@@ -123,12 +123,12 @@ class TopicReader:
                 added += 1
         return added
 
-    async def read_until(self, done: Callable[[list[Received]], bool], timeout: float, what: str) -> None:
+    async def read_until(self, done: Callable[[list[Received]], bool], within_s: float, what: str) -> None:
         async def check() -> bool:
             await self.poll()
             return done(self.records)
 
-        await wait_until(check, timeout, what, interval=0)
+        await wait_until(check, within_s, what, interval=0)
 
     def event_ids(self) -> set[uuid.UUID]:
         return {r.event.id for r in self.records}
