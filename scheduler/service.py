@@ -114,10 +114,15 @@ class RunServicer(rs_grpc.RunServiceServicer):
         if budget.max_tokens < 0:
             raise InvalidArgument("budget.max_tokens", "must not be negative")
         v.require_non_negative("budget.max_cost_usd", budget.max_cost_usd)
-        deadline = budget.deadline.ToDatetime(tzinfo=dt.UTC) if budget.HasField("deadline") else None
+        try:
+            deadline = budget.deadline.ToDatetime(tzinfo=dt.UTC) if budget.HasField("deadline") else None
+        except ValueError:  # seconds past year 9999 or nanos out of range
+            raise InvalidArgument("budget.deadline", "is not a valid timestamp") from None
         labels = dict(request.labels)
         if len(labels) > 64 or any(len(k) > 100 or len(val) > 500 for k, val in labels.items()):
             raise InvalidArgument("labels", "at most 64 labels, keys up to 100 and values up to 500 characters")
+        if any("\x00" in k or "\x00" in val for k, val in labels.items()):
+            raise InvalidArgument("labels", "must not contain NUL characters")
         spec = SubmitSpec(
             agent_name=agent, agent_version=version, input=payload, client_request_id=client_request_id,
             max_attempts=request.max_attempts or self.settings.default_max_attempts, labels=labels,
@@ -221,9 +226,9 @@ def _encode_page_token(created_at: dt.datetime, run_id: uuid.UUID, filter_key: s
 def _decode_page_token(token: str, filter_key: str) -> tuple[dt.datetime, uuid.UUID]:
     try:
         data = json.loads(base64.urlsafe_b64decode(token.encode()))
-        created_at, run_id = dt.datetime.fromisoformat(data["c"]), uuid.UUID(data["i"])
+        created_at, run_id = dt.datetime.fromisoformat(data["c"]).astimezone(dt.UTC), uuid.UUID(data["i"])
         same_filter = data["f"] == filter_key
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
         raise InvalidArgument("page_token", "is not a token this server issued") from None
     if not same_filter:
         raise InvalidArgument("page_token", "was issued for a different filter")

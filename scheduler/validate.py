@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from shared.canonical import canonical_json
 from shared.errors import InvalidArgument, Unauthenticated
 
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -44,6 +46,8 @@ def require_text(field: str, value: str, *, max_len: int = 200, pattern: re.Patt
         raise InvalidArgument(field, "is required")
     if len(value) > max_len:
         raise InvalidArgument(field, f"is longer than {max_len} characters")
+    if "\x00" in value:
+        raise InvalidArgument(field, "must not contain NUL characters (PostgreSQL text refuses them)")
     if pattern is not None and not pattern.match(value):
         raise InvalidArgument(field, "has characters that are not allowed")
     return value
@@ -62,6 +66,8 @@ def optional_text(field: str, value: str, *, max_len: int = 2000) -> str | None:
         return None
     if len(value) > max_len:
         raise InvalidArgument(field, f"is longer than {max_len} characters")
+    if "\x00" in value:
+        raise InvalidArgument(field, "must not contain NUL characters (PostgreSQL text refuses them)")
     return value
 
 
@@ -86,6 +92,10 @@ def parse_json(field: str, text: str, limit: int, *, required: bool = False,
         raise InvalidArgument(field, "must be a JSON object")
     if _has_nul(value):
         raise InvalidArgument(field, "must not contain NUL characters (PostgreSQL jsonb refuses them)")
+    try:  # 1e400 parses as inf and "\ud800" as a lone surrogate: neither can be stored or hashed
+        canonical_json(value).encode("utf-8")
+    except ValueError:
+        raise InvalidArgument(field, "must hold finite numbers and valid Unicode text only") from None
     return value
 
 
@@ -112,8 +122,8 @@ def require_positive(field: str, value: int) -> int:
 
 
 def require_non_negative(field: str, value: float) -> float:
-    if value < 0 or value != value:
-        raise InvalidArgument(field, "must not be negative")
+    if not math.isfinite(value) or value < 0:
+        raise InvalidArgument(field, "must be a finite number, not negative")
     return value
 
 

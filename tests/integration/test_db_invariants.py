@@ -1,0 +1,293 @@
+"""The schema itself refuses the reference design's bad states (sections 3.2 and 4).
+
+These tests bypass the scheduler and write SQL directly: whatever code has a
+bug, PostgreSQL must still refuse a lease on a QUEUED run, a RUNNING run
+without a lease, a terminal run without a finish time, a closed ledger row
+without a completion time, and so on. They also cover the migrator: re-running
+is a no-op, a newer schema is refused untouched, and concurrent migrators
+apply each version exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+
+from scheduler.migrate import MIGRATION_LOCK_KEY, Migration, available_migrations, migrate
+from shared.errors import SchemaMismatch
+
+pytestmark = pytest.mark.integration
+
+HASH = hashlib.sha256(b"x").digest()
+NOW = "clock_timestamp()"  # marker: use the database clock for this column
+
+
+async def insert(db: asyncpg.Connection, table: str, **values: Any) -> None:
+    """INSERT one row; values equal to NOW become clock_timestamp() in the SQL."""
+    columns, params, args = [], [], []
+    for column, value in values.items():
+        columns.append(column)
+        if value == NOW:
+            params.append(NOW)
+        else:
+            args.append(value)
+            params.append(f"${len(args)}")
+    await db.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(params)})", *args)
+
+
+def run_row(run_id: uuid.UUID, **overrides: Any) -> dict[str, Any]:
+    """A valid QUEUED run, with overrides."""
+    return {"id": run_id, "tenant_id": "t", "agent_name": "demo", **overrides}
+
+
+LEASE = {"lease_owner": "w1", "lease_expires_at": NOW}
+
+
+def execution_row(run_id: uuid.UUID, **overrides: Any) -> dict[str, Any]:
+    """A valid OUTBOUND_INTENT ledger row, with overrides."""
+    return {"id": uuid.uuid4(), "run_id": run_id, "step_key": "s1", "tool_name": "tool", "idempotency_key": "k1",
+            "request_json": {"a": 1}, "request_hash": HASH, "status": "OUTBOUND_INTENT", "fencing_token": 1,
+            "intent_event_id": uuid.uuid4(), **overrides}
+
+
+def checkpoint_row(run_id: uuid.UUID, **overrides: Any) -> dict[str, Any]:
+    """A valid checkpoint, with overrides."""
+    return {"run_id": run_id, "version": 1, "state_json": {"cursor": 1}, "state_hash": HASH, "schema_version": 1,
+            "fencing_token": 1, "event_id": uuid.uuid4(), **overrides}
+
+
+@pytest.fixture
+async def run_id(db: asyncpg.Connection) -> uuid.UUID:
+    """One valid run to hang checkpoints and ledger rows on."""
+    rid = uuid.uuid4()
+    await insert(db, "agent_runs", **run_row(rid, status="RUNNING", **LEASE))
+    return rid
+
+
+# (case id, agent_runs overrides, constraint that must refuse it)
+BAD_RUNS = [
+    ("lease on QUEUED", {"status": "QUEUED", **LEASE}, "lease_only_when_leased_status"),
+    ("RUNNING without lease", {"status": "RUNNING"}, "lease_only_when_leased_status"),
+    ("WAITING_TOOL without lease", {"status": "WAITING_TOOL"}, "lease_only_when_leased_status"),
+    ("lease on PAUSED_INDOUBT", {"status": "PAUSED_INDOUBT", **LEASE}, "lease_only_when_leased_status"),
+    ("lease on PAUSED_HUMAN", {"status": "PAUSED_HUMAN", **LEASE}, "lease_only_when_leased_status"),
+    ("lease on COMPLETED", {"status": "COMPLETED", "finished_at": NOW, **LEASE}, "lease_only_when_leased_status"),
+    ("lease_owner without expiry", {"status": "RUNNING", "lease_owner": "w1"}, "lease_owner_with_expiry"),
+    ("lease expiry without owner", {"status": "QUEUED", "lease_expires_at": NOW}, "lease_owner_with_expiry"),
+    ("COMPLETED without finished_at", {"status": "COMPLETED"}, "finished_only_when_terminal"),
+    ("FAILED without finished_at", {"status": "FAILED"}, "finished_only_when_terminal"),
+    ("finished_at on QUEUED", {"finished_at": NOW}, "finished_only_when_terminal"),
+    ("finished_at on RUNNING", {"status": "RUNNING", "finished_at": NOW, **LEASE}, "finished_only_when_terminal"),
+    ("finished_at on PAUSED_HUMAN", {"status": "PAUSED_HUMAN", "finished_at": NOW}, "finished_only_when_terminal"),
+    ("unknown status", {"status": "DONE"}, "agent_runs_status_check"),
+    ("negative version", {"version": -1}, "agent_runs_version_check"),
+    ("negative fencing token", {"fencing_token": -1}, "agent_runs_fencing_token_check"),
+    ("max_attempts 0", {"max_attempts": 0}, "agent_runs_max_attempts_check"),
+    ("input not an object", {"input": [1, 2]}, "agent_runs_input_check"),
+    ("client_request_id without hash", {"client_request_id": "c1"}, "client_request_id_with_hash"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "constraint"), [c[1:] for c in BAD_RUNS], ids=[c[0] for c in BAD_RUNS])
+async def test_bad_run_rows_are_refused(db, overrides, constraint):
+    with pytest.raises(asyncpg.CheckViolationError) as refused:
+        await insert(db, "agent_runs", **run_row(uuid.uuid4(), **overrides))
+    assert refused.value.constraint_name == constraint
+    assert await db.fetchval("SELECT count(*) FROM agent_runs") == 0
+
+
+# (case id, UPDATE ... SET of a valid leased RUNNING run, constraint that must refuse it)
+BAD_RUN_UPDATES = [
+    ("back to QUEUED keeping the lease", "status = 'QUEUED'", "lease_only_when_leased_status"),
+    ("pause keeping the lease", "status = 'PAUSED_INDOUBT'", "lease_only_when_leased_status"),
+    ("drop the lease while RUNNING", "lease_owner = NULL, lease_expires_at = NULL", "lease_only_when_leased_status"),
+    ("drop only the expiry", "lease_expires_at = NULL", "lease_owner_with_expiry"),
+    ("complete without finish time", "status = 'COMPLETED', lease_owner = NULL, lease_expires_at = NULL",
+     "finished_only_when_terminal"),
+]
+
+
+@pytest.mark.parametrize(("assignment", "constraint"), [c[1:] for c in BAD_RUN_UPDATES],
+                         ids=[c[0] for c in BAD_RUN_UPDATES])
+async def test_bad_run_updates_are_refused(db, run_id, assignment, constraint):
+    before = await db.fetchrow("SELECT * FROM agent_runs WHERE id = $1", run_id)
+    with pytest.raises(asyncpg.CheckViolationError) as refused:
+        await db.execute(f"UPDATE agent_runs SET {assignment} WHERE id = $1", run_id)
+    assert refused.value.constraint_name == constraint
+    assert await db.fetchrow("SELECT * FROM agent_runs WHERE id = $1", run_id) == before
+
+
+async def test_valid_rows_are_accepted(db, run_id):
+    """The helpers' rows are valid, so every refusal above is due to its one bad column."""
+    await insert(db, "agent_runs", **run_row(uuid.uuid4()))
+    await insert(db, "agent_runs", **run_row(uuid.uuid4(), status="WAITING_TOOL", **LEASE))
+    await insert(db, "agent_runs", **run_row(uuid.uuid4(), status="COMPLETED", finished_at=NOW))
+    await insert(db, "agent_runs", **run_row(uuid.uuid4(), status="PAUSED_INDOUBT"))
+    await insert(db, "tool_executions", **execution_row(run_id))
+    await insert(db, "tool_executions", **execution_row(run_id, step_key="s2", idempotency_key="k2",
+                                                        status="SUCCEEDED", completed_at=NOW))
+    await insert(db, "tool_executions", **execution_row(run_id, step_key="s3", idempotency_key="k3",
+                                                        status="NOT_EXECUTED", completed_at=NOW,
+                                                        reconciliation_evidence={"lookup": "absent"}))
+    await insert(db, "agent_checkpoints", **checkpoint_row(run_id))
+    assert await db.fetchval("SELECT count(*) FROM agent_runs") == 5
+
+
+# (case id, tool_executions overrides, constraint that must refuse it)
+BAD_EXECUTIONS = [
+    ("SUCCEEDED without completed_at", {"status": "SUCCEEDED"}, "completed_when_closed"),
+    ("FAILED without completed_at", {"status": "FAILED"}, "completed_when_closed"),
+    ("NOT_EXECUTED without completed_at", {"status": "NOT_EXECUTED", "reconciliation_evidence": {"e": 1}},
+     "completed_when_closed"),
+    ("OUTBOUND_INTENT with completed_at", {"completed_at": NOW}, "completed_when_closed"),
+    ("IN_DOUBT with completed_at", {"status": "IN_DOUBT", "completed_at": NOW}, "completed_when_closed"),
+    ("NOT_EXECUTED without evidence", {"status": "NOT_EXECUTED", "completed_at": NOW}, "not_executed_has_evidence"),
+    ("unknown status", {"status": "DONE"}, "tool_executions_status_check"),
+    ("short request hash", {"request_hash": b"\x00" * 8}, "tool_executions_request_hash_check"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "constraint"), [c[1:] for c in BAD_EXECUTIONS],
+                         ids=[c[0] for c in BAD_EXECUTIONS])
+async def test_bad_ledger_rows_are_refused(db, run_id, overrides, constraint):
+    with pytest.raises(asyncpg.CheckViolationError) as refused:
+        await insert(db, "tool_executions", **execution_row(run_id, **overrides))
+    assert refused.value.constraint_name == constraint
+    assert await db.fetchval("SELECT count(*) FROM tool_executions") == 0
+
+
+@pytest.mark.parametrize(("duplicate", "constraint"), [
+    ({"idempotency_key": "other"}, "tool_executions_run_id_step_key_key"),
+    ({"step_key": "other"}, "tool_executions_tool_name_idempotency_key_key"),
+], ids=["same (run_id, step_key)", "same (tool_name, idempotency_key)"])
+async def test_duplicate_ledger_keys_are_refused(db, run_id, duplicate, constraint):
+    await insert(db, "tool_executions", **execution_row(run_id))
+    with pytest.raises(asyncpg.UniqueViolationError) as refused:
+        await insert(db, "tool_executions", **execution_row(run_id, **duplicate))
+    assert refused.value.constraint_name == constraint
+    assert await db.fetchval("SELECT count(*) FROM tool_executions") == 1
+
+
+async def test_closing_a_ledger_row_without_completion_time_is_refused(db, run_id):
+    await insert(db, "tool_executions", **execution_row(run_id))
+    with pytest.raises(asyncpg.CheckViolationError):
+        await db.execute("UPDATE tool_executions SET status = 'SUCCEEDED' WHERE run_id = $1", run_id)
+    assert await db.fetchval("SELECT status FROM tool_executions") == "OUTBOUND_INTENT"
+
+
+BAD_CHECKPOINTS = [
+    ("version 0", {"version": 0}, "agent_checkpoints_version_check"),
+    ("negative version", {"version": -3}, "agent_checkpoints_version_check"),
+    ("state is an array", {"state_json": [1, 2]}, "agent_checkpoints_state_json_check"),
+    ("state is a string", {"state_json": "state"}, "agent_checkpoints_state_json_check"),
+    ("state is a number", {"state_json": 7}, "agent_checkpoints_state_json_check"),
+    ("state hash not SHA-256", {"state_hash": b"\x01"}, "agent_checkpoints_state_hash_check"),
+    ("schema_version 0", {"schema_version": 0}, "agent_checkpoints_schema_version_check"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "constraint"), [c[1:] for c in BAD_CHECKPOINTS],
+                         ids=[c[0] for c in BAD_CHECKPOINTS])
+async def test_bad_checkpoints_are_refused(db, run_id, overrides, constraint):
+    with pytest.raises(asyncpg.CheckViolationError) as refused:
+        await insert(db, "agent_checkpoints", **checkpoint_row(run_id, **overrides))
+    assert refused.value.constraint_name == constraint
+    assert await db.fetchval("SELECT count(*) FROM agent_checkpoints") == 0
+
+
+async def test_duplicate_checkpoint_version_is_refused(db, run_id):
+    await insert(db, "agent_checkpoints", **checkpoint_row(run_id))
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await insert(db, "agent_checkpoints", **checkpoint_row(run_id))
+
+
+# ---------------------------------------------------------------------- migrations
+
+
+async def catalog(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
+    """Every table, column, constraint and index in the public schema."""
+    rows = await conn.fetch(
+        """SELECT 'column', table_name::text, column_name::text, data_type::text FROM information_schema.columns
+             WHERE table_schema = 'public'
+           UNION ALL
+           SELECT 'constraint', conrelid::regclass::text, conname::text, pg_get_constraintdef(oid)
+             FROM pg_constraint WHERE connamespace = 'public'::regnamespace
+           UNION ALL
+           SELECT 'index', tablename::text, indexname::text, indexdef FROM pg_indexes WHERE schemaname = 'public'
+           ORDER BY 1, 2, 3""")
+    return [tuple(row) for row in rows]
+
+
+async def applied(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
+    rows = await conn.fetch("SELECT version, name, checksum, applied_at FROM schema_migrations ORDER BY version")
+    return [tuple(row) for row in rows]
+
+
+async def test_migrate_is_idempotent(db):
+    before_catalog, before_applied = await catalog(db), await applied(db)
+    assert [row[0] for row in before_applied] == [m.version for m in available_migrations()]
+    assert await migrate(db) == []
+    assert await migrate(db) == []
+    assert await catalog(db) == before_catalog
+    assert await applied(db) == before_applied
+
+
+async def test_migrate_refuses_a_newer_schema_and_changes_nothing(db):
+    await db.execute("INSERT INTO schema_migrations (version, name, checksum) VALUES (999, 'future', 'x')")
+    before_catalog, before_applied = await catalog(db), await applied(db)
+    # A pending migration this build would apply, were the database not newer than it.
+    pending = Migration(len(available_migrations()) + 1, "pending", "CREATE TABLE must_not_exist (id int)")
+    with pytest.raises(SchemaMismatch) as refused:
+        await migrate(db, [*available_migrations(), pending])
+    assert refused.value.metadata["database_version"] == "999"
+    assert await catalog(db) == before_catalog
+    assert await applied(db) == before_applied
+    assert await db.fetchval("SELECT to_regclass('must_not_exist')") is None
+
+
+async def _wait_for(predicate, what: str, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def test_concurrent_migrators_apply_each_version_once(pg_server_url):
+    base = pg_server_url.rpartition("/")[0]
+    name = f"agentrt_mig_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_server_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    conns: list[asyncpg.Connection] = []
+    try:
+        conns = [await asyncpg.connect(f"{base}/{name}") for _ in range(3)]
+        gate, first, second = conns
+        migrations = [*available_migrations(),
+                      Migration(len(available_migrations()) + 1, "extra", "CREATE TABLE extra (id int)")]
+        # Hold the migration lock so both migrators are provably waiting at the same time.
+        await gate.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+        tasks = [asyncio.create_task(migrate(conn, migrations)) for conn in (first, second)]
+
+        async def both_waiting() -> bool:
+            return await gate.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())") == 2
+
+        await _wait_for(both_waiting, "both migrators to wait on the advisory lock")
+        await gate.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+        results = await asyncio.gather(*tasks)
+        assert sorted(results, key=len) == [[], [m.version for m in migrations]]
+        rows = await first.fetch("SELECT version, name FROM schema_migrations ORDER BY version")
+        assert [(r["version"], r["name"]) for r in rows] == [(m.version, m.name) for m in migrations]
+        assert await first.fetchval("SELECT to_regclass('agent_runs') IS NOT NULL")
+    finally:
+        for conn in conns:
+            await conn.close()
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
