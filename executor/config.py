@@ -34,6 +34,10 @@ class ExecutorSettings(ComponentSettings):
     worker_id: str = ""
     # Key for `openai` deciders whose definition names no api_key_env.
     openai_api_key: SecretStr | None = None
+    # Tenants whose PAUSED_INDOUBT runs the reconciler sweeps (RunService is tenant-scoped);
+    # empty = no reconciler in this process (`agentrt reconcile` runs one on its own).
+    reconcile_tenants: list[str] = Field(default_factory=list)
+    reconcile_interval_s: float = Field(30.0, gt=0)
     # Fault injection for tests and the acceptance suite (never set in production):
     # e.g. after_checkpoint_commit, after_outbound_intent_commit,
     # after_tool_response_before_tx2_commit. `raise` abandons the run in-process;

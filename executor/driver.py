@@ -26,6 +26,7 @@ from executor.lease import HeldLease
 from executor.shutdown import Shutdown, Stopped
 from executor.steps import RunIds, initial_state, next_attempt
 from executor.toolcalls import ToolCalls
+from executor.tools import ToolRegistry
 from executor.wake import wake
 from shared import tracing
 from shared.errors import AgentrtError, DecisionNotCheckpointed, VersionConflict
@@ -41,7 +42,7 @@ MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
 class Services:
     catalog: AgentCatalog
     deciders: DeciderRegistry
-    tools: Any  # executor.tools.ToolRegistry
+    tools: ToolRegistry
     client: WorkClient
     worker_id: str
     faults: Faults

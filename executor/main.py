@@ -1,30 +1,68 @@
-"""`agentrt executor`: load and validate the agent definitions, then run the worker until SIGTERM."""
+"""`agentrt executor` and `agentrt reconcile`: wiring and lifecycle only.
+
+The executor loads and validates every agent definition first (an invalid one
+stops it with one line), then runs the worker (and, when tenants are
+configured, the reconciler) until SIGTERM, then shuts down in order.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+from collections.abc import AsyncIterator
+
+import aiohttp
+import grpc
 
 from executor.agents import AgentCatalog
 from executor.config import ExecutorSettings
+from executor.reconciler import Reconciler, SweepReport
+from executor.tools import ToolRegistry
 from executor.worker import Worker
 from shared.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
 
 
-async def serve(settings: ExecutorSettings) -> None:
-    catalog = AgentCatalog.load(settings.agents_path)  # an invalid definition stops us here
-    setup_tracing(settings.service_name, settings.otel_exporter)
+def _stop_event() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+@contextlib.asynccontextmanager
+async def reconciler_for(settings: ExecutorSettings, catalog: AgentCatalog) -> AsyncIterator[Reconciler]:
+    async with aiohttp.ClientSession() as session, grpc.aio.insecure_channel(settings.scheduler_addr) as channel:
+        yield Reconciler(catalog, ToolRegistry(catalog.all(), session), channel, settings.reconcile_tenants)
+
+
+async def serve(settings: ExecutorSettings) -> None:
+    catalog = AgentCatalog.load(settings.agents_path)  # an invalid definition stops us here
+    setup_tracing(settings.service_name, settings.otel_exporter)
+    stop = _stop_event()
     worker = Worker(settings, catalog)
     await worker.start()
     try:
-        await stop.wait()
-        log.info("executor %s: shutting down (grace %.1fs)", worker.worker_id, settings.shutdown_grace_s)
+        async with contextlib.AsyncExitStack() as extra:
+            if settings.reconcile_tenants:
+                reconciler = await extra.enter_async_context(reconciler_for(settings, catalog))
+                task = asyncio.create_task(reconciler.run_forever(settings.reconcile_interval_s, stop))
+                extra.push_async_callback(asyncio.wait_for, task, 30)
+            await stop.wait()
+            log.info("executor %s: shutting down (grace %.1fs)", worker.worker_id, settings.shutdown_grace_s)
     finally:
         await worker.stop()
+
+
+async def reconcile(settings: ExecutorSettings, once: bool) -> SweepReport:
+    catalog = AgentCatalog.load(settings.agents_path)
+    setup_tracing(settings.service_name, settings.otel_exporter)
+    async with reconciler_for(settings, catalog) as reconciler:
+        if once:
+            return await reconciler.sweep()
+        await reconciler.run_forever(settings.reconcile_interval_s, _stop_event())
+        return reconciler.totals

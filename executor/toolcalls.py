@@ -60,6 +60,7 @@ class ToolCalls:
         if not d.held.alive():
             return None  # lapsed or lost: sending now could race the next holder
         adapter = s.tools.get(self.agent, decision.tool_name)
+        assert adapter is not None  # every tool of a loaded definition has one
         outcome: ToolOutcome = await s.shutdown.race(
             adapter.call(decision.request, self.context(decision.step_key, decision.idempotency_key)),
             s.shutdown.hard_stop)
@@ -132,6 +133,7 @@ class ToolCalls:
                               "so it is not sent again")
             return None
         adapter = d.s.tools.get(self.agent, row.tool_name)
+        assert adapter is not None
         found = await d.s.shutdown.race(adapter.lookup(self.context(row.step_key, row.idempotency_key)),
                                         d.s.shutdown.hard_stop)
         evidence = {"lookup": found.status, "response": found.evidence, "fencing_token": d.held.fencing_token,

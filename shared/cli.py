@@ -82,6 +82,25 @@ def cmd_mocktool(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from executor.config import ExecutorSettings
+    from executor.main import reconcile
+
+    overrides: dict[str, Any] = {"reconcile_tenants": [t for t in args.tenants.split(",") if t]}
+    if args.scheduler:
+        overrides["scheduler_addr"] = args.scheduler
+    if args.agents:
+        overrides["agents_path"] = args.agents
+    settings = ExecutorSettings(**overrides)
+    _setup_logging(settings.log_level)
+    report = asyncio.run(reconcile(settings, once=args.once))
+    print(json.dumps(dataclasses.asdict(report), sort_keys=True))
+    return 0
+
+
 def _relay_settings(args: argparse.Namespace) -> Any:
     from relay.config import RelaySettings
 
@@ -154,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", type=Path, required=True, help="SQLite file recording every request")
     p.add_argument("--latency-ms", type=int, default=0)
     p.set_defaults(func=cmd_mocktool)
+
+    p = sub.add_parser("reconcile", help="resolve PAUSED_INDOUBT tool calls through their lookup contracts")
+    p.add_argument("--tenants", required=True, help="comma-separated tenants to sweep")
+    p.add_argument("--scheduler", help="scheduler host:port (default: AGENTRT_SCHEDULER_ADDR or 127.0.0.1:50051)")
+    p.add_argument("--agents", help="agent definitions (default: AGENTRT_AGENTS_PATH)")
+    p.add_argument("--once", action="store_true", help="one sweep, print its report as JSON, exit")
+    p.set_defaults(func=cmd_reconcile)
 
     p = sub.add_parser("relay", help="run the relay (outbox rows to Kafka as CloudEvents, per-run order)")
     p.add_argument("--database-url", help="PostgreSQL URL (default: AGENTRT_DATABASE_URL)")

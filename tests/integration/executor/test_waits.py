@@ -11,6 +11,7 @@ from executor_support import (
     latest_state,
     mock_tool,
     scripted_agent,
+    wait_for,
     wait_status,
     write_agent,
 )
@@ -107,7 +108,6 @@ async def test_durable_sleep_holds_no_lease_and_wakes_by_the_database_clock(db_u
                                         "clock_timestamp() AS now FROM agent_runs")
                 return row if row["status"] == "QUEUED" and row["next_attempt_at"] > row["now"] else None
 
-            from executor_support import wait_for
             row = await wait_for(sleeping, 10, "the run to sleep")
             assert row["lease_owner"] is None  # no lease held while it waits
             wake_at = row["next_attempt_at"]
