@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,16 +27,20 @@ def _with_database(url: str, database: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_server_url() -> Iterator[str]:
     external = os.environ.get("AGENTRT_TEST_DATABASE_URL")
     if external:
         yield external
         return
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data", fsync=False).start()
+    # Its own directory, not pytest's tmp_path: pytest prunes old basetemps, which
+    # would pull the data out from under a concurrently running session's server.
+    home = Path(tempfile.mkdtemp(prefix="agentrt-test-pg-"))
+    server = EmbeddedPostgres(home / "data", fsync=False).start()
     try:
         yield server.url("postgres")
     finally:
         server.stop("immediate")
+        shutil.rmtree(home, ignore_errors=True)
 
 
 async def _admin(url: str, *statements: str) -> None:
