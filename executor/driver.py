@@ -21,6 +21,7 @@ from executor.agents import AgentCatalog, AgentDefinition
 from executor.checkpoint import SCHEMA_VERSION, State, UnsupportedCheckpoint, Waiting, load_state
 from executor.client import WorkClient
 from executor.deciders import DeciderRegistry
+from executor.deciders.base import DeciderUnavailable
 from executor.faults import Faults
 from executor.lease import HeldLease
 from executor.shutdown import Shutdown, Stopped
@@ -158,7 +159,14 @@ class RunDriver:
                 raise Stopped("shutting down")
             with tracer.start_as_current_span("agent.step", attributes=self.span_attributes()) as span:
                 if action is None:
-                    state, action = await self.s.shutdown.race(advancer.advance(state), self.s.shutdown.stopping)
+                    try:
+                        state, action = await self.s.shutdown.race(advancer.advance(state),
+                                                                   self.s.shutdown.stopping)
+                    except DeciderUnavailable as exc:  # inference has no side effect: try again later
+                        await self.finish(ws.FINISH_OUTCOME_RETRY, f"decider unavailable: {exc}",
+                                          error_class="retryable_transient:model_unavailable",
+                                          pause_when_exhausted=advancer.agent.policy.pause_when_attempts_exhausted)
+                        return
                     await self.persist(state)
                 span.set_attribute(tracing.STEP_KEY, state.cursor)
                 span.set_attribute(tracing.RUN_VERSION, self.version)
