@@ -35,7 +35,6 @@ from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer("agentrt.executor")
 MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
 
 
@@ -48,6 +47,7 @@ class Services:
     worker_id: str
     faults: Faults
     shutdown: Shutdown
+    tracer: trace.Tracer
 
 
 def _ts(value: Any) -> dt.datetime:
@@ -144,7 +144,7 @@ class RunDriver:
         calls = ToolCalls(self, agent, advancer, decider.pure)
         action: Action | None = None
         if self.status == pb.RUN_STATUS_WAITING_TOOL:
-            with tracer.start_as_current_span("agent.takeover", attributes=self.span_attributes()):
+            with self.s.tracer.start_as_current_span("agent.takeover", attributes=self.span_attributes()):
                 taken = await calls.take_over(current)
             if taken is None:
                 return
@@ -157,7 +157,7 @@ class RunDriver:
         while True:
             if self.s.shutdown.stopping.is_set():
                 raise Stopped("shutting down")
-            with tracer.start_as_current_span("agent.step", attributes=self.span_attributes()) as span:
+            with self.s.tracer.start_as_current_span("agent.step", attributes=self.span_attributes()) as span:
                 if action is None:
                     try:
                         state, action = await self.s.shutdown.race(advancer.advance(state),

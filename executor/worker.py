@@ -20,6 +20,7 @@ import uuid
 import aiohttp
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry import trace
 
 from executor.agents import AgentCatalog
 from executor.client import WorkClient
@@ -36,8 +37,10 @@ log = logging.getLogger(__name__)
 
 
 class Worker:
-    def __init__(self, settings: ExecutorSettings, catalog: AgentCatalog, faults: Faults | None = None) -> None:
+    def __init__(self, settings: ExecutorSettings, catalog: AgentCatalog, faults: Faults | None = None,
+                 tracer_provider: trace.TracerProvider | None = None) -> None:
         self.settings = settings
+        self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("agentrt.executor")
         self.catalog = catalog
         self.faults = faults or Faults(settings.fault_points, settings.fault_action)
         self.worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -69,7 +72,8 @@ class Worker:
             ("grpc.keepalive_time_ms", 30_000), ("grpc.max_receive_message_length", 64 << 20)])
         client = WorkClient(self._channel, rpc_timeout_s=s.rpc_timeout_s)
         self.services = Services(catalog=self.catalog, deciders=deciders, tools=tools, client=client,
-                                 worker_id=self.worker_id, faults=self.faults, shutdown=self.shutdown)
+                                 worker_id=self.worker_id, faults=self.faults, shutdown=self.shutdown,
+                                 tracer=self.tracer)
         await self._start_health()
         self._claimers = [asyncio.create_task(self._claim_loop(), name=f"claimer-{i}") for i in range(s.claimers)]
         log.info("executor %s serving %s with %d slots via %s", self.worker_id, ", ".join(self.catalog.names()),

@@ -139,9 +139,10 @@ def executor_settings(stack: Stack, agents_path: Path | str, **overrides: Any) -
 
 @asynccontextmanager
 async def executor(stack: Stack, agents_path: Path | str, faults: Faults | None = None,
-                   **overrides: Any) -> AsyncIterator[Worker]:
+                   tracer_provider: Any = None, **overrides: Any) -> AsyncIterator[Worker]:
     settings = executor_settings(stack, agents_path, **overrides)
-    worker = Worker(settings, AgentCatalog.load(settings.agents_path), faults=faults)
+    worker = Worker(settings, AgentCatalog.load(settings.agents_path), faults=faults,
+                    tracer_provider=tracer_provider)
     await worker.start()
     try:
         yield worker
@@ -157,7 +158,8 @@ CALLS: dict[str, list[dict[str, Any]]] = {}
 def record_tool(request: dict[str, Any], ctx: ToolCallContext) -> dict[str, Any]:
     """A python tool that remembers each call by idempotency key (and dedupes like a good downstream)."""
     seen = CALLS.setdefault(ctx.idempotency_key, [])
-    seen.append({"request": request, "fence": ctx.fencing_token, "step_key": ctx.step_key})
+    seen.append({"request": request, "fence": ctx.fencing_token, "step_key": ctx.step_key,
+                 "traceparent": ctx.headers.get("traceparent")})
     return {"id": f"py-{ctx.idempotency_key[-8:]}", "echo": request, "calls": len(seen)}
 
 
