@@ -54,8 +54,9 @@ class RelaySettings(KafkaClientSettings):
 
     retry_backoff_base_ms: int = Field(100, ge=1)
     retry_backoff_cap_ms: int = Field(10_000, ge=1)
-    # Consecutive timeouts after which the producer is thrown away and re-created.
-    recreate_producer_after: int = Field(2, ge=1)
+    # Failed rounds in a row (timeouts, dead connections) after which the
+    # producer is thrown away and re-created.
+    recreate_producer_after: int = Field(3, ge=1)
     startup_timeout_s: float = Field(15.0, gt=0)
 
     published_retention_s: float = Field(7 * 86_400.0, ge=0)

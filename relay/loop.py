@@ -78,7 +78,7 @@ class RelayLoop:
         self._rounds_with_rows = 0
         self._wants_wakeup = False
         self._failures = 0
-        self._timeouts = 0
+        self._failed_rounds = 0
 
     def _backoff(self) -> float:
         s = self.settings
@@ -127,7 +127,7 @@ class RelayLoop:
                           row.event_type, reason, row.id)
         if result.error is not None:
             self._failures += 1
-            self._timeouts = self._timeouts + 1 if result.timed_out else 0
+            self._failed_rounds += 1
             if self.metrics.broker_failing_since is None:
                 self.metrics.broker_failing_since = time.monotonic()
             self.metrics.last_broker_error = f"{type(result.error).__name__}: {result.error}"
@@ -135,7 +135,7 @@ class RelayLoop:
                         self.metrics.last_broker_error, result.held_back)
             return len(rows), True
         self._failures = 0
-        self._timeouts = 0
+        self._failed_rounds = 0
         if self.metrics.broker_failing_since is not None:
             log.info("Kafka is back after %.1fs", time.monotonic() - self.metrics.broker_failing_since)
             self.metrics.broker_failing_since = None
@@ -157,14 +157,17 @@ class RelayLoop:
                 await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
 
     async def _heal_producer(self) -> None:
-        if self.publisher.connected and self._timeouts < self.settings.recreate_producer_after:
+        # aiokafka retries inside a producer, but a producer can stay wedged on
+        # dead connections (timeouts without end): after a few failed rounds in
+        # a row, throw it away and connect anew.
+        if self.publisher.connected and self._failed_rounds < self.settings.recreate_producer_after:
             return
-        log.warning("re-creating the Kafka producer (%s)",
-                    "not connected" if not self.publisher.connected else f"{self._timeouts} timeouts in a row")
+        log.warning("re-creating the Kafka producer (%s)", "not connected" if not self.publisher.connected
+                    else f"{self._failed_rounds} failed rounds in a row")
         try:
             await self.publisher.recreate()
             self.metrics.producer_recreated += 1
-            self._timeouts = 0
+            self._failed_rounds = 0
         except KafkaUnreachable as exc:
             log.warning("%s", exc)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.partitioner import murmur2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -58,10 +58,6 @@ class RoundResult:
     # The first transient failure of the round, if any (rows stay unpublished).
     error: BaseException | None = None
 
-    @property
-    def timed_out(self) -> bool:
-        return isinstance(self.error, KafkaTimeoutError | RequestTimedOutError | TimeoutError)
-
 
 def partition_for(key: bytes, partitions: list[int]) -> int:
     """Kafka's default partitioner (murmur2), so Java clients agree on where a run lives."""
@@ -75,6 +71,11 @@ class Publisher:
         # Partitions narrowed down one row per round after a permanent batch error:
         # value = rows still to try one by one.
         self._isolate: dict[TopicPartition, int] = {}
+        # After a failed round the cluster may have changed under us (a broker
+        # restarted, a leader moved): refresh metadata before sending again.
+        # Tansu with memory storage even acknowledges, and then loses, records
+        # sent with stale metadata to a topic its restarted process never created.
+        self._metadata_stale = False
 
     @property
     def connected(self) -> bool:
@@ -128,6 +129,16 @@ class Publisher:
             result.held_back = len(rows)
             return result
         s = self.settings
+        if self._metadata_stale:
+            try:
+                refreshed = await producer.client.force_metadata_update()
+            except (KafkaError, OSError, TimeoutError) as exc:
+                refreshed, result.error = False, exc
+            if not refreshed:
+                result.error = result.error or KafkaConnectionError("metadata refresh failed")
+                result.held_back = len(rows)
+                return result
+            self._metadata_stale = False
         partitions: dict[str, list[int]] = {}
         builders: dict[TopicPartition, Any] = {}
         members: dict[TopicPartition, list[OutboxRow]] = {}
@@ -227,6 +238,8 @@ class Publisher:
                 else:
                     result.error = result.error or error
                     result.held_back += len(rows_in_batch)
+        if result.error is not None:
+            self._metadata_stale = True
         return result
 
     def _note_success(self, tp: TopicPartition) -> None:
