@@ -336,9 +336,10 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if outcome == "NOT_EXECUTED":
             if evidence is None:
                 raise InvalidArgument("evidence_json", "is required for NOT_EXECUTED")
-            version, replayed = await self.store.tool_not_executed(
+            version, status, replayed = await self.store.tool_not_executed(
                 lease, expected, step_key, error_code, evidence, event_id, current_trace())
-            return ws.CompleteToolCallResponse(version=version, status=pb.RUN_STATUS_QUEUED, replayed=replayed)
+            return ws.CompleteToolCallResponse(version=version, status=convert.RUN_STATUS[status],
+                                               replayed=replayed)
         response = v.parse_json("response_json", request.response_json, self.limit, object_only=False)
         state = v.parse_json("state_json", request.state_json, self.limit, required=True)
         schema_version = v.require_positive("schema_version", request.schema_version)

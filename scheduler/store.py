@@ -106,7 +106,9 @@ class History:
 
 
 ResolveOutcome = Literal["SUCCEEDED", "NOT_EXECUTED", "UNKNOWN"]
-Effect = Literal["checkpoint", "ledger", "event"]
+# What a write leaves besides its outbox event: a checkpoint, a ledger row, or
+# (for writes that leave neither) the run row's last_event_id marker.
+Effect = Literal["checkpoint", "ledger", "run"]
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,
@@ -469,7 +471,8 @@ class Store:
     async def tool_not_executed(
         self, lease: LeaseRef, expected_version: int, step_key: str, error_code: str | None,
         evidence: dict[str, Any], event_id: uuid.UUID, trace: Trace = NO_TRACE,
-    ) -> tuple[int, bool]:
+    ) -> tuple[int, str, bool]:
+        """Closes the open ledger row NOT_EXECUTED. Returns (version, run status, replayed)."""
         s = self.settings
         async with self.pool.acquire() as conn:
             try:
@@ -486,10 +489,10 @@ class Store:
                     raise
                 row = None
             if row is not None:
-                return row["version"], False
-            replay = await self._replay(conn, event_id, lease.run_id, "event")
+                return row["version"], row["status"], False
+            replay = await self._replay(conn, event_id, lease.run_id, "run")
             if replay is not None:
-                return replay["run_version"], True
+                return replay["run_version"], replay["payload"].get("status", "QUEUED"), True
             raise await self._tool_refusal(conn, Op.TOOL_NOT_EXECUTED, lease, expected_version, step_key,
                                            close_as=None)
 
@@ -514,7 +517,7 @@ class Store:
                 row = None
             if row is not None:
                 return False
-            if await self._replay(conn, event_id, lease.run_id, "event") is not None:
+            if await self._replay(conn, event_id, lease.run_id, "run") is not None:
                 return True
             raise await self._tool_refusal(conn, Op.MARK_TOOL_IN_DOUBT, lease, None, step_key,
                                            close_as=("IN_DOUBT", None, None, error_code))
@@ -548,7 +551,7 @@ class Store:
             if row is not None:
                 status = row["status"]
                 return status, row["next_attempt_at"] if status == "QUEUED" else None, False
-            event = await self._replay(conn, event_id, lease.run_id, "event")
+            event = await self._replay(conn, event_id, lease.run_id, "run")
             if event is not None:
                 payload = event["payload"]
                 next_at = payload.get("next_attempt_at")
@@ -585,7 +588,10 @@ class Store:
         elif effect == "ledger":
             artifact = await conn.fetchrow(Q["tool_execution_by_intent_event"], event_id)
         else:
-            artifact = event
+            # A later write overwrites the marker, so with the event present the
+            # write committed whatever the marker says now.
+            marker = await conn.fetchrow(Q["run_by_last_event"], run_id, event_id)
+            artifact = event if event is not None else marker
         if event is None and artifact is None:
             return None
         for found in (event, artifact):

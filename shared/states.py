@@ -35,6 +35,7 @@ class Op(StrEnum):
     BEGIN_TOOL_CALL = "begin_tool_call"  # Tx1
     COMPLETE_TOOL_CALL = "complete_tool_call"  # Tx2, definite success or failure
     TOOL_NOT_EXECUTED = "tool_not_executed"  # takeover lookup proved not executed
+    TOOL_NOT_EXECUTED_EXHAUSTED = "tool_not_executed_exhausted"  # ... at max_attempts
     MARK_TOOL_IN_DOUBT = "mark_tool_in_doubt"
     FINISH_COMPLETED = "finish_completed"
     FINISH_FAILED = "finish_failed"
@@ -79,6 +80,7 @@ TRANSITIONS: dict[tuple[RunStatus, Op], RunStatus] = {
     (S.WAITING_TOOL, Op.HEARTBEAT): S.WAITING_TOOL,
     (S.WAITING_TOOL, Op.COMPLETE_TOOL_CALL): S.RUNNING,
     (S.WAITING_TOOL, Op.TOOL_NOT_EXECUTED): S.QUEUED,
+    (S.WAITING_TOOL, Op.TOOL_NOT_EXECUTED_EXHAUSTED): S.FAILED,
     (S.WAITING_TOOL, Op.MARK_TOOL_IN_DOUBT): S.PAUSED_INDOUBT,
     (S.WAITING_TOOL, Op.REQUEST_CANCEL): S.WAITING_TOOL,
     (S.WAITING_TOOL, Op.APPLY_CANCEL): S.FAILED,

@@ -219,19 +219,25 @@ FROM checkpoint;
 -- Takeover: the downstream's lookup proved the request never took effect.
 -- The ledger row is closed NOT_EXECUTED with its evidence (never deleted) and
 -- the run returns to QUEUED with backoff; its next attempt gets a new step key.
+-- At max_attempts the run ends FAILED instead: a retry loop must end somewhere.
 WITH run AS (
   UPDATE agent_runs AS r
-  SET status = 'QUEUED', lease_owner = NULL, lease_expires_at = NULL,
+  SET status = CASE WHEN r.attempt_count >= r.max_attempts THEN 'FAILED' ELSE 'QUEUED' END,
+      lease_owner = NULL, lease_expires_at = NULL,
       next_attempt_at = clock_timestamp()
         + make_interval(secs => agentrt_backoff_ms(r.id, r.attempt_count, $7, $8, $9) / 1000),
-      updated_at = clock_timestamp()
+      terminal_reason = CASE WHEN r.attempt_count >= r.max_attempts
+        THEN 'attempts exhausted (' || r.attempt_count || '/' || r.max_attempts || '): tool not executed'
+        ELSE r.terminal_reason END,
+      finished_at = CASE WHEN r.attempt_count >= r.max_attempts THEN clock_timestamp() END,
+      last_event_id = $12, updated_at = clock_timestamp()
   WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3 AND r.version = $4
     AND r.status = ANY($6::text[]) AND r.current_step_key = $5
     AND r.lease_expires_at > clock_timestamp()
     AND r.cancel_requested_at IS NULL
     AND EXISTS (SELECT 1 FROM tool_executions AS te
                 WHERE te.run_id = r.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT')
-  RETURNING r.id, r.tenant_id, r.version, r.fencing_token, r.agent_name
+  RETURNING r.id, r.tenant_id, r.version, r.fencing_token, r.agent_name, r.status
 ), execution AS (
   UPDATE tool_executions AS te
   SET status = 'NOT_EXECUTED', error_code = $10, completed_at = clock_timestamp(),
@@ -243,11 +249,12 @@ WITH run AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
                       traceparent, tracestate)
   SELECT $12, id, tenant_id, 'agent.tool_not_executed',
-         jsonb_build_object('step_key', $5::text, 'evidence', $11::jsonb),
+         jsonb_build_object('step_key', $5::text, 'evidence', $11::jsonb, 'status', status),
          fencing_token, version, $13, $14
   FROM run
 )
-SELECT run.version, agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
+SELECT run.version, run.status,
+       agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
 FROM run;
 
 -- name: mark_tool_in_doubt
@@ -256,7 +263,7 @@ FROM run;
 WITH run AS (
   UPDATE agent_runs AS r
   SET status = 'PAUSED_INDOUBT', lease_owner = NULL, lease_expires_at = NULL,
-      pause_reason = 'tool outcome unknown: ' || $6, updated_at = clock_timestamp()
+      pause_reason = 'tool outcome unknown: ' || $6, last_event_id = $7, updated_at = clock_timestamp()
   WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3
     AND r.status = ANY($5::text[]) AND r.current_step_key = $4
     AND r.lease_expires_at > clock_timestamp()
@@ -316,7 +323,7 @@ WITH run AS (
         WHEN ($7 = 'end' AND $6 IN ('COMPLETED', 'FAILED'))
           OR ($7 = 'retry' AND r.attempt_count >= r.max_attempts AND $12 = 'FAILED')
         THEN clock_timestamp() ELSE NULL END,
-      updated_at = clock_timestamp()
+      last_event_id = $15, updated_at = clock_timestamp()
   WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3 AND r.version = $4
     AND r.status = ANY($5::text[])
     AND r.lease_expires_at > clock_timestamp()
@@ -450,6 +457,10 @@ SET status = $3, response_json = $4, remote_resource_id = $5, error_code = $6,
     completed_at = CASE WHEN $3 = 'IN_DOUBT' THEN NULL ELSE clock_timestamp() END
 WHERE run_id = $1 AND step_key = $2 AND status = 'OUTBOUND_INTENT'
 RETURNING *;
+
+-- name: run_by_last_event
+-- Commit-unknown recovery: the run half of a write that leaves no other row.
+SELECT id AS run_id FROM agent_runs WHERE id = $1 AND last_event_id = $2;
 
 -- name: event_by_id
 SELECT * FROM outbox WHERE event_id = $1;

@@ -281,11 +281,6 @@ async def test_finish_run_nothing_committed_runs(db_url, db):
         assert (await snapshot(db, run_id))["run"]["status"] == "COMPLETED"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "design-level gap: FinishRun's only record of its event id is the outbox row, so a finish whose "
-    "event is missing looks like one that never committed and the retry answers LEASE_LOST; telling the "
-    "two apart needs the run row to record the event id of the write that ended the lease (a migration). "
-    "A terminal run must not change, so the expected answer is COMMIT_STATE_INCONSISTENT plus the counter"))
 async def test_finish_run_half_committed_is_detected(db_url, db):
     async with scheduler_stack(db_url) as stack:
         run_id, ref = await started(stack)

@@ -516,3 +516,28 @@ async def test_sleep_holds_no_lease_and_wakes_by_db_time(db_url, db):
         assert got.run.run_id == run.run_id and got.run.fencing_token == 2
         assert got.run.version == 1 and got.checkpoint.version == 1
         assert got.run.attempt_count == 1  # a sleep resets the attempt count; the claim counts one
+
+
+async def test_not_executed_at_max_attempts_ends_the_run(db_url, db):
+    """A proven-not-executed tool call re-queues the run, but never past max_attempts."""
+    async with scheduler_stack(db_url) as stack:
+        for max_attempts, expected in ((2, pb.RUN_STATUS_QUEUED), (1, pb.RUN_STATUS_FAILED)):
+            run = await submit(stack, agent=f"limit{max_attempts}", max_attempts=max_attempts)
+            lease = await claim(stack, agents=(f"limit{max_attempts}",))
+            ref = lease_ref(lease)
+            await stack.work.SaveCheckpoint(ws.SaveCheckpointRequest(
+                lease=ref, expected_version=0, state_json=json.dumps(tool_state("s/attempt-1", "t", {})),
+                schema_version=1, event_id=eid()))
+            await stack.work.BeginToolCall(ws.BeginToolCallRequest(
+                lease=ref, expected_version=1, step_key="s/attempt-1", tool_name="t",
+                idempotency_key=f"k{max_attempts}", request_json="{}", execution_id=eid(), event_id=eid()))
+            reply = await stack.work.CompleteToolCall(ws.CompleteToolCallRequest(
+                lease=ref, expected_version=1, step_key="s/attempt-1", outcome=ws.TOOL_OUTCOME_NOT_EXECUTED,
+                evidence_json='{"http_status": 429}', error_code="rate_limited", event_id=eid()))
+            assert reply.status == expected
+            row = await db.fetchrow("SELECT * FROM agent_runs WHERE id = $1::uuid", run.run_id)
+            assert row["lease_owner"] is None
+            if expected == pb.RUN_STATUS_FAILED:
+                assert "attempts exhausted" in row["terminal_reason"] and row["finished_at"] is not None
+            ledger = await db.fetchval("SELECT status FROM tool_executions WHERE run_id = $1::uuid", run.run_id)
+            assert ledger == "NOT_EXECUTED"
