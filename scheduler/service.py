@@ -218,6 +218,20 @@ class RunServicer(rs_grpc.RunServiceServicer):
         )
 
 
+    @rpc
+    async def GetStats(self, request: rs.GetStatsRequest, context: grpc.aio.ServicerContext) -> rs.RunStats:
+        tenant = self._tenant(context)
+        row = await self.store.tenant_stats(tenant)
+        stats = rs.RunStats(
+            runs_by_status={name: int(n) for name, n in row["by_status"].items()},
+            oldest_queued_age_s=float(row["oldest_queued_s"] or 0), in_doubt_runs=row["in_doubt"],
+            oldest_in_doubt_age_s=float(row["oldest_in_doubt_s"] or 0), outbox_pending=row["outbox_pending"],
+            outbox_oldest_pending_age_s=float(row["outbox_oldest_s"] or 0),
+        )
+        convert.set_time(stats, "database_time", row["db_now"])
+        return stats
+
+
 def _encode_page_token(created_at: dt.datetime, run_id: uuid.UUID, filter_key: str) -> str:
     raw = json.dumps({"c": created_at.isoformat(), "i": str(run_id), "f": filter_key})
     return base64.urlsafe_b64encode(raw.encode()).decode()

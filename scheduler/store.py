@@ -329,6 +329,13 @@ class Store:
                 events=await conn.fetch(Q["history_events"], run_id),
             )
 
+    @db_call
+    async def tenant_stats(self, tenant_id: str) -> Record:
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(Q["tenant_stats"], tenant_id)
+        assert row is not None
+        return row
+
     # ------------------------------------------------------------------ WorkService
 
     @db_call

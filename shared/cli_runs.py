@@ -156,6 +156,39 @@ async def _resolve(args: argparse.Namespace, client: AgentrtClient) -> None:
               f"run {run.run_id} is {run.status}")
 
 
+async def _health(addr: str) -> str:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        async with grpc.aio.insecure_channel(addr) as channel:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    except grpc.aio.AioRpcError as error:
+        return f"UNREACHABLE ({error.code().name})"
+
+
+async def _status(args: argparse.Namespace, client: AgentrtClient) -> None:
+    services = {"scheduler": client.addr}
+    for spec in args.service or []:
+        name, _, addr = spec.partition("=")
+        services[name] = addr
+    health = {name: await _health(addr) for name, addr in services.items()}
+    stats = await client.stats()
+    if args.json:
+        _print_json({"services": {name: {"addr": services[name], "health": state} for name, state in health.items()},
+                     **stats})
+    else:
+        for name, state in health.items():
+            print(f"{name:10} {services[name]:24} {state}")
+        print("runs:       " + ", ".join(f"{k} {v}" for k, v in sorted(stats["runs_by_status"].items())) or "none")
+        print(f"queued:     oldest due {stats['oldest_queued_age_s']:.1f}s")
+        print(f"in doubt:   {stats['in_doubt_runs']} (oldest {stats['oldest_in_doubt_age_s']:.1f}s)")
+        print(f"outbox lag: {stats['outbox_pending']} pending (oldest {stats['outbox_oldest_pending_age_s']:.1f}s)")
+    if any(state != "SERVING" for state in health.values()):
+        raise SystemExit(1)
+
+
 def _runner(handler: Callable[[argparse.Namespace, AgentrtClient], Awaitable[None]]) -> Callable[..., int]:
     def run(args: argparse.Namespace) -> int:
         async def main() -> None:
@@ -226,6 +259,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--operator", default=os.environ.get("USER", "operator"))
     p.add_argument("--comment")
     p.set_defaults(func=_runner(_resume))
+
+    p = sub.add_parser("status", help="service health, runs by status, queue and in-doubt ages, outbox lag")
+    _common(p)
+    p.add_argument("--service", action="append", help="also check NAME=HOST:PORT's gRPC health (repeatable)")
+    p.set_defaults(func=_runner(_status))
 
     tools = sub.add_parser("tools", help="tool ledger operations").add_subparsers(dest="tools_command", required=True)
     p = tools.add_parser("resolve", help="resolve an IN_DOUBT tool execution with evidence")

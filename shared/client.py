@@ -221,6 +221,18 @@ class AgentrtClient:
                        tool_executions=[_message_dict(t) for t in reply.tool_executions],
                        events=[_message_dict(e) for e in reply.events])
 
+    async def stats(self) -> dict[str, Any]:
+        """Runs by status, oldest due queued run, in-doubt count and age, outbox lag (database time)."""
+        reply = await self._call(self._stub.GetStats, rs.GetStatsRequest())
+        return {
+            "runs_by_status": dict(reply.runs_by_status),
+            "oldest_queued_age_s": reply.oldest_queued_age_s,
+            "in_doubt_runs": reply.in_doubt_runs,
+            "oldest_in_doubt_age_s": reply.oldest_in_doubt_age_s,
+            "outbox_pending": reply.outbox_pending,
+            "outbox_oldest_pending_age_s": reply.outbox_oldest_pending_age_s,
+        }
+
     async def watch(self, run_id: str, *, poll_s: float = 0.5) -> AsyncIterator[RunInfo]:
         """Yields the run each time its status or version changes, until it is terminal."""
         last: tuple[str, int] | None = None

@@ -479,3 +479,19 @@ SELECT * FROM tool_executions WHERE run_id = $1 ORDER BY outbound_intent_at, ste
 
 -- name: history_events
 SELECT * FROM outbox WHERE run_id = $1 ORDER BY id;
+
+-- name: tenant_stats
+-- Operator view (agentrt status): counts and ages by database time, one tenant.
+-- Reads only; uses the tenant/status index and the pending-outbox partial index.
+SELECT
+  (SELECT coalesce(jsonb_object_agg(status, n), '{}'::jsonb)
+     FROM (SELECT status, count(*) AS n FROM agent_runs WHERE tenant_id = $1 GROUP BY status) s) AS by_status,
+  (SELECT extract(epoch FROM clock_timestamp() - min(next_attempt_at)) FROM agent_runs
+    WHERE tenant_id = $1 AND status = 'QUEUED' AND next_attempt_at <= clock_timestamp()) AS oldest_queued_s,
+  (SELECT count(*) FROM agent_runs WHERE tenant_id = $1 AND status = 'PAUSED_INDOUBT') AS in_doubt,
+  (SELECT extract(epoch FROM clock_timestamp() - min(updated_at)) FROM agent_runs
+    WHERE tenant_id = $1 AND status = 'PAUSED_INDOUBT') AS oldest_in_doubt_s,
+  (SELECT count(*) FROM outbox WHERE tenant_id = $1 AND published_at IS NULL) AS outbox_pending,
+  (SELECT extract(epoch FROM clock_timestamp() - min(created_at)) FROM outbox
+    WHERE tenant_id = $1 AND published_at IS NULL) AS outbox_oldest_s,
+  clock_timestamp() AS db_now;

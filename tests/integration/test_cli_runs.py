@@ -5,7 +5,7 @@ import json
 import sys
 
 import pytest
-from support import claim, eid, lease_ref, scheduler_stack, tool_state
+from support import claim, eid, lease_ref, scheduler_stack, submit, tool_state
 from tests_paths import REPO
 
 from shared.embedded_pg import free_port
@@ -103,3 +103,31 @@ async def test_a_stopped_service_is_one_line_and_non_zero():
     assert len(err.strip().splitlines()) == 1
     code, _, err = await agentrt("runs", "list", tenant="", addr="127.0.0.1:1")
     assert code == 1 and "--tenant" in err
+
+
+async def test_status_reports_health_counts_and_lag(db_url, db):
+    async with scheduler_stack(db_url) as stack:
+        for _ in range(2):
+            await submit(stack)
+        lease = await claim(stack)
+        ref = lease_ref(lease)
+        await stack.work.SaveCheckpoint(ws.SaveCheckpointRequest(
+            lease=ref, expected_version=0, state_json=json.dumps(tool_state("t/attempt-1", "t", {})),
+            schema_version=1, event_id=eid()))
+        await stack.work.BeginToolCall(ws.BeginToolCallRequest(
+            lease=ref, expected_version=1, step_key="t/attempt-1", tool_name="t", idempotency_key="k",
+            request_json="{}", execution_id=eid(), event_id=eid()))
+        await stack.work.MarkToolInDoubt(ws.MarkToolInDoubtRequest(lease=ref, step_key="t/attempt-1",
+                                                                   error_code="timeout", event_id=eid()))
+        code, out, err = await agentrt("status", "--json", addr=stack.addr)
+        assert code == 0, err
+        status = json.loads(out)
+        assert status["services"]["scheduler"]["health"] == "SERVING"
+        assert status["runs_by_status"] == {"QUEUED": 1, "PAUSED_INDOUBT": 1}
+        assert status["in_doubt_runs"] == 1 and status["oldest_queued_age_s"] >= 0
+        # No relay runs here: every event written so far is pending (2 submits, checkpoint, Tx1, in doubt).
+        assert status["outbox_pending"] == await db.fetchval("SELECT count(*) FROM outbox") == 5
+        code, out, _ = await agentrt("status", "--service", f"relay=127.0.0.1:{free_port()}", addr=stack.addr)
+        assert code == 1 and "relay" in out and "UNREACHABLE" in out
+        code, _, _ = await agentrt("status", "--json", addr=stack.addr, tenant="tenant-b")
+        assert code == 0

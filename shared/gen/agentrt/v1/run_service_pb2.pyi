@@ -1,4 +1,7 @@
+import datetime
+
 from shared.gen.agentrt.v1 import common_pb2 as _common_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -158,3 +161,32 @@ class RunHistory(_message.Message):
     tool_executions: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolExecution]
     events: _containers.RepeatedCompositeFieldContainer[_common_pb2.OutboxEvent]
     def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., checkpoints: _Optional[_Iterable[_Union[_common_pb2.Checkpoint, _Mapping]]] = ..., tool_executions: _Optional[_Iterable[_Union[_common_pb2.ToolExecution, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.OutboxEvent, _Mapping]]] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RunStats(_message.Message):
+    __slots__ = ("runs_by_status", "oldest_queued_age_s", "in_doubt_runs", "oldest_in_doubt_age_s", "outbox_pending", "outbox_oldest_pending_age_s", "database_time")
+    class RunsByStatusEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    RUNS_BY_STATUS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_QUEUED_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    IN_DOUBT_RUNS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_IN_DOUBT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    OUTBOX_PENDING_FIELD_NUMBER: _ClassVar[int]
+    OUTBOX_OLDEST_PENDING_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    DATABASE_TIME_FIELD_NUMBER: _ClassVar[int]
+    runs_by_status: _containers.ScalarMap[str, int]
+    oldest_queued_age_s: float
+    in_doubt_runs: int
+    oldest_in_doubt_age_s: float
+    outbox_pending: int
+    outbox_oldest_pending_age_s: float
+    database_time: _timestamp_pb2.Timestamp
+    def __init__(self, runs_by_status: _Optional[_Mapping[str, int]] = ..., oldest_queued_age_s: _Optional[float] = ..., in_doubt_runs: _Optional[int] = ..., oldest_in_doubt_age_s: _Optional[float] = ..., outbox_pending: _Optional[int] = ..., outbox_oldest_pending_age_s: _Optional[float] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -72,6 +72,11 @@ class RunServiceStub:
                 request_serializer=agentrt_dot_v1_dot_run__service__pb2.GetRunHistoryRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_run__service__pb2.RunHistory.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/agentrt.v1.RunService/GetStats',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.RunStats.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -121,6 +126,14 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """Operator view of the tenant's runs: counts by status, queue and in-doubt
+        ages, and outbox lag (all ages by database time).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -158,6 +171,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.GetRunHistory,
                     request_deserializer=agentrt_dot_v1_dot_run__service__pb2.GetRunHistoryRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_run__service__pb2.RunHistory.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.GetStatsRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.RunStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +369,33 @@ class RunService:
             '/agentrt.v1.RunService/GetRunHistory',
             agentrt_dot_v1_dot_run__service__pb2.GetRunHistoryRequest.SerializeToString,
             agentrt_dot_v1_dot_run__service__pb2.RunHistory.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/GetStats',
+            agentrt_dot_v1_dot_run__service__pb2.GetStatsRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.RunStats.FromString,
             options,
             channel_credentials,
             insecure,
