@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from relay.config import RelaySettings
 from relay.main import RelayServer
@@ -105,11 +105,19 @@ class TopicReader:
         self._consumer: AIOKafkaConsumer | None = None
 
     async def start(self) -> TopicReader:
-        self._consumer = AIOKafkaConsumer(*self.topics, bootstrap_servers=self.bootstrap,
-                                          group_id=f"reader-{uuid.uuid4().hex[:8]}", enable_auto_commit=False,
-                                          auto_offset_reset="earliest", fetch_max_wait_ms=50,
-                                          metadata_max_age_ms=1_000)
+        # Assigned partitions, no group: a group join on Tansu takes half the session timeout.
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, enable_idempotence=False)
+        await producer.start()
+        try:
+            partitions = [TopicPartition(topic, p) for topic in self.topics
+                          for p in await producer.partitions_for(topic)]  # creates the topic on Tansu
+        finally:
+            await producer.stop()
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                          auto_offset_reset="earliest", fetch_max_wait_ms=50)
         await self._consumer.start()
+        self._consumer.assign(partitions)
+        await self._consumer.seek_to_beginning(*partitions)
         return self
 
     async def poll(self) -> int:

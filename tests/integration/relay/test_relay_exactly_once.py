@@ -38,7 +38,9 @@ EFFECTS_DDL = """CREATE TABLE applied_effects (
 def consumer_settings(db_url: str, bootstrap: str, topic: str, **overrides) -> ConsumerSettings:
     values = dict(database_url=db_url, kafka_bootstrap=bootstrap, topics=[topic],
                   group_id=f"g-{uuid.uuid4().hex[:8]}", dead_letter_topic=f"{topic}.dlq", fetch_max_wait_ms=50,
-                  retry_backoff_base_ms=20, retry_backoff_cap_ms=100, max_attempts=3)
+                  retry_backoff_base_ms=20, retry_backoff_cap_ms=100, max_attempts=3,
+                  # Tansu holds a group join for half the session timeout.
+                  session_timeout_ms=2_000, heartbeat_interval_ms=500)
     values.update(overrides)
     return ConsumerSettings(**values)
 
@@ -161,7 +163,7 @@ async def test_failing_handler_is_retried_then_dead_lettered_and_the_partition_m
 
     # Offsets were committed after the database commits: the group is at the end of every partition.
     check = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=csettings.group_id,
-                             enable_auto_commit=False)
+                             enable_auto_commit=False, session_timeout_ms=2_000, heartbeat_interval_ms=500)
     await check.start()
     try:
         partitions = [TopicPartition(settings.topic, p) for p in check.partitions_for_topic(settings.topic)]
@@ -176,7 +178,8 @@ class TopicReaderRaw:
     @staticmethod
     async def read(bootstrap: str, topic: str, count: int) -> list:
         consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"raw-{uuid.uuid4().hex[:8]}",
-                                    auto_offset_reset="earliest", enable_auto_commit=False, fetch_max_wait_ms=50)
+                                    auto_offset_reset="earliest", enable_auto_commit=False, fetch_max_wait_ms=50,
+                                    session_timeout_ms=2_000, heartbeat_interval_ms=500)
         await consumer.start()
         records: list = []
         try:
