@@ -66,8 +66,7 @@ def tool_decision(state: State, proposal: Proposal, call: ToolCall, ids: RunIds,
 
 def decided_tool(state: State, proposal: Proposal, decision: ToolDecision, *, needs_approval: bool) -> State:
     """The validated decision goes into the checkpoint before Tx1 (invariant 6)."""
-    entry = _entry(state, proposal, decision.step_key, "tool", request_hash=decision.request_hash,
-                   args=decision.request, model=proposal.model or None)
+    entry = _entry(state, proposal, decision.step_key, "tool", args=decision.request, model=proposal.model or None)
     update: dict[str, Any] = {
         "cursor": decision.step_key, "step_index": state.step_index + 1, "usage": _used(state, proposal),
         "history": [*state.history, entry], "invalid_streak": 0,
@@ -130,8 +129,10 @@ def tool_result(state: State, decision: ToolDecision, status: str, *, response: 
                 error_class: str = "", evidence: dict[str, Any] | None = None,
                 retry: bool = False) -> State:
     """Tx2's checkpoint: the outcome under tool_results[step_key] and no pending_tool."""
-    result: dict[str, Any] = {"status": status, "tool": decision.tool_name, "response": response,
-                              "remote_resource_id": remote_resource_id}
+    # The same shape the scheduler's ResolveToolExecution writes (the tool is in the history entry).
+    result: dict[str, Any] = {"status": status, "response": response}
+    if remote_resource_id is not None:
+        result["remote_resource_id"] = remote_resource_id
     if error_code:
         result.update(error_code=error_code, error_class=error_class, detail=detail)
     if evidence:

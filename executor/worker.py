@@ -154,13 +154,13 @@ class Worker:
         deadline = time.monotonic() + grace
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
-        self.shutdown.stopping.set()
+        self.shutdown.begin_stopping()
         await asyncio.gather(*self._claimers, return_exceptions=True)
         running = set(self.active.values())
         if running:
             _, running = await asyncio.wait(running, timeout=max(0.0, grace * 0.8))
         if running:
-            self.shutdown.hard_stop.set()
+            self.shutdown.begin_hard_stop()
             _, running = await asyncio.wait(running, timeout=max(0.05, deadline - time.monotonic()))
         for task in running:
             task.cancel()

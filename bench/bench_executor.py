@@ -1,0 +1,285 @@
+"""Executor benchmark: fenced tool steps per second, beside pgbench -N TPS, and executor RSS at 200 runs.
+
+    python -m bench.bench_executor [--seconds 20] [--slots 48] [--steps-per-run 10]
+
+Everything runs in one scratch database on AGENTRT_BENCH_DATABASE_URL (default
+postgresql://postgres@127.0.0.1:5432/postgres), dropped at the end:
+
+1. Baseline: `pgbench -i -s 10` into the scratch database, then `pgbench -N -c 8 -j 2 -T 15`.
+2. Throughput: one scheduler process and two executor processes (`python -m shared.cli ...`,
+   exactly as deployed, log level WARNING). Each run of the bench agent is a scripted plan of
+   fenced tool steps: decision (persisted) + Tx1 + a no-op python tool + Tx2. The figure counts
+   SUCCEEDED ledger rows completed inside the measuring window, by the database clock.
+3. Memory: one executor process with 200 slots holding 200 concurrent runs (each step a python
+   tool that sleeps, so every run holds its lease); peak VmRSS while 200 leases are held.
+
+Progress goes to stderr; stdout ends with one JSON line per figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import asyncpg
+import grpc
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench._pg import emit, figure, free_port, log, scratch_database
+from scheduler.migrate import migrate
+
+BENCH = "executor"
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_STEPS_PER_S = 500
+TARGET_RSS_MB = 150
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PGBENCH = os.environ.get("AGENTRT_BENCH_PGBENCH", "/usr/bin/pgbench")
+_TPS = re.compile(r"^tps = ([0-9.]+) \((?:without initial connection time|excluding connections establishing)\)",
+                  re.MULTILINE)
+
+
+def pgbench_tps(url: str, *, scale: int = 10, clients: int = 8, threads: int = 2, seconds: int = 15) -> float:
+    """`pgbench -i -s scale` into the database at url, then `pgbench -N`; TPS without connection time."""
+    parts = urlsplit(url)
+    args = ["-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 5432)]
+    if parts.username:
+        args += ["-U", unquote(parts.username)]
+    env = {**os.environ, **({"PGPASSWORD": unquote(parts.password)} if parts.password else {})}
+    database = parts.path.lstrip("/")
+    for cmd in ([PGBENCH, "-i", "-q", "-s", str(scale), *args, database],
+                [PGBENCH, "-N", "-c", str(clients), "-j", str(threads), "-T", str(seconds), *args, database]):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=seconds + 300)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:2])} failed: {done.stderr.strip()}")
+    match = _TPS.search(done.stdout)
+    if match is None:
+        raise RuntimeError(f"no tps line in pgbench output:\n{done.stdout}")
+    return float(match.group(1))
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class SchedulerProc:
+    """`python -m shared.cli scheduler` on a free loopback port, default settings, log level WARNING."""
+
+    def __init__(self, db_url: str) -> None:
+        self.addr = f"127.0.0.1:{free_port()}"
+        env = {**os.environ, "AGENTRT_DATABASE_URL": db_url, "AGENTRT_LISTEN_ADDR": self.addr,
+               "AGENTRT_LOG_LEVEL": "WARNING"}
+        env.pop("AGENTRT_CONFIG_FILE", None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "scheduler"], cwd=ROOT, env=env)
+
+    async def wait_serving(self, limit_s: float = 30.0) -> None:
+        deadline = time.monotonic() + limit_s
+        async with grpc.aio.insecure_channel(self.addr) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"scheduler exited with {self.proc.returncode} before serving")
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"scheduler on {self.addr} not SERVING after {limit_s}s")
+                await asyncio.sleep(0.1)
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def noop(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """The benchmark's tool: does nothing, in-process."""
+    return {"ok": True}
+
+
+async def nap(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    await asyncio.sleep(float(request.get("seconds", 1.0)))
+    return {"ok": True}
+
+
+def agent_file(directory: Path, name: str, tool: str, steps: int, args: dict[str, Any]) -> None:
+    definition = {
+        "name": name, "version": "1",
+        "decider": {"kind": "scripted", "plan": [{"id": "step", "tool": "work", "args": args, "repeat": steps},
+                                                 {"id": "done", "finish": {"steps": steps}}]},
+        "tools": [{"name": "work", "kind": "python", "callable": f"bench.bench_executor:{tool}",
+                   "contract": {"idempotent": True}}],
+    }
+    (directory / f"{name}.yaml").write_text(yaml.safe_dump(definition, sort_keys=False))
+
+
+async def submit_bulk(conn: asyncpg.Connection, agent: str, count: int) -> None:
+    """Queued runs with the columns submit_run writes (bulk, for setup only)."""
+    await conn.execute(
+        """
+        INSERT INTO agent_runs (id, tenant_id, agent_name, agent_version, input, labels, max_attempts,
+                                next_attempt_at)
+        SELECT gen_random_uuid(), 'tenant-' || (g % 8), $2, '', jsonb_build_object('n', g), '{}'::jsonb, 12,
+               clock_timestamp()
+        FROM generate_series(1, $1::int) AS g
+        """, count, agent)
+
+
+class ExecutorProc:
+    def __init__(self, scheduler_addr: str, agents: Path, slots: int, worker_id: str) -> None:
+        env = {**os.environ, "AGENTRT_SCHEDULER_ADDR": scheduler_addr, "AGENTRT_AGENTS_PATH": str(agents),
+               "AGENTRT_SLOTS": str(slots), "AGENTRT_CLAIMERS": "4", "AGENTRT_HEALTH_ADDR": "",
+               "AGENTRT_LOG_LEVEL": "WARNING", "AGENTRT_WORKER_ID": worker_id, "AGENTRT_CLAIM_WAIT_MS": "1000"}
+        env.pop("AGENTRT_CONFIG_FILE", None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "executor"], cwd=ROOT, env=env)
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+async def succeeded(conn: asyncpg.Connection) -> tuple[int, float]:
+    row = await conn.fetchrow("SELECT count(*) AS n, extract(epoch FROM clock_timestamp()) AS now "
+                              "FROM tool_executions WHERE status = 'SUCCEEDED'")
+    return int(row["n"]), float(row["now"])
+
+
+async def throughput(db_url: str, args: argparse.Namespace, workdir: Path) -> tuple[float, dict[str, Any]]:
+    agents = workdir / "throughput"
+    agents.mkdir()
+    agent_file(agents, "bench-steps", "noop", args.steps_per_run, {"n": "${input.n}"})
+    conn = await asyncpg.connect(db_url)
+    scheduler = SchedulerProc(db_url)
+    executors: list[ExecutorProc] = []
+    try:
+        needed = int(TARGET_STEPS_PER_S * 4 * (args.seconds + args.warmup + 10) / args.steps_per_run)
+        await submit_bulk(conn, "bench-steps", needed)
+        await conn.execute("VACUUM ANALYZE agent_runs")
+        await scheduler.wait_serving()
+        executors = [ExecutorProc(scheduler.addr, agents, args.slots, f"bench-exec-{i}") for i in range(2)]
+        await asyncio.sleep(args.warmup)
+        count0, t0 = await succeeded(conn)
+        cpu0 = [scheduler.cpu_seconds(), *(e.cpu_seconds() for e in executors)]
+        await asyncio.sleep(args.seconds)
+        count1, t1 = await succeeded(conn)
+        cpu1 = [scheduler.cpu_seconds(), *(e.cpu_seconds() for e in executors)]
+        rate = (count1 - count0) / (t1 - t0)
+        cores = [(b - a) / (t1 - t0) for a, b in zip(cpu0, cpu1, strict=True)]
+        runs_done = await conn.fetchval("SELECT count(*) FROM agent_runs WHERE status = 'COMPLETED'")
+        failed = await conn.fetchval("SELECT count(*) FROM agent_runs WHERE status NOT IN "
+                                     "('COMPLETED', 'QUEUED', 'RUNNING', 'WAITING_TOOL')")
+        detail = {"steps": count1 - count0, "window_s": round(t1 - t0, 2), "runs_completed": runs_done,
+                  "runs_not_ok": failed, "cpu_cores": {"scheduler": round(cores[0], 2),
+                                                       "executors": [round(c, 2) for c in cores[1:]]}}
+        return rate, detail
+    finally:
+        for e in executors:
+            e.stop()
+        scheduler.stop()
+        await conn.close()
+
+
+async def memory(db_url: str, args: argparse.Namespace, workdir: Path) -> tuple[float, int]:
+    agents = workdir / "memory"
+    agents.mkdir()
+    agent_file(agents, "bench-hold", "nap", 5, {"seconds": 2.0})
+    conn = await asyncpg.connect(db_url)
+    scheduler = SchedulerProc(db_url)
+    executor: ExecutorProc | None = None
+    try:
+        await submit_bulk(conn, "bench-hold", args.concurrent)
+        await scheduler.wait_serving()
+        executor = ExecutorProc(scheduler.addr, agents, args.concurrent, "bench-rss")
+        peak, held_peak, deadline = 0.0, 0, time.monotonic() + 60
+        while time.monotonic() < deadline:
+            held = await conn.fetchval("SELECT count(*) FROM agent_runs WHERE lease_owner = 'bench-rss'")
+            held_peak = max(held_peak, held)
+            if held >= args.concurrent:
+                peak = max(peak, executor.rss_mb())
+            done = await conn.fetchval("SELECT count(*) FROM agent_runs WHERE agent_name = 'bench-hold' "
+                                       "AND status = 'COMPLETED'")
+            if done >= args.concurrent:
+                break
+            await asyncio.sleep(0.2)
+        return peak, held_peak
+    finally:
+        if executor is not None:
+            executor.stop()
+        scheduler.stop()
+        await conn.close()
+
+
+async def run(args: argparse.Namespace) -> int:
+    figures: list[dict[str, Any]] = []
+    async with scratch_database("agentrt_bench_exec") as db_url:
+        conn = await asyncpg.connect(db_url)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+        log("pgbench -N baseline (scale 10, 8 clients, 15 s) in the same scratch database ...")
+        tps = await asyncio.to_thread(pgbench_tps, db_url, scale=10, clients=8, threads=2, seconds=15)
+        log(f"  pgbench -N: {tps:.0f} TPS")
+        with tempfile.TemporaryDirectory(prefix="agentrt-bench-exec-") as tmp:
+            workdir = Path(tmp)
+            log(f"fenced tool steps: 1 scheduler + 2 executors x {args.slots} slots, "
+                f"{args.steps_per_run} steps per run, {args.seconds:.0f} s window ...")
+            rate, detail = await throughput(db_url, args, workdir)
+            log(f"  {rate:.0f} fenced tool steps/s ({detail}); target >= {TARGET_STEPS_PER_S}: "
+                f"{'met' if rate >= TARGET_STEPS_PER_S else 'MISSED'}")
+            log(f"executor RSS with {args.concurrent} concurrent runs ...")
+            rss, held = await memory(db_url, args, workdir)
+            log(f"  peak VmRSS {rss:.1f} MB with {held} leases held; target <= {TARGET_RSS_MB} MB: "
+                f"{'met' if held >= args.concurrent and rss <= TARGET_RSS_MB else 'MISSED'}")
+    figures.append(figure(BENCH, "fenced_tool_steps_per_s", rate, "steps/s", tps, rate / tps,
+                          baseline_name="pgbench -N TPS", target=TARGET_STEPS_PER_S, **detail))
+    figures.append(figure(BENCH, f"executor_rss_mb_{args.concurrent}_runs", rss, "MB", TARGET_RSS_MB,
+                          rss / TARGET_RSS_MB, baseline_name="target", leases_held=held))
+    emit(figures)
+    return 0 if rate >= TARGET_STEPS_PER_S and rss <= TARGET_RSS_MB else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_executor")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--slots", type=int, default=48)
+    parser.add_argument("--steps-per-run", type=int, default=10)
+    parser.add_argument("--concurrent", type=int, default=200)
+    return asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
