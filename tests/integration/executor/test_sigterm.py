@@ -70,3 +70,27 @@ async def test_sigterm_mid_run_then_takeover_resumes_and_nothing_is_sent_twice(d
         assert first_b == left["version"] + 1
         calls = mock.calls_by_key()
         assert len(calls) == 4 and set(calls.values()) == {1}  # nothing sent twice
+
+
+async def test_a_tool_call_outlasting_the_grace_is_cancelled_and_the_takeover_looks_it_up(db_url, db, tmp_path):
+    agents = tmp_path / "agents"
+    async with mock_tool(tmp_path) as mock, scheduler_stack(db_url, lease_duration_ms=1000) as stack:
+        plan = [{"id": "work", "tool": "work.do", "args": {}}, {"id": "done", "finish": "ok"}]
+        write_agent(agents, scripted_agent("worker", plan, [http_tool(mock.url, "work.do", timeout_s=30)]))
+        mock.fault("work.do", "latency", latency_ms=10_000)
+        run = await submit(stack, agent="worker")
+        async with executor(stack, agents, shutdown_grace_s=1.0) as worker:
+            async def in_flight():
+                return await db.fetchval("SELECT count(*) FROM tool_executions WHERE status = 'OUTBOUND_INTENT'")
+
+            await wait_for(in_flight, 10, "the tool call to be in flight")
+            started = time.monotonic()
+            await worker.stop()
+            assert time.monotonic() - started < 2.0  # exits within its grace, not after the tool's 10 s
+        async with executor(stack, agents):
+            final = await wait_status(stack, run.run_id, pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_PAUSED_INDOUBT)
+        assert final.status == pb.RUN_STATUS_COMPLETED
+        first, second = (await history(stack, run.run_id)).tool_executions
+        assert first.status == pb.TOOL_EXECUTION_STATUS_NOT_EXECUTED  # the cancelled request never ran
+        assert second.status == pb.TOOL_EXECUTION_STATUS_SUCCEEDED
+        assert mock.calls_by_key() == {second.idempotency_key: 1}
