@@ -2,6 +2,7 @@
 
 import json
 
+import grpc
 import pytest
 from executor_support import (
     executor,
@@ -12,6 +13,7 @@ from executor_support import (
     wait_status,
     write_agent,
 )
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support import scheduler_stack, submit
 
 from shared.gen.agentrt.v1 import common_pb2 as pb
@@ -40,7 +42,10 @@ async def test_multi_step_runs_complete_and_each_request_reaches_the_mock_once(d
         write_agent(agents, order_agent(mock.url))
         runs = [await submit(stack, agent="returns", payload={"order_id": i, "address": f"street {i}"})
                 for i in range(1, 4)]
-        async with executor(stack, agents, slots=2):
+        async with executor(stack, agents, slots=2, health_addr="127.0.0.1:0") as worker:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{worker.health_port}") as channel:
+                health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+                assert health.status == health_pb2.HealthCheckResponse.SERVING
             finished = [await wait_status(stack, r.run_id, pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_FAILED)
                         for r in runs]
         assert [pb.RunStatus.Name(r.status) for r in finished] == ["RUN_STATUS_COMPLETED"] * 3, \
