@@ -39,7 +39,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -47,6 +47,7 @@ from aiokafka.errors import ConsumerStoppedError, KafkaError
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
 
 from shared.cloudevents import AgentEvent, MalformedEvent
 from shared.kafka_client import KafkaClientSettings
@@ -98,7 +99,8 @@ class ConsumerSettings(KafkaClientSettings):
     section: ClassVar[str] = "consumer"
 
     database_url: str = "postgresql://postgres@127.0.0.1:5432/agentrt"
-    topics: list[str] = Field(default_factory=lambda: ["agentrt.events"])
+    # AGENTRT_TOPICS="a,b" (comma-separated) or a list in the config file.
+    topics: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["agentrt.events"])
     group_id: str = "agentrt-consumer"
     # The dedupe identity; defaults to group_id. Never change it for a live
     # consumer: every event would look new to it.
