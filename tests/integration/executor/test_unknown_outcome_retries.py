@@ -1,0 +1,51 @@
+"""A scheduler call whose answer is lost is sent again with the same event id, never a new one."""
+
+import grpc
+import pytest
+from executor_support import executor, history, http_tool, mock_tool, scripted_agent, wait_status, write_agent
+from support import scheduler_stack, submit
+
+from shared.gen.agentrt.v1 import common_pb2 as pb
+
+pytestmark = pytest.mark.integration
+METHODS = ("SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "FinishRun")
+
+
+def lose_first_answer(stub, name, seen):
+    """The call reaches the scheduler and commits; its answer is lost (as if the deadline passed)."""
+    real = getattr(stub, name)
+
+    async def call(request, **kwargs):
+        seen.setdefault(name, []).append(request.event_id)
+        reply = await real(request, **kwargs)
+        if len(seen[name]) == 1:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(),
+                                       grpc.aio.Metadata(), details="answer lost in the test")
+        return reply
+
+    setattr(stub, name, call)
+
+
+async def test_lost_answers_are_retried_with_the_same_event_id_and_replayed(db_url, db, tmp_path):
+    plan = [{"id": "one", "tool": "t.one", "args": {}}, {"id": "two", "tool": "t.two", "args": {}},
+            {"id": "done", "finish": "ok"}]
+    async with mock_tool(tmp_path) as mock, scheduler_stack(db_url) as stack:
+        write_agent(tmp_path / "agents", scripted_agent("flaky-net", plan, [http_tool(mock.url, "t.one"),
+                                                                            http_tool(mock.url, "t.two")]))
+        run = await submit(stack, agent="flaky-net")
+        seen: dict[str, list[str]] = {}
+        async with executor(stack, tmp_path / "agents") as worker:
+            for name in METHODS:
+                lose_first_answer(worker.services.client.stub, name, seen)
+            final = await wait_status(stack, run.run_id, pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_FAILED,
+                                      pb.RUN_STATUS_PAUSED_INDOUBT)
+            assert worker.services.client.retries == 4
+        assert final.status == pb.RUN_STATUS_COMPLETED, final.terminal_reason or final.pause_reason
+        for name in METHODS:
+            assert seen[name][0] == seen[name][1], name  # the retry reused the event id
+        hist = await history(stack, run.run_id)
+        assert [e.status for e in hist.tool_executions] == [pb.TOOL_EXECUTION_STATUS_SUCCEEDED] * 2
+        assert len({e.event_id for e in hist.events}) == len(hist.events)  # no write happened twice
+        assert [c.version for c in hist.checkpoints] == list(range(1, len(hist.checkpoints) + 1))
+        # Tx1's answer was lost, yet its intent was ours and unsent: it was sent exactly once.
+        assert sorted(mock.calls_by_key().values()) == [1, 1]
