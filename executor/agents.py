@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 import jsonschema
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from shared.canonical import sha256_of
 
@@ -188,6 +188,11 @@ class AgentDefinition(_Strict):
     policy: Policy = Field(default_factory=Policy)
     model: ModelInfo = Field(default_factory=ModelInfo)
     prompt: PromptInfo = Field(default_factory=PromptInfo)
+    _source: str = PrivateAttr(default="<memory>")  # the file it came from, for error messages
+
+    @property
+    def source(self) -> str:
+        return self._source
 
     @model_validator(mode="after")
     def _references(self) -> AgentDefinition:
@@ -240,10 +245,12 @@ def parse_definition(data: Any, path: Path | str = "<memory>") -> AgentDefinitio
     if not isinstance(data, dict):
         raise DefinitionError(path, "(file)", "must be a mapping")
     try:
-        return AgentDefinition.model_validate(data)
+        definition = AgentDefinition.model_validate(data)
     except ValidationError as exc:
         field, problem = _field_and_problem(exc)
         raise DefinitionError(path, field, problem) from None
+    definition._source = str(path)
+    return definition
 
 
 def load_file(path: Path) -> AgentDefinition:
@@ -281,7 +288,7 @@ class AgentCatalog:
         for definition in definitions:
             versions = self._by_name.setdefault(definition.name, {})
             if definition.version in versions:
-                raise DefinitionError(definition.name, "version",
+                raise DefinitionError(definition.source, "version",
                                       f"{definition.version!r} is defined twice")
             versions[definition.version] = definition
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from executor.agents import AgentDefinition, OpenAIDecider, ScriptedDecider
+from executor.agents import AgentDefinition, DefinitionError, OpenAIDecider, ScriptedDecider
 from executor.deciders.base import Decider
 
 
@@ -23,7 +23,10 @@ class DeciderRegistry:
                 decider = ScriptedDeciderImpl(agent.decider)
             else:
                 assert isinstance(agent.decider, OpenAIDecider)
-                decider = OpenAIDeciderImpl(agent, agent.decider, session, default_api_key)
+                try:
+                    decider = OpenAIDeciderImpl(agent, agent.decider, session, default_api_key)
+                except ValueError as exc:
+                    raise DefinitionError(agent.source, "tools", str(exc)) from None
             self._deciders[(agent.name, agent.version)] = decider
 
     def get(self, agent: AgentDefinition) -> Decider:

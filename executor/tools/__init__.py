@@ -7,7 +7,7 @@ import aiohttp
 from executor.agents import AgentDefinition, DefinitionError, HttpTool
 from executor.tools.base import LookupOutcome, ToolAdapter, ToolCallContext, ToolOutcome
 from executor.tools.http import HttpToolAdapter
-from executor.tools.python import PythonToolAdapter
+from executor.tools.python import CallableImportError, PythonToolAdapter
 
 
 class ToolRegistry:
@@ -24,9 +24,8 @@ class ToolRegistry:
                 else:
                     try:
                         adapter = PythonToolAdapter(tool)
-                    except (ImportError, AttributeError, TypeError, ValueError) as exc:
-                        raise DefinitionError(f"agent {agent.name} {agent.version}", f"tools.{index}.callable",
-                                              f"cannot import: {exc}") from None
+                    except CallableImportError as exc:
+                        raise DefinitionError(agent.source, f"tools.{index}.{exc.field}", str(exc)) from None
                 self._adapters[(agent.name, agent.version, tool.name)] = adapter
 
     def get(self, agent: AgentDefinition, tool_name: str) -> ToolAdapter | None:

@@ -18,6 +18,12 @@ from executor.agents import PythonTool
 from executor.tools.base import LookupOutcome, ToolCallContext, ToolOutcome, ToolRefused, ToolRetryLater
 
 
+class CallableImportError(Exception):
+    def __init__(self, field: str, exc: BaseException) -> None:
+        super().__init__(f"cannot import: {type(exc).__name__}: {exc}")
+        self.field = field
+
+
 def import_callable(path: str) -> Callable[..., Any]:
     module_name, _, attr = path.partition(":")
     target: Any = importlib.import_module(module_name)
@@ -38,8 +44,15 @@ async def _invoke(func: Callable[..., Any], timeout_s: float, *args: Any) -> Any
 class PythonToolAdapter:
     def __init__(self, tool: PythonTool) -> None:
         self.tool = tool
-        self.func = import_callable(tool.callable)
-        self.lookup_func = import_callable(tool.lookup_callable) if tool.lookup_callable else None
+        self.func = self._import("callable", tool.callable)
+        self.lookup_func = self._import("lookup_callable", tool.lookup_callable) if tool.lookup_callable else None
+
+    @staticmethod
+    def _import(field: str, path: str) -> Callable[..., Any]:
+        try:
+            return import_callable(path)
+        except (ImportError, AttributeError, TypeError, ValueError) as exc:
+            raise CallableImportError(field, exc) from None
 
     async def call(self, request: dict[str, Any], ctx: ToolCallContext) -> ToolOutcome:
         try:

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -81,3 +82,17 @@ def test_the_executor_command_stops_at_start_with_one_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert str(path) in lines[0] and "decider.plan.0.tool" in lines[0] and "unknown tool" in lines[0]
+
+
+def test_a_python_tool_that_cannot_be_imported_stops_the_executor_naming_file_and_field(tmp_path):
+    data = {"name": "py", "version": "1", "decider": {"kind": "scripted", "plan": [{"id": "a", "finish": 1}]},
+            "tools": [{"name": "ok", "kind": "python", "callable": "executor_support:noop_tool"},
+                      {"name": "gone", "kind": "python", "callable": "no_such_module_here:run"}]}
+    path = tmp_path / "py.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = subprocess.run([sys.executable, "-m", "shared.cli", "executor", "--agents", str(path),
+                             "--scheduler", "127.0.0.1:1"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": "tests", "AGENTRT_HEALTH_ADDR": ""})
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert f"{path}: tools.1.callable: cannot import: ModuleNotFoundError" in line
