@@ -54,6 +54,9 @@ class HeldLease:
         self._on_lost = on_lost
         self._task = asyncio.create_task(self._beat(), name=f"heartbeat-{self.run_id}")
 
+    def detach(self) -> None:
+        self._on_lost = None
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

@@ -142,9 +142,10 @@ class Worker:
         except Exception:
             log.exception("run %s: executor error; the lease is left to lapse", held.run_id)
         finally:
-            await held.stop()
+            held.detach()  # from here on a failed heartbeat must not cancel this task
             self.active.pop(held.run_id, None)
             self._slots.release()
+            await held.stop()
 
     async def stop(self, grace: float | None = None) -> None:
         if self._stopped:
