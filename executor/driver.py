@@ -22,7 +22,7 @@ from executor.checkpoint import SCHEMA_VERSION, State, UnsupportedCheckpoint, Wa
 from executor.client import WorkClient
 from executor.deciders import DeciderRegistry
 from executor.deciders.base import DeciderUnavailable
-from executor.faults import Faults
+from executor.faults import Faults, InjectedCrash
 from executor.lease import HeldLease
 from executor.shutdown import Shutdown, Stopped
 from executor.steps import RunIds, initial_state, next_attempt
@@ -67,6 +67,7 @@ class RunDriver:
         claimed_db = _ts(lease.lease_expires_at) - dt.timedelta(milliseconds=lease.lease_duration_ms)
         self._clock = (claimed_db, received_at)
         self.sleep_from: dt.datetime | None = None  # a re-issued sleep counts from its checkpoint
+        self.open_step = ""  # the step whose intent (Tx1) this holder recorded and has not closed
 
     # ------------------------------------------------------------------ clocks and writes
 
@@ -113,10 +114,22 @@ class RunDriver:
             await self._run()
         except Stopped:
             log.info("run %s left to lapse at shutdown (fence %d)", self.run.run_id, self.held.fencing_token)
-        except (VersionConflict, DecisionNotCheckpointed) as exc:
+        except DecisionNotCheckpointed as exc:
+            # A refused Tx1 would be refused again after every takeover: stop the loop for a person.
+            log.error("run %s: Tx1 refused: %s", self.run.run_id, exc.message)
+            if self.status == pb.RUN_STATUS_RUNNING:
+                await self.finish(ws.FINISH_OUTCOME_PAUSED_HUMAN, f"executor error: Tx1 refused: {exc.message}",
+                                  error_class="permanent:policy_refused")
+        except VersionConflict as exc:  # the next holder starts again from the latest checkpoint
             log.error("run %s: scheduler refused a write (%s): %s", self.run.run_id, exc.reason, exc.message)
         except AgentrtError as exc:
             log.warning("run %s: stopped working on it: %s: %s", self.run.run_id, exc.reason, exc.message)
+        except InjectedCrash:
+            raise
+        except Exception as exc:
+            # A bug here would repeat after every takeover: park the run for a person instead.
+            log.exception("run %s: executor error", self.run.run_id)
+            await self.refuse("executor_error", f"executor error: {type(exc).__name__}: {exc}")
 
     async def _run(self) -> None:
         state: State | None = None
@@ -256,8 +269,8 @@ class RunDriver:
     async def refuse(self, code: str, reason: str) -> None:
         """The executor cannot interpret this run: pause it for a person (freeze a WAITING_TOOL one)."""
         log.error("run %s: %s", self.run.run_id, reason)
-        if self.status == pb.RUN_STATUS_WAITING_TOOL and self.lease.HasField("pending_tool"):
-            await self.s.client.mark_tool_in_doubt(self.held.ref, self.lease.pending_tool.step_key, code, reason,
-                                                   self.give_up_at)
+        step_key = self.open_step or (self.lease.pending_tool.step_key if self.lease.HasField("pending_tool") else "")
+        if self.status == pb.RUN_STATUS_WAITING_TOOL and step_key:
+            await self.s.client.mark_tool_in_doubt(self.held.ref, step_key, code, reason, self.give_up_at)
             return
         await self.finish(ws.FINISH_OUTCOME_PAUSED_HUMAN, reason, error_class=f"permanent:{code}")

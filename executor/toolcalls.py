@@ -55,7 +55,7 @@ class ToolCalls:
             await d.persist(paused)
             return paused, action
         # replayed: our own intent, whose commit we had not heard of; nothing was sent yet.
-        d.status = pb.RUN_STATUS_WAITING_TOOL
+        d.status, d.open_step = pb.RUN_STATUS_WAITING_TOOL, decision.step_key
         s.faults.hit("after_outbound_intent_commit")
         if not d.held.alive():
             return None  # lapsed or lost: sending now could race the next holder
@@ -109,6 +109,7 @@ class ToolCalls:
             evidence_json=canonical_json(evidence) if evidence else "")
         reply = await self.d.s.client.complete_tool_call(request, self.d.give_up_at)
         self.d.version, self.d.saved, self.d.status = reply.version, data, pb.RUN_STATUS_RUNNING
+        self.d.open_step = ""
         return after, action
 
     async def freeze(self, step_key: str, code: str, detail: str) -> None:

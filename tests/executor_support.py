@@ -190,3 +190,8 @@ async def slow_tool(request: dict[str, Any], ctx: ToolCallContext) -> dict[str, 
         raise
     SLOW[ctx.idempotency_key] = "finished"
     return {"slept": request.get("seconds")}
+
+
+def unserialisable_tool(request: dict[str, Any], ctx: ToolCallContext) -> dict[str, Any]:
+    """Returns something JSON cannot carry: an executor-side failure after the tool ran."""
+    return {"ids": {1, 2}}

@@ -109,3 +109,17 @@ async def test_budget_exhaustion_pauses_when_the_policy_says_so(db_url, tmp_path
     assert run.status == pb.RUN_STATUS_PAUSED_HUMAN
     assert run.pause_reason == "budget exhausted: max_steps 2 reached (2 steps taken)"
     assert latest_state(hist)["waiting"]["kind"] == "resume"
+
+
+async def test_an_executor_error_after_sending_freezes_the_step_instead_of_looping(db_url, tmp_path):
+    plan = [{"id": "odd", "tool": "odd", "args": {}}, {"id": "done", "finish": None}]
+
+    def definition(url):
+        return scripted_agent("pay", plan, [{"name": "odd", "kind": "python",
+                                             "callable": "executor_support:unserialisable_tool"}])
+
+    run, hist, _ = await run_once(db_url, tmp_path, lambda m: None, definition=definition)
+    assert run.status == pb.RUN_STATUS_PAUSED_INDOUBT
+    assert run.pause_reason == "tool outcome unknown: executor_error"
+    [row] = hist.tool_executions
+    assert row.status == pb.TOOL_EXECUTION_STATUS_IN_DOUBT
