@@ -167,6 +167,7 @@ class MockToolApp:
 
     async def lookup(self, request: web.Request) -> web.Response:
         tool, h = request.match_info["tool"], _headers(request)
+        h["key"] = request.query.get("key") or h["key"]  # the key asked about, not the caller's own
         if not h["key"]:
             return web.json_response({"error": "key is required"}, status=400)
         if self.store.take_fault(tool, lookup=True) is not None:

@@ -123,3 +123,16 @@ async def test_an_executor_error_after_sending_freezes_the_step_instead_of_loopi
     assert run.pause_reason == "tool outcome unknown: executor_error"
     [row] = hist.tool_executions
     assert row.status == pb.TOOL_EXECUTION_STATUS_IN_DOUBT
+
+
+async def test_the_agents_wall_clock_deadline_ends_the_run_by_the_database_clock(db_url, tmp_path):
+    plan = [{"id": "a", "tool": "pay.charge", "args": {"amount": 1}}, {"id": "nap", "sleep_ms": 1200},
+            {"id": "b", "tool": "pay.charge", "args": {"amount": 2}}, {"id": "done", "finish": None}]
+
+    def definition(url):
+        return {**agent(url, plan), "budgets": {"deadline_s": 1.0}}
+
+    run, hist, mock = await run_once(db_url, tmp_path, lambda m: None, definition=definition)
+    assert run.status == pb.RUN_STATUS_FAILED
+    assert run.terminal_reason.startswith("budget exhausted: deadline ") and run.terminal_reason.endswith(" passed")
+    assert [e.step_key for e in hist.tool_executions] == ["a/attempt-1"] and mock.executions() == 1
