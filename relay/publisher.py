@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +60,11 @@ class RoundResult:
 
 def partition_for(key: bytes, partitions: list[int]) -> int:
     """Kafka's default partitioner (murmur2), so Java clients agree on where a run lives."""
-    return partitions[(murmur2(key) & 0x7FFFFFFF) % len(partitions)]
+    return partitions[key_hash(key) % len(partitions)]
+
+
+def key_hash(key: bytes) -> int:
+    return int(murmur2(key) & 0x7FFFFFFF)
 
 
 class Publisher:
@@ -76,6 +79,9 @@ class Publisher:
         # Tansu with memory storage even acknowledges, and then loses, records
         # sent with stale metadata to a topic its restarted process never created.
         self._metadata_stale = False
+        # murmur2 in pure Python is the relay's costliest step per event; a run
+        # has many events, so remember each run's hash.
+        self._key_hash: dict[str, int] = {}
 
     @property
     def connected(self) -> bool:
@@ -143,7 +149,10 @@ class Publisher:
         builders: dict[TopicPartition, Any] = {}
         members: dict[TopicPartition, list[OutboxRow]] = {}
         closed: set[TopicPartition] = set()
-        blocked_runs: set[uuid.UUID] = set()
+        blocked_runs: set[str] = set()
+        hashes = self._key_hash
+        if len(hashes) > 200_000:
+            hashes.clear()
 
         for row in rows:
             if row.run_id in blocked_runs:
@@ -160,12 +169,16 @@ class Publisher:
                 blocked_runs.add(row.run_id)
                 result.held_back += 1
                 continue
-            key = str(row.run_id).encode()
-            tp = (topic, partition_for(key, partitions[topic]))
+            key = row.run_id.encode()
+            hashed = hashes.get(row.run_id)
+            if hashed is None:
+                hashed = hashes[row.run_id] = key_hash(key)
+            topic_partitions = partitions[topic]
+            tp = (topic, topic_partitions[hashed % len(topic_partitions)])
             value = row.payload_json.encode()
             headers = encode_headers(
                 event_id=row.event_id, event_type=row.event_type, source=s.cloudevents_source,
-                run_id=row.run_id, created_at=row.created_at, tenant_id=row.tenant_id,
+                run_id=row.run_id, time=row.time_text, tenant_id=row.tenant_id,
                 fencing_token=row.fencing_token, run_version=row.run_version, outbox_id=row.id,
                 traceparent=row.traceparent, tracestate=row.tracestate)
             size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
@@ -182,8 +195,7 @@ class Publisher:
             if builder is None:
                 builder = builders[tp] = producer.create_batch()
                 members[tp] = []
-            timestamp_ms = int(row.created_at.timestamp() * 1000)
-            if builder.append(timestamp=timestamp_ms, key=key, value=value, headers=headers) is None:
+            if builder.append(timestamp=row.created_ms, key=key, value=value, headers=headers) is None:
                 # Batch full: this partition waits for the next round from here on.
                 closed.add(tp)
                 blocked_runs.add(row.run_id)

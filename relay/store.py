@@ -1,6 +1,7 @@
 """The relay's data-access layer: the only relay code that runs SQL.
 
-Every method is one statement from relay/sql/queries.sql in autocommit: no
+Every method is one statement from relay/sql/queries.sql in autocommit (the
+claim adds its planner settings in a read-only transaction of its own): no
 method opens a transaction that spans a call to Kafka. Connection failures
 surface as `shared.errors.Unavailable`.
 """
@@ -9,11 +10,10 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import asyncpg
 
@@ -53,11 +53,12 @@ def db_call(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     return wrapper
 
 
-@dataclass(frozen=True)
-class OutboxRow:
+class OutboxRow(NamedTuple):
+    """One claimed row, in claim_batch's column order (built from the record without per-field work)."""
+
     id: int
-    event_id: uuid.UUID
-    run_id: uuid.UUID
+    event_id: str
+    run_id: str
     tenant_id: str
     event_type: str
     payload_json: str
@@ -65,7 +66,8 @@ class OutboxRow:
     run_version: int
     traceparent: str | None
     tracestate: str | None
-    created_at: dt.datetime
+    time_text: str  # RFC 3339, UTC, microseconds
+    created_ms: int
     retrying: bool
 
 
@@ -144,9 +146,11 @@ class RelayStore:
                           limit: int) -> list[OutboxRow]:
         if not held:
             return []
-        rows = await self.pool.fetch(Q["claim_batch"], relay_id, list(held), list(held.values()),
-                                     shard_count, limit)
-        return [OutboxRow(**dict(row)) for row in rows]
+        async with self.pool.acquire() as conn, conn.transaction(readonly=True):
+            await conn.execute(Q["claim_plan"])
+            rows = await conn.fetch(Q["claim_batch"], relay_id, list(held), list(held.values()), shard_count, limit)
+        make = OutboxRow._make
+        return [make(row) for row in rows]
 
     @db_call
     async def mark_published(self, ids: list[int], retried: list[int]) -> None:
@@ -204,8 +208,23 @@ class RelayStore:
     # ------------------------------------------------------------ retention
 
     @db_call
-    async def delete_published_outbox(self, older_than_s: float, limit: int) -> int:
-        return _deleted(await self.pool.execute(Q["delete_published_outbox"], older_than_s, limit))
+    async def retention_cutoff(self, older_than_s: float) -> dt.datetime:
+        value: dt.datetime = await self.pool.fetchval(Q["retention_cutoff"], older_than_s)
+        return value
+
+    @db_call
+    async def outbox_first_row_from(self, outbox_id: int) -> tuple[int, dt.datetime] | None:
+        row = await self.pool.fetchrow(Q["outbox_first_row_from"], outbox_id)
+        return (row["id"], row["created_at"]) if row is not None else None
+
+    @db_call
+    async def outbox_last_id(self) -> int | None:
+        value = await self.pool.fetchval(Q["outbox_last_id"])
+        return int(value) if value is not None else None
+
+    @db_call
+    async def delete_published_outbox(self, from_id: int, to_id: int, published_before: dt.datetime) -> int:
+        return _deleted(await self.pool.execute(Q["delete_published_outbox"], from_id, to_id, published_before))
 
     @db_call
     async def delete_consumed_events(self, older_than_s: float, limit: int) -> int:

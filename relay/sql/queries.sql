@@ -71,6 +71,14 @@ SET owner = NULL, lease_expires_at = NULL
 WHERE owner = $1 AND shard = ANY($2::integer[])
 RETURNING shard;
 
+-- name: claim_plan
+-- Run (in the claim's short read-only transaction) before claim_batch: with
+-- stale statistics after a burst, e.g. a backlog built up while Kafka was down,
+-- the planner would bitmap-scan and sort every pending row on every claim.
+-- Walking outbox_pending_idx in id order and stopping at the limit is right
+-- at any backlog size.
+SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off;
+
 -- name: claim_batch
 -- The oldest unpublished rows of the shards this relay holds, in id order.
 -- Fenced: a shard counts only if (owner, fencing token) still match and the
@@ -78,22 +86,31 @@ RETURNING shard;
 -- out entirely, so its later events wait behind it. Within one run, ids grow
 -- in commit order (the scheduler serialises a run's writes on its row), so a
 -- run's rows in this batch are always the oldest unpublished ones of that run.
-WITH held AS (
-  SELECT s.shard
+-- Shape matters for speed: the held shards collapse into one array so the
+-- planner walks outbox_pending_idx in id order and stops at the limit;
+-- per-row extras (retry flag, text formatting) are computed for the batch only.
+WITH held AS MATERIALIZED (
+  SELECT coalesce(array_agg(s.shard), '{}') AS shards
   FROM relay_shards s
   JOIN unnest($2::integer[], $3::bigint[]) AS mine(shard, fencing_token)
     ON mine.shard = s.shard AND mine.fencing_token = s.fencing_token
   WHERE s.owner = $1 AND s.lease_expires_at > clock_timestamp()
+), batch AS (
+  SELECT o.* FROM outbox o
+  WHERE o.published_at IS NULL
+    AND agentrt_outbox_shard(o.run_id, $4::integer) = ANY ((SELECT shards FROM held)::integer[])
+    AND NOT EXISTS (SELECT 1 FROM outbox_parked p WHERE p.run_id = o.run_id AND p.state = 'PARKED')
+  ORDER BY o.id
+  LIMIT $5
 )
-SELECT o.id, o.event_id, o.run_id, o.tenant_id, o.event_type, o.payload::text AS payload_json,
-       o.fencing_token, o.run_version, o.traceparent, o.tracestate, o.created_at,
-       EXISTS (SELECT 1 FROM outbox_parked r WHERE r.outbox_id = o.id AND r.state = 'RETRY') AS retrying
-FROM outbox o
-WHERE o.published_at IS NULL
-  AND agentrt_outbox_shard(o.run_id, $4::integer) IN (SELECT shard FROM held)
-  AND NOT EXISTS (SELECT 1 FROM outbox_parked p WHERE p.run_id = o.run_id AND p.state = 'PARKED')
-ORDER BY o.id
-LIMIT $5;
+-- Ids, time and payload come back as text, formatted here once (cheaper than in Python).
+SELECT b.id, b.event_id::text AS event_id, b.run_id::text AS run_id, b.tenant_id, b.event_type,
+       b.payload::text AS payload_json, b.fencing_token, b.run_version, b.traceparent, b.tracestate,
+       to_char(b.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS time_text,
+       floor(extract(epoch FROM b.created_at) * 1000)::bigint AS created_ms,
+       EXISTS (SELECT 1 FROM outbox_parked r WHERE r.outbox_id = b.id AND r.state = 'RETRY') AS retrying
+FROM batch b
+ORDER BY b.id;
 
 -- name: mark_published
 -- Only after the broker acknowledged every id in $1. Deliberately not fenced:
@@ -184,15 +201,25 @@ SELECT s.*, s.lease_expires_at > clock_timestamp() AS live FROM relay_shards s O
 -- name: list_members
 SELECT *, expires_at > clock_timestamp() AS live FROM relay_members ORDER BY relay_id;
 
+-- name: retention_cutoff
+SELECT clock_timestamp() - $1::double precision * interval '1 second' AS cutoff;
+
+-- name: outbox_first_row_from
+-- Retention walks the outbox by id through the primary key: ids grow with
+-- created_at (both are taken at insert), so bisecting on this finds the first
+-- row created after a cutoff, and it also jumps over gaps left by deletes.
+SELECT id, created_at FROM outbox WHERE id >= $1 ORDER BY id LIMIT 1;
+
+-- name: outbox_last_id
+SELECT max(id) FROM outbox;
+
 -- name: delete_published_outbox
--- Retention: one small batch of rows published more than $1 seconds ago.
--- SKIP LOCKED and a short statement: never a long lock on the outbox.
+-- Retention: the rows in ids [$1, $2) published before $3. One short statement
+-- over a bounded id range with SKIP LOCKED: never a long lock on the outbox.
+-- Unpublished rows (pending or parked) are never deleted.
 WITH doomed AS (
   SELECT id FROM outbox
-  WHERE published_at IS NOT NULL
-    AND published_at < clock_timestamp() - $1::double precision * interval '1 second'
-  ORDER BY published_at
-  LIMIT $2
+  WHERE id >= $1 AND id < $2 AND published_at IS NOT NULL AND published_at < $3
   FOR UPDATE SKIP LOCKED
 )
 DELETE FROM outbox o USING doomed WHERE o.id = doomed.id;

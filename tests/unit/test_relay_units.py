@@ -18,7 +18,7 @@ from shared.consumer import ConsumerSettings
 
 def _headers(**overrides):
     values = dict(event_id=uuid.uuid4(), event_type="agent.checkpoint", source="/agentrt", run_id=uuid.uuid4(),
-                  created_at=dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC), tenant_id="t-1",
+                  time=dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC), tenant_id="t-1",
                   fencing_token=7, run_version=3, outbox_id=42,
                   traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", tracestate="k=v")
     values.update(overrides)
@@ -31,7 +31,11 @@ def test_cloudevents_round_trip():
                                   offset=9)
     assert (event.id, event.type, event.source, event.run_id, event.subject) == (
         values["event_id"], "agent.checkpoint", "/agentrt", values["run_id"], str(values["run_id"]))
-    assert event.time == values["created_at"]
+    assert event.time == values["time"]
+    _, whole_second = _headers(time=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC))
+    assert dict(whole_second)["ce_time"] == b"2026-01-02T03:04:05.000000Z"
+    _, as_text = _headers(time="2026-01-02T03:04:05.000001Z")
+    assert dict(as_text)["ce_time"] == b"2026-01-02T03:04:05.000001Z"
     assert (event.tenant_id, event.fencing_token, event.run_version, event.sequence) == ("t-1", 7, 3, 42)
     assert event.payload == {"a": 1} and event.datacontenttype == "application/json"
     assert event.trace_carrier() == {"traceparent": values["traceparent"], "tracestate": "k=v"}

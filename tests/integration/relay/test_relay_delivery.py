@@ -25,6 +25,7 @@ from shared.cloudevents import format_sequence, format_time
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 async def test_every_row_reaches_kafka_with_headers_and_payload(db_url, db, kafka_bootstrap):
@@ -74,7 +75,7 @@ async def test_every_row_reaches_kafka_with_headers_and_payload(db_url, db, kafk
             assert headers["traceparent"] == row["traceparent"].encode()
         else:
             assert "traceparent" not in headers
-        assert received.timestamp == int(row["created_at"].timestamp() * 1000)
+        assert received.timestamp == (row["created_at"] - EPOCH) // dt.timedelta(milliseconds=1)
         event = received.event
         assert (event.run_id, event.tenant_id, event.fencing_token, event.run_version) == (
             row["run_id"], row["tenant_id"], row["fencing_token"], row["run_version"])
@@ -120,12 +121,17 @@ async def test_idle_relay_wakes_on_notify(db_url, db, kafka_bootstrap):
         await wait_until(lambda: _zero(db), 5, "the notified relay to publish")
 
 
-async def test_retention_deletes_only_old_rows_in_batches(db_url, db):
+async def test_retention_deletes_only_old_published_rows_in_batches(db_url, db):
     run_id = await make_run(db)
-    ids = await insert_events(db, run_id, 30)
-    old, recent, unpublished = ids[:25], ids[25:28], ids[28:]
-    await db.execute("UPDATE outbox SET published_at = now() - interval '2 days' WHERE id = ANY($1)", old)
-    await db.execute("UPDATE outbox SET published_at = now() WHERE id = ANY($1)", recent)
+    ids = await insert_events(db, run_id, 60)
+    # A gap in the ids (rows deleted before) that the walk must jump over.
+    await db.execute("DELETE FROM outbox WHERE id = ANY($1)", ids[10:30])
+    old_published = ids[:10] + ids[30:45]
+    published_recently, never_published, new_rows = ids[45:48], ids[48:52], ids[52:]
+    await db.execute("UPDATE outbox SET created_at = now() - interval '3 days' WHERE id < $1", ids[52])
+    await db.execute("UPDATE outbox SET published_at = now() - interval '2 days' WHERE id = ANY($1)", old_published)
+    await db.execute("UPDATE outbox SET published_at = now() WHERE id = ANY($1) OR id = ANY($2)",
+                     published_recently, new_rows)
     await db.execute("INSERT INTO consumed_events (consumer_name, event_id, consumed_at) "
                      "SELECT 'c', gen_random_uuid(), now() - interval '40 days' FROM generate_series(1, 12)")
     await db.execute("INSERT INTO consumed_events (consumer_name, event_id) VALUES ('c', gen_random_uuid())")
@@ -136,9 +142,10 @@ async def test_retention_deletes_only_old_rows_in_batches(db_url, db):
     pool = await connect_pool(db_url, min_size=1, max_size=2, command_timeout=10)
     try:
         deleted = await purge_once(RelayStore(pool), settings)
+        again = await purge_once(RelayStore(pool), settings)
     finally:
         await pool.close()
-    assert deleted == (25, 12)
+    assert deleted == (25, 12) and again == (0, 0)
     left = [r["id"] for r in await db.fetch("SELECT id FROM outbox ORDER BY id")]
-    assert left == recent + unpublished
+    assert left == published_recently + never_published + new_rows
     assert await db.fetchval("SELECT count(*) FROM consumed_events") == 1
