@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from relay.config import RelaySettings
@@ -42,6 +43,8 @@ class ShardLeases:
         self._round_lock = round_lock
         self._on_acquired = on_acquired
         self._held: dict[int, HeldShard] = {}
+        # Set by the loop: waits for its mark in flight before shards are handed back.
+        self.before_release: Callable[[], Awaitable[None]] | None = None
         self.live_members = 1
         self._margin = settings.shard_lease_ms / 1000 / 5
 
@@ -86,6 +89,11 @@ class ShardLeases:
         async with self._round_lock:
             for shard in shards:
                 self._held.pop(shard, None)
+            if self.before_release is not None:
+                try:
+                    await self.before_release()
+                except Unavailable as exc:
+                    log.warning("handing back shards with a failed mark (%s): duplicates will follow", exc)
         released = await self.store.release_shards(self.relay_id, shards)
         log.info("relay %s released shards %s", self.relay_id, released)
 

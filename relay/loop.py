@@ -79,6 +79,10 @@ class RelayLoop:
         self._wants_wakeup = False
         self._failures = 0
         self._failed_rounds = 0
+        # The mark of the previous round runs while the next round claims and
+        # publishes; its ids are kept out of that claim. At most one in flight.
+        self._marking: asyncio.Task[None] | None = None
+        self._marking_ids: list[int] = []
 
     def _backoff(self) -> float:
         s = self.settings
@@ -96,11 +100,23 @@ class RelayLoop:
             await self.store.set_wants_wakeup(self.settings.relay_id, wanted)
             self._wants_wakeup = wanted
 
+    async def finish_marking(self) -> None:
+        """Waits for the mark in flight; raises Unavailable if it failed for good."""
+        task, self._marking = self._marking, None
+        self._marking_ids = []
+        if task is not None:
+            await task
+
     async def run_round(self, held: dict[int, int]) -> tuple[int, bool]:
         """One round. Returns (rows claimed, whether Kafka failed)."""
         s = self.settings
         self.listener.woken.clear()
-        rows = await self.store.claim_batch(s.relay_id, held, s.shard_count, s.batch_size)
+        if self._marking is not None and self._marking.done():
+            await self.finish_marking()
+        # Acknowledged rows whose mark is still running: already in Kafka, so
+        # leaving them out keeps each run's order and saves a duplicate.
+        in_flight = self._marking_ids
+        rows = await self.store.claim_batch(s.relay_id, held, s.shard_count, s.batch_size, in_flight)
         if not rows:
             return 0, False
         self._rounds_with_rows += 1
@@ -116,7 +132,9 @@ class RelayLoop:
             await self._fault(FAULT_AFTER_ACK_BEFORE_MARK)
             ids = [row.id for row in result.delivered]
             retried = [row.id for row in result.delivered if row.retrying]
-            await self._mark(ids, retried)
+            await self.finish_marking()
+            self._marking_ids = ids
+            self._marking = asyncio.create_task(self._mark(ids, retried), name="relay-mark")
             self.metrics.published_total += len(ids)
         for row, reason in result.refused:
             count = await self.store.park(row.id, reason, s.relay_id)
@@ -172,6 +190,15 @@ class RelayLoop:
             log.warning("%s", exc)
 
     async def run(self, stopping: asyncio.Event) -> None:
+        try:
+            await self._run(stopping)
+        finally:
+            try:
+                await self.finish_marking()
+            except Unavailable as exc:
+                log.warning("last mark failed (%s); those events will be published again", exc)
+
+    async def _run(self, stopping: asyncio.Event) -> None:
         s = self.settings
         last_work = time.monotonic()
         while not stopping.is_set():

@@ -77,6 +77,7 @@ class RelayServer:
         self.leases = ShardLeases(self.store, s, round_lock, shards_acquired)
         loop = RelayLoop(self.store, publisher, self.leases, listener, s, round_lock, shards_acquired,
                          self.metrics)
+        self.leases.before_release = loop.finish_marking
 
         try:
             await self._start_health()

@@ -142,13 +142,14 @@ class RelayStore:
     # ------------------------------------------------------------ publishing
 
     @db_call
-    async def claim_batch(self, relay_id: str, held: dict[int, int], shard_count: int,
-                          limit: int) -> list[OutboxRow]:
+    async def claim_batch(self, relay_id: str, held: dict[int, int], shard_count: int, limit: int,
+                          exclude_ids: list[int] | None = None) -> list[OutboxRow]:
         if not held:
             return []
         async with self.pool.acquire() as conn, conn.transaction(readonly=True):
             await conn.execute(Q["claim_plan"])
-            rows = await conn.fetch(Q["claim_batch"], relay_id, list(held), list(held.values()), shard_count, limit)
+            rows = await conn.fetch(Q["claim_batch"], relay_id, list(held), list(held.values()), shard_count,
+                                    limit, exclude_ids or [])
         make = OutboxRow._make
         return [make(row) for row in rows]
 

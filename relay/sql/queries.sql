@@ -86,6 +86,7 @@ SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable
 -- out entirely, so its later events wait behind it. Within one run, ids grow
 -- in commit order (the scheduler serialises a run's writes on its row), so a
 -- run's rows in this batch are always the oldest unpublished ones of that run.
+-- $6: rows Kafka acknowledged whose mark is still in flight (not pending any more).
 -- Shape matters for speed: the held shards collapse into one array so the
 -- planner walks outbox_pending_idx in id order and stops at the limit;
 -- per-row extras (retry flag, text formatting) are computed for the batch only.
@@ -98,6 +99,7 @@ WITH held AS MATERIALIZED (
 ), batch AS (
   SELECT o.* FROM outbox o
   WHERE o.published_at IS NULL
+    AND o.id <> ALL ($6::bigint[])
     AND agentrt_outbox_shard(o.run_id, $4::integer) = ANY ((SELECT shards FROM held)::integer[])
     AND NOT EXISTS (SELECT 1 FROM outbox_parked p WHERE p.run_id = o.run_id AND p.state = 'PARKED')
   ORDER BY o.id

@@ -90,9 +90,10 @@ async def test_per_run_order_with_three_relays_one_killed_mid_batch(db_url, db, 
         assert len(sequences) == EVENTS // RUNS
     copies = collections.Counter(r.event.id for r in reader.records)
     duplicates = sum(n - 1 for n in copies.values())
-    # The killed batch may be delivered twice (sent before the kill, re-sent by the next owner): at most
-    # one batch of duplicates, never a loss and never a reordering.
-    assert duplicates <= BATCH, duplicates
+    # The killed batch, and the previous one if its mark was still running, may be delivered twice (sent
+    # before the kill, re-sent by the next owner): at most two batches of duplicates, never a loss and
+    # never a reordering.
+    assert duplicates <= 2 * BATCH, duplicates
     assert killed_while_loading, "the kill should land while events are still being written"
     print(f"events={EVENTS} duplicates={duplicates} records={len(reader.records)}")
 
