@@ -15,7 +15,6 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from scheduler.migrate import available_migrations, schema_version
 from scheduler.notifier import WorkNotifier
@@ -29,7 +28,7 @@ from shared.gen.agentrt.v1 import (
     work_service_pb2,
     work_service_pb2_grpc,
 )
-from shared.tracing import setup_tracing
+from shared.tracing import ServerSpans, setup_tracing
 
 log = logging.getLogger(__name__)
 SERVICE_NAMES = (
@@ -69,7 +68,7 @@ class SchedulerServer:
         await self._notifier.start()
         limit = s.max_payload_bytes * 4 + (1 << 20)
         server = grpc.aio.server(
-            interceptors=[aio_server_interceptor(tracer_provider=provider)],
+            interceptors=[ServerSpans(provider).interceptor()],
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit * 4),
                      ("grpc.so_reuseport", 0)],
         )

@@ -81,3 +81,63 @@ def inject_metadata(metadata: list[tuple[str, str]] | None = None) -> list[tuple
 
 def extract_context(carrier: dict[str, str]) -> Any:
     return _PROPAGATOR.extract(carrier)
+
+
+class ServerSpans:
+    """A lean gRPC aio server interceptor: one SERVER span per unary call.
+
+    It continues the caller's W3C context from the call metadata and names the
+    span after the full method (`/agentrt.v1.WorkService/SaveCheckpoint`), as the
+    OpenTelemetry gRPC instrumentation does, at a fraction of its cost per call
+    (which matters at thousands of calls per second on a small machine).
+    """
+
+    def __init__(self, provider: Any) -> None:
+        import grpc
+
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        self._grpc = grpc
+        self._tracer = provider.get_tracer("agentrt.grpc.server")
+        self._server_kind = SpanKind.SERVER
+        self._status, self._error = Status, StatusCode.ERROR
+
+    def interceptor(self) -> Any:
+        import grpc
+
+        spans = self
+
+        class _Interceptor(grpc.aio.ServerInterceptor):
+            async def intercept_service(self, continuation: Any, details: Any) -> Any:
+                handler = await continuation(details)
+                if handler is None or handler.unary_unary is None:
+                    return handler
+                return spans._wrap(handler, details.method)
+
+        return _Interceptor()
+
+    def _wrap(self, handler: Any, method: str) -> Any:
+        behavior = handler.unary_unary
+        tracer, kind, grpc = self._tracer, self._server_kind, self._grpc
+        service, _, name = method.lstrip("/").rpartition("/")
+
+        async def traced(request: Any, context: Any) -> Any:
+            carrier = {key: value for key, value in (context.invocation_metadata() or ())
+                       if key in ("traceparent", "tracestate")}
+            parent = _PROPAGATOR.extract(carrier) if carrier else None
+            with tracer.start_as_current_span(
+                method, context=parent, kind=kind,
+                attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
+                record_exception=False, set_status_on_exception=False,
+            ) as span:
+                try:
+                    return await behavior(request, context)
+                finally:
+                    code = context.code()
+                    if code is not None and code != grpc.StatusCode.OK:
+                        span.set_attribute("rpc.grpc.status_code", code.value[0])
+                        span.set_status(self._status(self._error, str(code.name)))
+
+        return grpc.unary_unary_rpc_method_handler(
+            traced, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)

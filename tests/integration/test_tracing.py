@@ -57,3 +57,18 @@ async def test_rpc_spans_continue_the_caller_trace_and_reach_the_outbox(db_url, 
     assert rows["agent.run_submitted"].split("-")[1] == trace_hex
     assert rows["agent.run_submitted"].split("-")[2] == f"{submit_span.context.span_id:016x}"
     assert rows["agent.checkpoint"].split("-")[2] == f"{save_span.context.span_id:016x}"
+
+
+async def test_a_refused_call_is_an_error_span_with_its_status_code(db_url, spans):
+    import grpc
+
+    provider, exporter = spans
+    async with scheduler_stack(db_url, tracer_provider=provider) as stack:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stack.runs.GetRun(rs.GetRunRequest(run_id="00000000-0000-0000-0000-000000000001"),
+                                    metadata=stack.md())
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    span = next(s for s in exporter.get_finished_spans() if s.name == "/agentrt.v1.RunService/GetRun")
+    assert span.status.status_code.name == "ERROR"
+    assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
+    assert span.attributes["agentrt.error_reason"] == "NOT_FOUND"
