@@ -79,6 +79,9 @@ async def test_crash_after_ack_before_mark_duplicates_are_applied_once(db_url, d
             await wait_until(lambda: _no_pending(db), 30, "relay B to publish and mark everything")
         finally:
             assert stop_process(survivor) == 0, (tmp_path / "relay-b.log").read_text()
+        # SIGTERM is an orderly stop: shards handed back, membership left (relay A's row just expires).
+        assert await db.fetchval("SELECT count(*) FROM relay_shards WHERE owner IS NOT NULL") == 0
+        assert [r["relay_id"] for r in await db.fetch("SELECT relay_id FROM relay_members")] == ["relay-a"]
         await reader.read_until(lambda rs: len(rs) >= 100, 30, "the duplicates")
     finally:
         await reader.stop()

@@ -76,6 +76,11 @@ async def test_poison_row_parks_its_run_until_the_operator_skips_it(db_url, db, 
             assert await pending_count(db) == 3
             assert sequences_of(reader, poisoned) == [p_ids[0]]
 
+            code, out, err = await cli(db_url, "status")
+            assert code == 0, err
+            status = json.loads(out)
+            assert (status["pending"], status["parked"], status["parked_total"]) == (3, 1, 1)
+            assert set(status["shards"].values()) == {settings.relay_id}
             code, out, err = await cli(db_url, "parked")
             assert code == 0, err
             assert [row["outbox_id"] for row in json.loads(out)] == [p_ids[1]]
