@@ -94,7 +94,6 @@ class ServerSpans:
 
     def __init__(self, provider: Any) -> None:
         import grpc
-
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         self._grpc = grpc
