@@ -80,15 +80,20 @@ DLQ_CONSUMER = "agentrt_dlq_consumer"
 DLQ_ATTEMPTS = "agentrt_dlq_attempts"
 DLQ_ORIGIN = "agentrt_dlq_origin"  # topic/partition/offset
 
-_DB_UNAVAILABLE: tuple[type[BaseException], ...] = (
+# The database is gone (from asyncpg, inside or outside the handler): retry, never dead-letter.
+_DB_LOST: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
     asyncpg.exceptions.CannotConnectNowError,
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.CrashShutdownError,
-    ConnectionError,
-    OSError,
 )
+# Outside the handler (pool, dedupe insert, commit) socket errors mean the same.
+_DB_UNAVAILABLE: tuple[type[BaseException], ...] = (*_DB_LOST, OSError, TimeoutError)
+
+
+class _HandlerFailed(Exception):
+    """The handler's own exception (in __cause__), told apart from a lost database."""
 
 
 class PermanentFailure(Exception):
@@ -274,11 +279,13 @@ class EventConsumer:
                 log.warning("database unavailable while applying %s (%s); retrying", event.id, exc)
                 if not await self._pause(self._backoff(db_failures), stopping):
                     return False
-            except PermanentFailure as exc:
-                return await self._dead_letter(record, f"PermanentFailure: {exc}", attempt, stopping)
-            except Exception as exc:
+            except _HandlerFailed as failed:
+                cause = failed.__cause__
+                assert cause is not None
+                if isinstance(cause, PermanentFailure):
+                    return await self._dead_letter(record, f"PermanentFailure: {cause}", attempt, stopping)
                 self.stats.handler_failures += 1
-                reason = f"{type(exc).__name__}: {exc}"
+                reason = f"{type(cause).__name__}: {cause}"
                 if attempt >= self.settings.max_attempts:
                     return await self._dead_letter(record, reason, attempt, stopping)
                 log.warning("handler failed on event %s (attempt %d/%d): %s", event.id, attempt,
@@ -297,14 +304,25 @@ class EventConsumer:
         }
         with self._tracer.start_as_current_span(
                 f"process {event.type}", context=extract_context(event.trace_carrier()), kind=SpanKind.CONSUMER,
-                attributes=attributes, record_exception=True, set_status_on_exception=True) as span:
-            async with self.pool.acquire() as conn, conn.transaction():
-                first = await conn.fetchval(SQL_CLAIM_EVENT, self.settings.dedupe_name, event.id)
-                if not first:
-                    span.set_attribute("agentrt.duplicate", True)
-                    self.stats.duplicates += 1
-                    return
-                await self.handler(event, conn)
+                attributes=attributes, record_exception=False, set_status_on_exception=False) as span:
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    first = await conn.fetchval(SQL_CLAIM_EVENT, self.settings.dedupe_name, event.id)
+                    if not first:
+                        span.set_attribute("agentrt.duplicate", True)
+                        self.stats.duplicates += 1
+                        return
+                    try:
+                        await self.handler(event, conn)
+                    except _DB_LOST:
+                        raise
+                    except Exception as exc:
+                        raise _HandlerFailed() from exc
+            except Exception as exc:
+                cause = exc.__cause__ if isinstance(exc, _HandlerFailed) and exc.__cause__ else exc
+                span.record_exception(cause)
+                span.set_status(Status(StatusCode.ERROR, f"{type(cause).__name__}: {cause}"))
+                raise
             self.stats.applied += 1
             span.set_status(Status(StatusCode.OK))
 
