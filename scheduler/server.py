@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from scheduler.metrics import SchedulerMetrics
 from scheduler.migrate import available_migrations, schema_version
 from scheduler.notifier import WorkNotifier
 from scheduler.service import RunServicer, WorkServicer
@@ -47,6 +48,8 @@ class SchedulerServer:
         self._health: health.aio.HealthServicer | None = None  # type: ignore[name-defined]
         self._notifier: WorkNotifier | None = None
         self._stopped = False
+        self.metrics: SchedulerMetrics | None = None
+        self.metrics_port: int | None = None
 
     async def start(self) -> int:
         s = self.settings
@@ -67,8 +70,9 @@ class SchedulerServer:
         self._notifier = WorkNotifier(s.database_url)
         await self._notifier.start()
         limit = s.max_payload_bytes * 4 + (1 << 20)
+        self.metrics = SchedulerMetrics() if s.metrics_addr else None
         server = grpc.aio.server(
-            interceptors=[ServerSpans(provider).interceptor()],
+            interceptors=[ServerSpans(provider, self.metrics.observe_rpc if self.metrics else None).interceptor()],
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit * 4),
                      ("grpc.so_reuseport", 0)],
         )
@@ -87,6 +91,8 @@ class SchedulerServer:
         self._server = server
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.metrics is not None:
+            self.metrics_port = self.metrics.start(s.metrics_addr, self.store)
         log.info("scheduler listening on %s (port %d)", s.listen_addr, self.port)
         return self.port
 
@@ -103,6 +109,8 @@ class SchedulerServer:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace)
+        if self.metrics is not None:
+            await self.metrics.stop()
         if self._notifier is not None:
             await self._notifier.stop()
         if self.store is not None:

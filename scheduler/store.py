@@ -330,6 +330,13 @@ class Store:
             )
 
     @db_call
+    async def global_stats(self) -> Record:
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(Q["global_stats"])
+        assert row is not None
+        return row
+
+    @db_call
     async def tenant_stats(self, tenant_id: str) -> Record:
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(Q["tenant_stats"], tenant_id)

@@ -68,6 +68,8 @@ class ComponentSettings(BaseSettings):
     # none | console | memory (tests). Trace context is propagated whatever the exporter.
     otel_exporter: str = "none"
     service_name: str = "agentrt"
+    # Prometheus /metrics on host:port; empty = off (the Helm chart sets 0.0.0.0:9464).
+    metrics_addr: str = ""
 
     @classmethod
     def settings_customise_sources(

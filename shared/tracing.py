@@ -7,6 +7,7 @@ transaction that wrote them, so the relay and consumers continue the trace.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,8 @@ class ServerSpans:
     (which matters at thousands of calls per second on a small machine).
     """
 
-    def __init__(self, provider: Any) -> None:
+    def __init__(self, provider: Any, observe: Any = None) -> None:
+        """`observe(method, code_name, seconds)` is called after every call (e.g. metrics)."""
         import grpc
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -100,6 +102,7 @@ class ServerSpans:
         self._tracer = provider.get_tracer("agentrt.grpc.server")
         self._server_kind = SpanKind.SERVER
         self._status, self._error = Status, StatusCode.ERROR
+        self._observe = observe
 
     def interceptor(self) -> Any:
         import grpc
@@ -120,7 +123,10 @@ class ServerSpans:
         tracer, kind, grpc = self._tracer, self._server_kind, self._grpc
         service, _, name = method.lstrip("/").rpartition("/")
 
+        observe = self._observe
+
         async def traced(request: Any, context: Any) -> Any:
+            started = time.perf_counter()
             carrier = {key: value for key, value in (context.invocation_metadata() or ())
                        if key in ("traceparent", "tracestate")}
             parent = _PROPAGATOR.extract(carrier) if carrier else None
@@ -136,6 +142,8 @@ class ServerSpans:
                     if code is not None and code != grpc.StatusCode.OK:
                         span.set_attribute("rpc.grpc.status_code", code.value[0])
                         span.set_status(self._status(self._error, str(code.name)))
+                    if observe is not None:
+                        observe(name, code.name if code is not None else "OK", time.perf_counter() - started)
 
         return grpc.unary_unary_rpc_method_handler(
             traced, request_deserializer=handler.request_deserializer,

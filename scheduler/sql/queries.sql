@@ -495,3 +495,19 @@ SELECT
   (SELECT extract(epoch FROM clock_timestamp() - min(created_at)) FROM outbox
     WHERE tenant_id = $1 AND published_at IS NULL) AS outbox_oldest_s,
   clock_timestamp() AS db_now;
+
+-- name: global_stats
+-- Metrics (all tenants): runs by status, queue/in-doubt ages, outbox lag, and
+-- the commit-unknown counter. Reads only; refreshed on an interval, not per scrape.
+SELECT
+  (SELECT coalesce(jsonb_object_agg(status, n), '{}'::jsonb)
+     FROM (SELECT status, count(*) AS n FROM agent_runs GROUP BY status) s) AS by_status,
+  (SELECT extract(epoch FROM clock_timestamp() - min(next_attempt_at)) FROM agent_runs
+    WHERE status = 'QUEUED' AND next_attempt_at <= clock_timestamp()) AS oldest_queued_s,
+  (SELECT extract(epoch FROM clock_timestamp() - min(updated_at)) FROM agent_runs
+    WHERE status = 'PAUSED_INDOUBT') AS oldest_in_doubt_s,
+  (SELECT count(*) FROM outbox WHERE published_at IS NULL) AS outbox_pending,
+  (SELECT extract(epoch FROM clock_timestamp() - min(created_at)) FROM outbox
+    WHERE published_at IS NULL) AS outbox_oldest_s,
+  (SELECT coalesce(max(value), 0) FROM runtime_counters WHERE name = 'commit_unknown_inconsistent')
+    AS commit_unknown_inconsistent;

@@ -183,7 +183,7 @@ the pod is killed.
       "service_name" "agentrt-relay"
       "health_addr" (printf "0.0.0.0:%d" (int .Values.relay.healthPort))
       "kafka_bootstrap" .Values.kafka.bootstrapServers
-      "kafka_topic" .Values.kafka.topic
+      "topic" .Values.kafka.topic
       "kafka_security_protocol" .Values.kafka.securityProtocol -}}
 {{- if .Values.kafka.sasl.enabled -}}
 {{- $_ := set $relayDerived "kafka_sasl_mechanism" .Values.kafka.sasl.mechanism -}}

@@ -1,0 +1,43 @@
+"""Prometheus metrics: one registry per process, served on `metrics_addr` (off when empty).
+
+Names are agentrt_*; the Helm chart's ServiceMonitor scrapes the `metrics` port.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class Metrics:
+    def __init__(self, component: str) -> None:
+        self.registry = CollectorRegistry()
+        self.component = component
+        self._server: Any = None
+
+    def counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def gauge(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+        return Gauge(name, doc, labels, registry=self.registry)
+
+    def histogram(self, name: str, doc: str, labels: tuple[str, ...] = (),
+                  buckets: tuple[float, ...] = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30),
+                  ) -> Histogram:
+        return Histogram(name, doc, labels, registry=self.registry, buckets=buckets)
+
+    def serve(self, addr: str) -> int | None:
+        """Starts the /metrics HTTP endpoint on host:port; returns the bound port (None when addr is empty)."""
+        if not addr:
+            return None
+        host, _, port = addr.rpartition(":")
+        server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=self.registry)
+        self._server = server
+        return int(server.server_address[1])
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
