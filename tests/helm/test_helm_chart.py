@@ -714,3 +714,21 @@ def _deep_update(target: dict[str, Any], update: dict[str, Any]) -> None:
             _deep_update(target[key], value)
         else:
             target[key] = value
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_config_file_keys_are_real_settings(case: str, renders: Renders) -> None:
+    """Unknown keys in the config file would be ignored silently: every key the chart writes must exist."""
+    from executor.config import ExecutorSettings
+    from relay.config import RelaySettings
+    from shared.config import ComponentSettings, SchedulerSettings
+
+    classes = {"common": ComponentSettings, "scheduler": SchedulerSettings, "executor": ExecutorSettings,
+               "relay": RelaySettings}
+    configmaps = [d for d in renders(case).of_kind("ConfigMap") if "config.yaml" in d.get("data", {})]
+    assert configmaps, "the chart renders the application config file"
+    config = yaml.safe_load(configmaps[0]["data"]["config.yaml"])
+    for section, keys in config.items():
+        assert section in classes, f"unknown config section {section!r}"
+        unknown = sorted(set(keys) - set(classes[section].model_fields))
+        assert not unknown, f"{case}: section {section!r} sets keys no setting reads: {unknown}"
