@@ -99,10 +99,33 @@ class PythonTool(_ToolBase):
 ToolDefinition = Annotated[HttpTool | PythonTool, Field(discriminator="kind")]
 
 
+class Condition(_Strict):
+    """`when:` of a plan node: `value` (usually a template such as "${input.amount}") compared by one operator."""
+
+    value: Any
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    eq: Any = None
+    ne: Any = None
+
+    @model_validator(mode="after")
+    def _one_operator(self) -> Condition:
+        if len(self.operators()) != 1:
+            raise ValueError("a condition needs exactly one of gt, ge, lt, le, eq, ne")
+        return self
+
+    def operators(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("gt", "ge", "lt", "le", "eq", "ne") if k in self.model_fields_set}
+
+
 class PlanNode(_Strict):
     """One node of a scripted plan: exactly one of tool / sleep_ms / wait_for_input / finish / fail."""
 
     id: str = Field(pattern=_NODE)
+    # Entered only when this holds; otherwise the plan moves on to the node that would follow it.
+    when: Condition | None = None
     tool: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
     sleep_ms: int | None = Field(default=None, gt=0)

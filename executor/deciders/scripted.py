@@ -3,6 +3,8 @@
 The position in the plan is derived from the checkpoint's history only, so the
 same checkpoint always yields the same next step. Arguments may reference
 `${input.x}`, `${results.<node>.response.y}`, `${inputs.<node>}` and `${run.id}`.
+A node with `when:` is entered only if its condition holds on the same scope,
+else skipped as if absent; that too depends on the checkpoint (and the input) only.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from executor.agents import PlanNode, ScriptedDecider
+from executor.agents import Condition, PlanNode, ScriptedDecider
 from executor.checkpoint import HistoryEntry, State
 from executor.deciders.base import (
     Decision,
@@ -62,6 +64,18 @@ def render(value: Any, scope: dict[str, Any]) -> Any:
     return value
 
 
+def holds(condition: Condition, scope: dict[str, Any]) -> bool:
+    value = render(condition.value, scope)
+    [(operator, reference)] = condition.operators().items()
+    if operator in ("eq", "ne"):
+        return (value == reference) == (operator == "eq")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TemplateError(f"when: {operator} needs a number, got {value!r}")
+    assert reference is not None
+    return {"gt": value > reference, "ge": value >= reference, "lt": value < reference,
+            "le": value <= reference}[operator]
+
+
 def _scope(ctx: DecisionContext) -> dict[str, Any]:
     results: dict[str, Any] = {}
     inputs: dict[str, Any] = {}
@@ -82,7 +96,11 @@ class ScriptedDeciderImpl:
         self.order = {node.id: index for index, node in enumerate(self.plan)}
 
     async def decide(self, ctx: DecisionContext) -> Proposal:
-        target = self._next(ctx.state)
+        scope = _scope(ctx)
+        try:
+            target = self._next(ctx.state, scope)
+        except TemplateError as exc:
+            return Proposal(Fail(f"plan: {exc}"), node="end")
         if isinstance(target, Fail):
             return Proposal(target, node="end")
         if target is None:
@@ -90,7 +108,7 @@ class ScriptedDeciderImpl:
         visits = sum(1 for e in ctx.state.history if e.kind != "exception" and node_id(e.node) == target.id)
         key = target.id if visits == 0 else f"{target.id}@{visits + 1}"
         try:
-            decision = self._decision(target, _scope(ctx))
+            decision = self._decision(target, scope)
         except TemplateError as exc:
             decision = Invalid("invalid_arguments", f"plan node {target.id}: {exc}")
         return Proposal(decision, node=key, raw={"plan_node": target.id})
@@ -112,10 +130,20 @@ class ScriptedDeciderImpl:
         index = self.order[node.id] + 1
         return self.plan[index] if index < len(self.plan) else None
 
-    def _next(self, state: State) -> PlanNode | Fail | None:
+    def _enter(self, node: PlanNode | None, scope: dict[str, Any]) -> PlanNode | None:
+        """`node`, or the first node after it whose `when` holds."""
+        skipped: set[str] = set()
+        while node is not None and node.when is not None and not holds(node.when, scope):
+            if node.id in skipped:
+                raise TemplateError(f"node {node.id}: the plan loops through nodes whose `when` does not hold")
+            skipped.add(node.id)
+            node = self._following(node)
+        return node
+
+    def _next(self, state: State, scope: dict[str, Any]) -> PlanNode | Fail | None:
         entries: list[HistoryEntry] = [e for e in state.history if e.kind != "exception"]
         if not entries:
-            return self.plan[0]
+            return self._enter(self.plan[0], scope)
         last = entries[-1]
         node = self.by_id.get(node_id(last.node))
         if node is None:
@@ -127,7 +155,7 @@ class ScriptedDeciderImpl:
                 return Fail(f"tool {last.tool} failed at step {last.step_key}: {error} {result.get('detail', '')}"
                             .strip())
             if node.on_failure != "continue":
-                return self.by_id[node.on_failure]
+                return self._enter(self.by_id[node.on_failure], scope)
         trailing = 0
         for entry in reversed(entries):
             if node_id(entry.node) != node.id:
@@ -135,7 +163,7 @@ class ScriptedDeciderImpl:
             trailing += 1
         if trailing < node.repeat:
             return node
-        return self._following(node)
+        return self._enter(self._following(node), scope)
 
     async def close(self) -> None:
         return None

@@ -52,6 +52,7 @@ def test_a_good_definition_loads_from_yaml_and_toml(tmp_path):
     ({"decider.plan.0.tool": "missing.tool"}, "decider.plan.0.tool", "unknown tool"),
     ({"tools.0.lookup_url": None}, "tools.0", "contract.lookup and lookup_url go together"),
     ({"decider.plan.1.next": "nowhere"}, "decider.plan.1.next", "unknown node"),
+    ({"decider.plan.0.when": {"value": 1, "gt": 0, "lt": 2}}, "decider.plan.0.when", "exactly one of"),
     ({"budgets.max_steps": -1}, "budgets.max_steps", "greater than or equal"),
 ])
 def test_an_invalid_definition_names_the_file_and_the_field(tmp_path, changes, field, problem):

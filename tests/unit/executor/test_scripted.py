@@ -58,3 +58,37 @@ async def test_failures_follow_on_failure_and_bad_templates_are_invalid():
     broken = DecisionContext(agent=AGENT, run_id="r", tenant_id="t", input={}, state=initial_state(AGENT))
     proposal = await decider.decide(broken)
     assert isinstance(proposal.decision, Invalid) and "input.id" in proposal.decision.detail
+
+
+BRANCHING = parse_definition({
+    "name": "b", "version": "1", "tools": [{"name": "t", "kind": "python", "callable": "executor_support:noop_tool"}],
+    "decider": {"kind": "scripted", "plan": [
+        {"id": "check", "tool": "t", "args": {}},
+        {"id": "approve", "when": {"value": "${input.amount}", "gt": 500},
+         "wait_for_input": "approve ${input.amount}?"},
+        {"id": "big", "when": {"value": "${results.check.response.tier}", "eq": "gold"}, "tool": "t", "args": {}},
+        {"id": "done", "finish": "ok"}]}})
+
+
+def branching_ctx(state, amount):
+    return DecisionContext(agent=BRANCHING, run_id="r", tenant_id="t", input={"amount": amount}, state=state)
+
+
+async def test_a_node_whose_when_does_not_hold_is_skipped_and_one_that_holds_is_entered():
+    decider = ScriptedDeciderImpl(BRANCHING.decider)
+    checked = step(initial_state(BRANCHING), "check", "tool", {"status": "SUCCEEDED", "response": {"tier": "gold"}})
+    small = await decider.decide(branching_ctx(checked, 120))
+    assert small.node == "big" and small.decision == ToolCall("t", {})
+    large = await decider.decide(branching_ctx(checked, 750))
+    assert large.node == "approve" and large.decision == WaitForInput("approve 750?")
+    approved = step(checked, "approve", "input", human=None)
+    assert (await decider.decide(branching_ctx(approved, 750))).node == "big"
+    plain = step(initial_state(BRANCHING), "check", "tool", {"status": "SUCCEEDED", "response": {"tier": "std"}})
+    assert (await decider.decide(branching_ctx(plain, 10))).decision == Finish("ok")
+
+
+async def test_a_condition_on_a_value_that_is_not_a_number_fails_the_plan():
+    decider = ScriptedDeciderImpl(BRANCHING.decider)
+    checked = step(initial_state(BRANCHING), "check", "tool", {"status": "SUCCEEDED", "response": {"tier": "x"}})
+    proposal = await decider.decide(branching_ctx(checked, "lots"))
+    assert isinstance(proposal.decision, Fail) and "needs a number" in proposal.decision.reason
