@@ -5,6 +5,9 @@ postgresql://postgres@127.0.0.1:5432/postgres; created, migrated, dropped), a
 Tansu broker (or AGENTRT_BENCH_KAFKA_BOOTSTRAP), and one `agentrt relay`
 process with its default settings (batch 500, 16 shards).
 
+Each phase starts from a vacuumed outbox (the bench runs VACUUM between phases,
+as autovacuum would; the local server may have autovacuum off).
+
 1. Throughput: with the relay idle, one statement commits a backlog of
    checkpoint-like events (1,000 runs, interleaved); the clock runs from that
    commit until the last row is marked published (polled every 50 ms).
@@ -95,7 +98,14 @@ async def wait_for(check: Any, within_s: float, what: str, interval: float = 0.0
         await asyncio.sleep(interval)
 
 
+async def vacuum_between_phases(db: asyncpg.Connection) -> None:
+    # Each phase starts from a vacuumed outbox, as autovacuum (tuned for the outbox by
+    # migration 0002) would leave it; the bench server may run with autovacuum off.
+    await db.execute("VACUUM (ANALYZE) outbox")
+
+
 async def throughput_trial(db: asyncpg.Connection, first: int, last: int) -> tuple[int, float]:
+    await vacuum_between_phases(db)
     started = time.perf_counter()
     status = await db.execute(PREFILL, first, last)
     committed = time.perf_counter()
@@ -203,6 +213,15 @@ async def latency_phase(db_url: str, db: asyncpg.Connection, bootstrap: str, top
             consumer.terminate()
             await consumer.wait()
     latencies = [(arrived[e] - committed_at[e]) * 1000 for e in committed_at if e in arrived]
+    marks = {r["event_id"]: r["published_at"].timestamp() for r in await db.fetch(
+        "SELECT event_id, published_at FROM outbox WHERE event_id = ANY($1::uuid[])", list(committed_at))
+        if r["published_at"] is not None}
+    to_mark = [(marks[e] - committed_at[e]) * 1000 for e in committed_at if e in marks]
+    after_mark = [(arrived[e] - marks[e]) * 1000 for e in committed_at if e in marks and e in arrived]
+    if to_mark and after_mark:
+        log(f"  commit to mark (relay: claim, publish, ack, mark) p50 {percentile(to_mark, 0.5):.1f} ms, "
+            f"p99 {percentile(to_mark, 0.99):.1f} ms; mark to consumer p50 {percentile(after_mark, 0.5):.1f} ms, "
+            f"p99 {percentile(after_mark, 0.99):.1f} ms (negative: the consumer got it before the mark)")
     if len(latencies) != total:
         missing = [e for e in committed_at if e not in arrived]
         rows = await db.fetch("SELECT id, published_at, created_at FROM outbox WHERE event_id = ANY($1::uuid[]) "
@@ -230,6 +249,7 @@ async def main() -> int:
         await migrate(db)
         log(f"database {name} on {urlsplit(server).netloc}: fsync {await db.fetchval('SHOW fsync')}, "
             f"synchronous_commit {await db.fetchval('SHOW synchronous_commit')}; "
+            f"autovacuum {await db.fetchval('SHOW autovacuum')} (the bench vacuums the outbox between phases); "
             f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (shared machine)")
         bootstrap = os.environ.get("AGENTRT_BENCH_KAFKA_BOOTSTRAP")
         if not bootstrap:
@@ -258,6 +278,7 @@ async def main() -> int:
         figures.append(figure("outbox_to_kafka_events_per_s", rate, "events/s", TARGET_EVENTS_PER_S))
 
         log(f"latency: {OFFERED_RATE} events/s offered for {OFFERED_SECONDS}s")
+        await vacuum_between_phases(db)
         with tempfile.TemporaryDirectory(prefix="bench-relay-") as work_dir:
             latencies = await latency_phase(db_url, db, bootstrap, topic, Path(work_dir))
         p50, p99 = percentile(latencies, 0.50), percentile(latencies, 0.99)

@@ -84,6 +84,13 @@ CREATE TABLE outbox_parked (
 
 CREATE INDEX outbox_parked_blocking_idx ON outbox_parked (run_id) WHERE state = 'PARKED';
 
+-- The outbox is a queue: each row is inserted, marked once, deleted later. The
+-- claim walks outbox_pending_idx from its start, so the dead entries every mark
+-- leaves behind must be vacuumed away soon, not after 20% of the table.
+ALTER TABLE outbox SET (autovacuum_vacuum_scale_factor = 0.0, autovacuum_vacuum_threshold = 5000,
+                        autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.0,
+                        autovacuum_analyze_threshold = 20000);
+
 -- Retention of consumed_events goes by age. (Outbox retention needs no index
 -- of its own: it bisects ids on created_at through the primary key, so the
 -- relay's mark does not pay for one more index entry per event.)
