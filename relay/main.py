@@ -27,12 +27,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from relay.config import RelaySettings
 from relay.leases import ShardLeases
 from relay.loop import RelayLoop, RelayMetrics
+from relay.metrics import relay_metrics
 from relay.publisher import Publisher
 from relay.retention import run_retention
 from relay.store import RelayStore, connect_pool
 from relay.wakeup import OutboxListener
 from scheduler.migrate import available_migrations, schema_version
 from shared.errors import SchemaMismatch
+from shared.metrics import Metrics
 from shared.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ class RelayServer:
         self._loop_task: asyncio.Task[None] | None = None
         self._side_tasks: list[asyncio.Task[None]] = []
         self._stopped = False
+        self.exported_metrics: Metrics | None = None
+        self.metrics_port: int | None = None
 
     async def start(self) -> None:
         s = self.settings
@@ -85,6 +89,8 @@ class RelayServer:
             await publisher.stop()
             await pool.close()
             raise
+        self.exported_metrics = relay_metrics(self.metrics, self.leases)
+        self.metrics_port = self.exported_metrics.serve(s.metrics_addr)
         stopping = self._stopping
         self._loop_task = asyncio.create_task(loop.run(stopping), name="relay-loop")
         self._side_tasks = [
@@ -168,6 +174,8 @@ class RelayServer:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*self._side_tasks, return_exceptions=True)
+        if self.exported_metrics is not None:
+            self.exported_metrics.stop()
         if self.publisher is not None:
             await self.publisher.stop()
         if self.store is not None:
