@@ -39,11 +39,11 @@ class ExecutorSettings(ComponentSettings):
     reconcile_tenants: list[str] = Field(default_factory=list)
     reconcile_interval_s: float = Field(30.0, gt=0)
     # Fault injection for tests and the acceptance suite (never set in production):
-    # e.g. after_checkpoint_commit, after_outbound_intent_commit,
-    # after_tool_response_before_tx2_commit. `raise` abandons the run in-process;
-    # `exit` ends the process at once (like SIGKILL).
+    # specs like after_checkpoint_commit or before_tool_send@run=ID,occurrence=2,action=sigstop
+    # (executor.faults lists the points, shared.faults the options). `raise` abandons the run
+    # in-process; `exit` / `sigkill` end the process at once; `sigstop` pauses it until SIGCONT.
     fault_points: list[str] = Field(default_factory=list)
-    fault_action: str = Field("raise", pattern="^(raise|exit)$")
+    fault_action: str = Field("raise", pattern="^(raise|exit|sigkill|sigstop)$")
 
     @model_validator(mode="after")
     def _check(self) -> ExecutorSettings:

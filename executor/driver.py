@@ -92,7 +92,7 @@ class RunDriver:
         reply = await self.s.client.save_checkpoint(self.held.ref, self.version, data, SCHEMA_VERSION,
                                                     state.cursor, self.give_up_at)
         self.version, self.saved = reply.version, data
-        self.s.faults.hit("after_checkpoint_commit")
+        self.s.faults.hit("after_checkpoint_commit", self.run.run_id)
 
     async def finish(self, outcome: ws.FinishOutcome, reason: str = "", *, result: Any = None,
                      sleep_ms: int = 0, error_class: str = "", pause_when_exhausted: bool = False) -> None:
@@ -193,7 +193,7 @@ class RunDriver:
                 elif isinstance(action, DecideAgain):
                     action = None
                 elif isinstance(action, EndRun):
-                    self.s.faults.hit("before_finish")
+                    self.s.faults.hit("before_finish", self.run.run_id)
                     finished = action.finished
                     outcome = ws.FINISH_OUTCOME_COMPLETED if finished.outcome == "COMPLETED" else \
                         ws.FINISH_OUTCOME_FAILED

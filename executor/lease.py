@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from executor.client import WorkClient
+from executor.faults import Faults
 from shared.errors import AgentrtError, Unavailable
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
@@ -23,8 +24,9 @@ log = logging.getLogger(__name__)
 
 class HeldLease:
     def __init__(self, client: WorkClient, lease: ws.Lease, worker_id: str, *, fraction: float,
-                 received_at: float) -> None:
+                 received_at: float, faults: Faults | None = None) -> None:
         self.client = client
+        self.faults = faults
         self.run_id = lease.run.run_id
         self.ref = ws.LeaseRef(run_id=lease.run.run_id, worker_id=worker_id,
                                fencing_token=lease.run.fencing_token)
@@ -74,6 +76,8 @@ class HeldLease:
     async def _beat(self) -> None:
         while self.lost is None:
             await asyncio.sleep(max(0.0, min(self.interval_s, self.expires_at - time.monotonic() - 0.05)))
+            if self.faults is not None:
+                self.faults.hit("before_heartbeat", self.run_id)
             sent = time.monotonic()
             try:
                 await self.client.heartbeat(self.ref, give_up_at=self.expires_at)

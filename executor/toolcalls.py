@@ -56,15 +56,16 @@ class ToolCalls:
             return paused, action
         # replayed: our own intent, whose commit we had not heard of; nothing was sent yet.
         d.status, d.open_step = pb.RUN_STATUS_WAITING_TOOL, decision.step_key
-        s.faults.hit("after_outbound_intent_commit")
+        s.faults.hit("after_outbound_intent_commit", d.run.run_id)
         if not d.held.alive():
             return None  # lapsed or lost: sending now could race the next holder
+        s.faults.hit("before_tool_send", d.run.run_id)
         adapter = s.tools.get(self.agent, decision.tool_name)
         assert adapter is not None  # every tool of a loaded definition has one
         outcome: ToolOutcome = await s.shutdown.race(
             adapter.call(decision.request, self.context(decision.step_key, decision.idempotency_key)),
             s.shutdown.hard_stop)
-        s.faults.hit("after_tool_response_before_tx2_commit")
+        s.faults.hit("after_tool_response_before_tx2_commit", d.run.run_id)
         return await self.complete(state, decision, outcome)
 
     async def complete(self, state: State, decision: ToolDecision, outcome: ToolOutcome) -> Next | None:

@@ -118,7 +118,7 @@ class Worker:
             self.claimed += 1
             received = time.monotonic()
             held = HeldLease(client, lease, self.worker_id, fraction=self.settings.heartbeat_fraction,
-                             received_at=received)
+                             received_at=received, faults=self.faults)
             driver = RunDriver(lease, held, self.services, received)
             task = asyncio.create_task(self._drive(driver, held), name=f"run-{lease.run.run_id}")
             self.active[lease.run.run_id] = task
@@ -132,6 +132,7 @@ class Worker:
 
         held.start(on_lost)
         try:
+            self.faults.hit("after_claim_commit", held.run_id)
             await driver.run_lease()
         except asyncio.CancelledError:
             if held.lost is None and not self.shutdown.stopping.is_set():

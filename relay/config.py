@@ -10,12 +10,14 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from shared.faults import parse_fault_spec
 from shared.kafka_client import KafkaClientSettings
 
 # Fault points the relay can be told to die at (SIGKILL of itself), for tests.
 FAULT_AFTER_ACK_BEFORE_MARK = "after_broker_ack_before_outbox_mark"
 FAULT_MID_BATCH = "mid_batch_send"
 FAULT_POINTS = (FAULT_AFTER_ACK_BEFORE_MARK, FAULT_MID_BATCH)
+FAULT_ACTIONS = ("sigkill", "sigstop")
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
@@ -71,7 +73,8 @@ class RelaySettings(KafkaClientSettings):
     db_command_timeout_s: float = Field(30.0, gt=0)
     shutdown_grace_s: float = Field(10.0, ge=0)
 
-    # Tests only: the relay SIGKILLs itself at this point on round `fault_round`.
+    # Tests only: the relay SIGKILLs itself at this point on round `fault_round` (a shared.faults
+    # spec, e.g. after_broker_ack_before_outbox_mark@probability=0.05 or ...@action=sigstop).
     fault_point: str | None = None
     fault_round: int = Field(1, ge=1)
 
@@ -85,8 +88,8 @@ class RelaySettings(KafkaClientSettings):
     @field_validator("fault_point")
     @classmethod
     def _known_fault(cls, value: str | None) -> str | None:
-        if value and value not in FAULT_POINTS:
-            raise ValueError(f"unknown fault point {value!r}; known: {', '.join(FAULT_POINTS)}")
+        if value:
+            parse_fault_spec(value, FAULT_POINTS, FAULT_ACTIONS)
         return value or None
 
     @model_validator(mode="after")

@@ -22,12 +22,13 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from relay.config import FAULT_AFTER_ACK_BEFORE_MARK, FAULT_MID_BATCH, RelaySettings
+from relay.config import FAULT_ACTIONS, FAULT_AFTER_ACK_BEFORE_MARK, FAULT_MID_BATCH, FAULT_POINTS, RelaySettings
 from relay.leases import ShardLeases
 from relay.publisher import KafkaUnreachable, Publisher
 from relay.store import Lag, RelayStore
 from relay.wakeup import OutboxListener
 from shared.errors import Unavailable
+from shared.faults import FaultArm, act, parse_fault_spec
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,10 @@ class RelayLoop:
         # publishes; its ids are kept out of that claim. At most one in flight.
         self._marking: asyncio.Task[None] | None = None
         self._marking_ids: list[int] = []
+        self._fault_arm: FaultArm | None = None
+        if settings.fault_point:  # tests only: fault_round is the default occurrence
+            self._fault_arm = FaultArm(parse_fault_spec(settings.fault_point, FAULT_POINTS, FAULT_ACTIONS,
+                                                        default_occurrence=settings.fault_round))
 
     def _backoff(self) -> float:
         s = self.settings
@@ -90,10 +95,14 @@ class RelayLoop:
         return delay / 1000 * (0.5 + random.random() / 2)
 
     async def _fault(self, point: str) -> None:
-        if self.settings.fault_point == point and self._rounds_with_rows == self.settings.fault_round:
+        arm = self._fault_arm
+        if arm is not None and arm.spec.point == point and arm.should_fire(occurrence=self._rounds_with_rows):
             if point == FAULT_MID_BATCH:
                 await asyncio.sleep(0.005)  # let the first batch reach the wire
-            _die_here(point)
+            if arm.spec.action == "sigstop":
+                act("sigstop", point, f"round {self._rounds_with_rows}")
+            else:
+                _die_here(point)
 
     async def _set_wants_wakeup(self, wanted: bool) -> None:
         if self._wants_wakeup != wanted:
