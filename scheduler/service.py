@@ -23,7 +23,7 @@ import grpc
 from scheduler import convert
 from scheduler import validate as v
 from scheduler.notifier import WorkNotifier
-from scheduler.store import LeaseRef, ResolveOutcome, Store, SubmitSpec
+from scheduler.store import LeaseRef, ResolveOutcome, Store, SubmitSpec, ToolIntent
 from shared.canonical import uuid7
 from shared.config import SchedulerSettings
 from shared.errors import AgentrtError, InvalidArgument, to_grpc_status
@@ -45,6 +45,7 @@ _RESOLVE = {rs.RESOLUTION_OUTCOME_SUCCEEDED: "SUCCEEDED", rs.RESOLUTION_OUTCOME_
             rs.RESOLUTION_OUTCOME_UNKNOWN: "UNKNOWN"}
 _TOOL_OUTCOME = {ws.TOOL_OUTCOME_SUCCEEDED: "SUCCEEDED", ws.TOOL_OUTCOME_FAILED: "FAILED",
                  ws.TOOL_OUTCOME_NOT_EXECUTED: "NOT_EXECUTED"}
+_DEFINITE_OUTCOME = {ws.TOOL_OUTCOME_SUCCEEDED: "SUCCEEDED", ws.TOOL_OUTCOME_FAILED: "FAILED"}
 _FINISH = {ws.FINISH_OUTCOME_COMPLETED: "COMPLETED", ws.FINISH_OUTCOME_FAILED: "FAILED",
            ws.FINISH_OUTCOME_PAUSED_HUMAN: "PAUSED_HUMAN", ws.FINISH_OUTCOME_RETRY: "RETRY",
            ws.FINISH_OUTCOME_SLEEP: "SLEEP"}
@@ -364,6 +365,42 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             schema_version, next_step, evidence, event_id, current_trace())
         annotate(run_version=version, replayed=replayed)
         return ws.CompleteToolCallResponse(version=version, status=pb.RUN_STATUS_RUNNING, replayed=replayed)
+
+    @rpc
+    async def CompleteAndBeginToolCall(self, request: ws.CompleteAndBeginToolCallRequest,
+                                       context: grpc.aio.ServicerContext) -> ws.CompleteAndBeginToolCallResponse:
+        lease = _lease(request)
+        expected = _expected_version(request.expected_version)
+        step_key = v.require_step_key("step_key", request.step_key)
+        outcome = v.require_enum("outcome", request.outcome, _DEFINITE_OUTCOME)
+        event_id = _event_id(request.event_id)
+        error_code = v.optional_text("error_code", request.error_code, max_len=200)
+        evidence = v.parse_json("evidence_json", request.evidence_json, self.limit, default=None)
+        response = v.parse_json("response_json", request.response_json, self.limit, object_only=False)
+        state = v.parse_json("state_json", request.state_json, self.limit, required=True)
+        schema_version = v.require_positive("schema_version", request.schema_version)
+        remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
+        nxt = request.next
+        next_step = v.require_step_key("next.step_key", nxt.step_key)
+        if next_step == step_key:
+            raise InvalidArgument("next.step_key", "must differ from step_key (the step being completed)")
+        intent = ToolIntent(
+            step_key=next_step,
+            tool_name=v.require_name("next.tool_name", nxt.tool_name),
+            idempotency_key=v.require_text("next.idempotency_key", nxt.idempotency_key, max_len=400),
+            request=v.parse_json("next.request_json", nxt.request_json, self.limit, required=True),
+            execution_id=v.require_uuid("next.execution_id", nxt.execution_id),
+            event_id=v.require_uuid("next.event_id", nxt.event_id),
+        )
+        if intent.event_id == event_id:
+            raise InvalidArgument("next.event_id", "must differ from event_id (each half has its own event)")
+        annotate(step_key=step_key, tool=intent.tool_name)
+        version, row, replayed = await self.store.complete_and_begin_tool_call(
+            lease, expected, step_key, outcome == "SUCCEEDED", response, remote_id, error_code, state,
+            schema_version, evidence, event_id, intent, current_trace())
+        annotate(run_version=version, replayed=replayed)
+        return ws.CompleteAndBeginToolCallResponse(version=version, status=pb.RUN_STATUS_WAITING_TOOL,
+                                                   execution=convert.execution_to_proto(row), replayed=replayed)
 
     @rpc
     async def MarkToolInDoubt(self, request: ws.MarkToolInDoubtRequest,

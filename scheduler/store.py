@@ -63,6 +63,18 @@ class LeaseRef:
 
 
 @dataclass(frozen=True)
+class ToolIntent:
+    """Tx1's fields for the next step of a combined Tx2 + Tx1 write."""
+
+    step_key: str
+    tool_name: str
+    idempotency_key: str
+    request: Any
+    execution_id: uuid.UUID
+    event_id: uuid.UUID
+
+
+@dataclass(frozen=True)
 class SubmitSpec:
     agent_name: str
     agent_version: str
@@ -482,6 +494,73 @@ class Store:
             )
 
     @db_call
+    async def complete_and_begin_tool_call(
+        self, lease: LeaseRef, expected_version: int, step_key: str, succeeded: bool, response: Any,
+        remote_resource_id: str | None, error_code: str | None, state: dict[str, Any], schema_version: int,
+        evidence: dict[str, Any] | None, event_id: uuid.UUID, intent: ToolIntent, trace: Trace = NO_TRACE,
+    ) -> tuple[int, Record, bool]:
+        """Tx2 of `step_key` and Tx1 of `intent` in one statement. Returns (new version, new ledger row, replayed).
+
+        Refusals are those of the two halves: LEASE_LOST, RUN_CANCELLED (the
+        outcome is kept on the closed row), INVALID_TRANSITION, VERSION_CONFLICT,
+        INVALID_ARGUMENT (not waiting on step_key), ALREADY_EXISTS (a ledger row
+        for the next step or its idempotency key exists: nothing is written, and
+        the caller falls back to Tx2 then Tx1, which answers with that row), and
+        DECISION_NOT_CHECKPOINTED (the new checkpoint does not record the next call).
+        """
+        digest = request_hash(intent.tool_name, intent.request)
+        async with self.pool.acquire() as conn:
+            try:
+                row = await conn.fetchrow(
+                    Q["complete_and_begin_tool_call"], lease.run_id, lease.worker_id, lease.fencing_token,
+                    expected_version, step_key, sources(Op.COMPLETE_AND_BEGIN_TOOL_CALL),
+                    "SUCCEEDED" if succeeded else "FAILED", state, schema_version, response, remote_resource_id,
+                    error_code, evidence, sha256_of(state), intent.step_key, intent.tool_name,
+                    intent.idempotency_key, digest, intent.execution_id, intent.request, event_id,
+                    intent.event_id, trace.traceparent, trace.tracestate,
+                )
+            except asyncpg.UniqueViolationError:
+                row = None
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != _ASSERT_SQLSTATE:
+                    raise
+                row = None
+            if row is not None:
+                return row["cp_version"], row, False
+            replay = await self._replay_all(conn, lease.run_id,
+                                            ((event_id, "checkpoint"), (intent.event_id, "ledger")))
+            if replay is not None:
+                checkpoint, execution = replay
+                return checkpoint["version"], execution, True
+            refusal = await self._tool_refusal(
+                conn, Op.COMPLETE_AND_BEGIN_TOOL_CALL, lease, expected_version, step_key,
+                close_as=("SUCCEEDED" if succeeded else "FAILED", response, remote_resource_id, error_code),
+            )
+            # The last resort is a VersionConflict at the expected version: with the run and the
+            # completed step in order, the Tx1 half is what did not match. Say which part.
+            if not (isinstance(refusal, VersionConflict)
+                    and refusal.metadata.get("version") == str(expected_version)):
+                raise refusal
+            existing = await conn.fetchrow(Q["tool_execution_for_step"], lease.run_id, intent.step_key)
+            if existing is not None:
+                raise AlreadyExists(
+                    f"a ledger row for step {intent.step_key!r} already exists ({existing['status']}); "
+                    "nothing was written", field="next.step_key", status=existing["status"])
+            if await conn.fetchrow(Q["tool_execution_by_key"], intent.tool_name, intent.idempotency_key):
+                raise AlreadyExists("next.idempotency_key is already recorded for another step",
+                                    field="next.idempotency_key")
+            pending = state.get("pending_tool")
+            if not (isinstance(pending, dict) and pending.get("step_key") == intent.step_key
+                    and pending.get("tool_name") == intent.tool_name
+                    and pending.get("request_hash") == digest.hex()):
+                raise DecisionNotCheckpointed(
+                    "the new checkpoint does not record the next tool decision (its pending_tool must "
+                    "name next.step_key, next.tool_name and the hash of next.request_json); nothing was "
+                    "written", step_key=intent.step_key, request_hash=digest.hex(),
+                )
+            raise refusal
+
+    @db_call
     async def tool_not_executed(
         self, lease: LeaseRef, expected_version: int, step_key: str, error_code: str | None,
         evidence: dict[str, Any], event_id: uuid.UUID, trace: Trace = NO_TRACE,
@@ -596,35 +675,59 @@ class Store:
         from what committed. Neither → None: the caller may run the write.
         Exactly one → the run is frozen PAUSED_INDOUBT and counted; never guess.
         """
-        event = await conn.fetchrow(Q["event_by_id"], event_id)
-        if effect == "checkpoint":
-            artifact = await conn.fetchrow(Q["checkpoint_by_event"], event_id)
-        elif effect == "ledger":
-            artifact = await conn.fetchrow(Q["tool_execution_by_intent_event"], event_id)
-        else:
-            # A later write overwrites the marker, so with the event present the
-            # write committed whatever the marker says now.
-            marker = await conn.fetchrow(Q["run_by_last_event"], run_id, event_id)
-            artifact = event if event is not None else marker
-        if event is None and artifact is None:
+        found = await self._replay_all(conn, run_id, ((event_id, effect),))
+        return found[0] if found is not None else None
+
+    async def _replay_all(self, conn: asyncpg.Connection, run_id: uuid.UUID,
+                          writes: tuple[tuple[uuid.UUID, Effect], ...]) -> list[Record] | None:
+        """`_replay` for a write made of several (event id, effect) pairs committed together.
+
+        Every event and every effect present → the artifacts, in order. None of
+        them → None. Anything in between is half a commit: freeze and count.
+        """
+        present: list[str] = []
+        missing: list[str] = []
+        artifacts: list[Record] = []
+        for event_id, effect in writes:
+            event = await conn.fetchrow(Q["event_by_id"], event_id)
+            if effect == "checkpoint":
+                artifact = await conn.fetchrow(Q["checkpoint_by_event"], event_id)
+            elif effect == "ledger":
+                artifact = await conn.fetchrow(Q["tool_execution_by_intent_event"], event_id)
+            else:
+                # A later write overwrites the marker, so with the event present the
+                # write committed whatever the marker says now.
+                marker = await conn.fetchrow(Q["run_by_last_event"], run_id, event_id)
+                artifact = event if event is not None else marker
+            for row in (event, artifact):
+                if row is not None and row["run_id"] != run_id:
+                    raise InvalidArgument("event_id", "already used for a write on another run")
+            (present if event is not None else missing).append(f"event {event_id}")
+            (present if artifact is not None else missing).append(f"{effect} of event {event_id}")
+            if artifact is not None:
+                artifacts.append(artifact)
+        if not present:
             return None
-        for found in (event, artifact):
-            if found is not None and found["run_id"] != run_id:
-                raise InvalidArgument("event_id", "already used for a write on another run")
-        if event is not None and artifact is not None:
-            return artifact
+        if not missing:
+            return artifacts
+        if len(writes) == 1:
+            event_id, effect = writes[0]
+            has_event = present[0].startswith("event ")
+            reason = (f"commit state inconsistent for event {event_id}: "
+                      f"{'event' if has_event else effect} present without {effect if has_event else 'event'}")
+        else:
+            reason = (f"commit state inconsistent for events {', '.join(str(e) for e, _ in writes)}: "
+                      f"{', '.join(present)} present without {', '.join(missing)}")
         async with conn.transaction():
             run = await conn.fetchrow(Q["lock_run"], run_id)
             await conn.execute(Q["bump_counter"], COMMIT_UNKNOWN_COUNTER)
-            reason = (f"commit state inconsistent for event {event_id}: "
-                      f"{'event' if event is not None else effect} present without "
-                      f"{effect if event is not None else 'event'}")
             if run is not None and RunStatus(run["status"]) in LEASED:
                 transition(run["status"], Op.FREEZE)
                 frozen = await conn.fetchrow(Q["freeze_run"], run_id, reason)
                 await self._event(conn, frozen, "agent.run_frozen", {"reason": reason}, NO_TRACE)
+        first = writes[0][0]
         log.error("froze run %s: %s", run_id, reason)
-        raise RunFrozen(reason, run_id=run_id, event_id=event_id)
+        raise RunFrozen(reason, run_id=run_id, event_id=first)
 
     async def _refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
                        expected_version: int | None) -> AgentrtError:
@@ -700,4 +803,5 @@ class Store:
         return int(value or 0)
 
 
-__all__ = ["TERMINAL", "Claimed", "History", "LeaseRef", "Store", "SubmitSpec", "Trace", "connect_pool"]
+__all__ = ["TERMINAL", "Claimed", "History", "LeaseRef", "Store", "SubmitSpec", "ToolIntent", "Trace",
+           "connect_pool"]

@@ -215,6 +215,75 @@ SELECT checkpoint.version,
        agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
 FROM checkpoint;
 
+-- name: complete_and_begin_tool_call
+-- Tx2 of step $5 and Tx1 of step $15 in one statement: all of it commits or
+-- none of it does. Guards, together, what complete_tool_call and
+-- begin_tool_call guard apart:
+--   * fence, owner, version CAS and a live lease by clock_timestamp()
+--     (invariant 2); a flagged cancel matches no row;
+--   * the run is WAITING_TOOL on step $5 whose ledger row is still
+--     OUTBOUND_INTENT (asserted: exactly one row closes);
+--   * the definite result, the new checkpoint (version + 1) and its event commit
+--     together (invariant 5);
+--   * the new checkpoint's pending_tool records the next call: same step key,
+--     tool and request hash ($18, computed by the server) (invariant 6: the
+--     decision is persisted in the very transaction that records its intent,
+--     before any network I/O);
+--   * no ledger row exists yet for step $15 (a row is never a licence to
+--     resend); its OUTBOUND_INTENT row and agent.tool_requested event commit
+--     with the rest (invariant 3), and the run stays WAITING_TOOL on $15.
+WITH run AS (
+  UPDATE agent_runs AS r
+  SET version = r.version + 1, current_step_key = $15, checkpoint_schema_version = $9,
+      updated_at = clock_timestamp()
+  WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3 AND r.version = $4
+    AND r.status = ANY($6::text[]) AND r.current_step_key = $5
+    AND r.lease_expires_at > clock_timestamp()
+    AND r.cancel_requested_at IS NULL
+    AND EXISTS (SELECT 1 FROM tool_executions AS te
+                WHERE te.run_id = r.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT')
+    AND NOT EXISTS (SELECT 1 FROM tool_executions AS te WHERE te.run_id = r.id AND te.step_key = $15)
+    AND $8::jsonb -> 'pending_tool' ->> 'step_key' = $15
+    AND $8::jsonb -> 'pending_tool' ->> 'tool_name' = $16
+    AND $8::jsonb -> 'pending_tool' ->> 'request_hash' = encode($18, 'hex')
+  RETURNING r.id, r.tenant_id, r.version, r.fencing_token
+), execution AS (
+  UPDATE tool_executions AS te
+  SET status = $7, response_json = $10, remote_resource_id = $11, error_code = $12,
+      completed_at = clock_timestamp(),
+      reconciliation_evidence = COALESCE($13::jsonb, te.reconciliation_evidence),
+      reconciled_at = CASE WHEN $13::jsonb IS NULL THEN te.reconciled_at ELSE clock_timestamp() END
+  FROM run
+  WHERE te.run_id = run.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT'
+  RETURNING te.id
+), checkpoint AS (
+  INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version,
+                                 fencing_token, event_id)
+  SELECT id, version, $8, $14, $9, fencing_token, $21 FROM run
+  RETURNING version
+), intent AS (
+  INSERT INTO tool_executions (id, run_id, step_key, tool_name, idempotency_key, request_json,
+                               request_hash, status, fencing_token, intent_event_id)
+  SELECT $19, id, $15, $16, $17, $20, $18, 'OUTBOUND_INTENT', fencing_token, $22 FROM run
+  RETURNING *
+), event AS (
+  INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
+                      traceparent, tracestate)
+  SELECT $21, id, tenant_id, CASE WHEN $7 = 'SUCCEEDED' THEN 'agent.tool_succeeded' ELSE 'agent.tool_failed' END,
+         jsonb_build_object('step_key', $5::text, 'version', version, 'error_code', $12::text),
+         fencing_token, version, $23, $24
+  FROM run
+  UNION ALL
+  SELECT $22, id, tenant_id, 'agent.tool_requested',
+         jsonb_build_object('step_key', $15::text, 'tool_name', $16::text, 'idempotency_key', $17::text,
+                            'execution_id', $19::uuid),
+         fencing_token, version, $23, $24
+  FROM run
+)
+SELECT intent.*, checkpoint.version AS cp_version,
+       agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
+FROM intent, checkpoint;
+
 -- name: tool_not_executed
 -- Takeover: the downstream's lookup proved the request never took effect.
 -- The ledger row is closed NOT_EXECUTED with its evidence (never deleted) and

@@ -124,6 +124,8 @@ def base_request(rpc: str, w: World) -> Message:
             rule_version="v1", event_id=eid())
     if rpc == "GetRunHistory":
         return rs.GetRunHistoryRequest(run_id=w.queued)
+    if rpc == "GetStats":
+        return rs.GetStatsRequest()
     if rpc == "ClaimWork":
         return ws.ClaimWorkRequest(worker_id="w-new", agents=["bi-queued"], wait_ms=0)
     if rpc == "Heartbeat":
@@ -141,6 +143,14 @@ def base_request(rpc: str, w: World) -> Message:
                                           outcome=ws.TOOL_OUTCOME_SUCCEEDED, response_json='{"refund": "r2"}',
                                           remote_resource_id="r2", state_json='{"cursor": 3}', schema_version=1,
                                           next_step_key="next/1", event_id=eid())
+    if rpc == "CompleteAndBeginToolCall":
+        state = tool_state(S2, TOOL, REQ2, tool_results={S1: {"status": "SUCCEEDED"}})
+        return ws.CompleteAndBeginToolCallRequest(
+            lease=w.waiting, expected_version=w.waiting_version, step_key=S1, outcome=ws.TOOL_OUTCOME_SUCCEEDED,
+            response_json='{"refund": "r3"}', remote_resource_id="r3", state_json=json.dumps(state),
+            schema_version=1, event_id=eid(),
+            next=ws.NextToolCall(step_key=S2, tool_name=TOOL, idempotency_key="k-next", request_json=json.dumps(REQ2),
+                                 execution_id=eid(), event_id=eid()))
     if rpc == "MarkToolInDoubt":
         return ws.MarkToolInDoubtRequest(lease=w.waiting, step_key=S1, error_code="timeout", detail="read timed out",
                                          event_id=eid())
@@ -151,9 +161,10 @@ def base_request(rpc: str, w: World) -> Message:
     raise AssertionError(rpc)
 
 
-RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "ResumeRun", "ResolveToolExecution", "GetRunHistory")
+RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "ResumeRun", "ResolveToolExecution", "GetRunHistory",
+            "GetStats")
 WORK_RPCS = ("ClaimWork", "Heartbeat", "SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "MarkToolInDoubt",
-             "FinishRun")
+             "FinishRun", "CompleteAndBeginToolCall")
 WRITES = WORK_RPCS[1:]  # the fenced ones
 MISSING = object()  # header absent
 
@@ -221,13 +232,14 @@ BROKEN_JSON = [
 
 
 def json_cases(rpc: str, field: str, *, object_only: bool = True, required: bool = False) -> list[Bad]:
-    cases = [Bad(rpc, f"{field} {label}", put(**{field: text}), field) for label, text in BROKEN_JSON]
+    key = field.replace(".", "__")
+    cases = [Bad(rpc, f"{field} {label}", put(**{key: text}), field) for label, text in BROKEN_JSON]
     if object_only:
-        cases += [Bad(rpc, f"{field} array", put(**{field: "[1, 2]"}), field),
-                  Bad(rpc, f"{field} string", put(**{field: '"text"'}), field),
-                  Bad(rpc, f"{field} null", put(**{field: "null"}), field)]
+        cases += [Bad(rpc, f"{field} array", put(**{key: "[1, 2]"}), field),
+                  Bad(rpc, f"{field} string", put(**{key: '"text"'}), field),
+                  Bad(rpc, f"{field} null", put(**{key: "null"}), field)]
     if required:
-        cases.append(Bad(rpc, f"{field} missing", put(**{field: CLEAR}), field))
+        cases.append(Bad(rpc, f"{field} missing", put(**{key: CLEAR}), field))
     return cases
 
 
@@ -254,6 +266,7 @@ def token(data: Any) -> str:
 
 
 NO_FILTER = json.dumps([None, None])
+SAME_ID = "0190a8c2-0000-7000-8000-000000000001"
 ISO = "2026-01-01T00:00:00+00:00"
 
 CASES: list[Bad] = [
@@ -261,7 +274,7 @@ CASES: list[Bad] = [
     *[Bad(rpc, "no tenant header", lambda r: None, None, tenant=MISSING, code=grpc.StatusCode.UNAUTHENTICATED)
       for rpc in RUN_RPCS],
     *[Bad(rpc, "malformed tenant", lambda r: None, "x-tenant-id", tenant="bad tenant!")
-      for rpc in ("SubmitRun", "GetRun", "ResolveToolExecution")],
+      for rpc in ("SubmitRun", "GetRun", "ResolveToolExecution", "GetStats")],
     # ---- SubmitRun
     Bad("SubmitRun", "agent_name missing", put(agent_name=CLEAR), "agent_name"),
     Bad("SubmitRun", "agent_name with spaces", put(agent_name="my agent"), "agent_name"),
@@ -344,10 +357,11 @@ CASES: list[Bad] = [
         Bad(rpc, "lease.fencing_token zero", put(lease__fencing_token=0), "lease.fencing_token"),
         Bad(rpc, "lease.fencing_token negative", put(lease__fencing_token=-3), "lease.fencing_token"),
     ]],
-    *[case for rpc in ("SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "MarkToolInDoubt", "FinishRun")
+    *[case for rpc in ("SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "MarkToolInDoubt", "FinishRun",
+                       "CompleteAndBeginToolCall")
       for case in uuid_cases(rpc, "event_id")],
     *[Bad(rpc, "expected_version negative", put(expected_version=-1), "expected_version")
-      for rpc in ("SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "FinishRun")],
+      for rpc in ("SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "FinishRun", "CompleteAndBeginToolCall")],
     # ---- SaveCheckpoint
     *json_cases("SaveCheckpoint", "state_json", required=True),
     *json_cases("SaveCheckpoint", "event_payload_json"),
@@ -375,6 +389,36 @@ CASES: list[Bad] = [
     Bad("CompleteToolCall", "next_step_key with newline", put(next_step_key="a\nb"), "next_step_key"),
     nul_case("CompleteToolCall", "error_code"),
     nul_case("CompleteToolCall", "remote_resource_id"),
+    # ---- CompleteAndBeginToolCall: Tx2's fields, then the next step's Tx1 fields under `next`
+    Bad("CompleteAndBeginToolCall", "step_key missing", put(step_key=CLEAR), "step_key"),
+    Bad("CompleteAndBeginToolCall", "step_key too long", put(step_key="s" * 401), "step_key"),
+    *enum_cases("CompleteAndBeginToolCall", "outcome"),
+    Bad("CompleteAndBeginToolCall", "outcome NOT_EXECUTED", put(outcome=ws.TOOL_OUTCOME_NOT_EXECUTED), "outcome"),
+    *json_cases("CompleteAndBeginToolCall", "state_json", required=True),
+    *json_cases("CompleteAndBeginToolCall", "response_json", object_only=False),
+    *json_cases("CompleteAndBeginToolCall", "evidence_json"),
+    Bad("CompleteAndBeginToolCall", "schema_version zero", put(schema_version=0), "schema_version"),
+    nul_case("CompleteAndBeginToolCall", "error_code"),
+    nul_case("CompleteAndBeginToolCall", "remote_resource_id"),
+    Bad("CompleteAndBeginToolCall", "remote_resource_id too long", put(remote_resource_id="r" * 501),
+        "remote_resource_id"),
+    Bad("CompleteAndBeginToolCall", "next missing", put(next=CLEAR), "next.step_key"),
+    Bad("CompleteAndBeginToolCall", "next.step_key missing", put(next__step_key=CLEAR), "next.step_key"),
+    Bad("CompleteAndBeginToolCall", "next.step_key with newline", put(next__step_key="a\nb"), "next.step_key"),
+    Bad("CompleteAndBeginToolCall", "next.step_key is the completed step", put(next__step_key=S1), "next.step_key"),
+    Bad("CompleteAndBeginToolCall", "next.tool_name missing", put(next__tool_name=CLEAR), "next.tool_name"),
+    Bad("CompleteAndBeginToolCall", "next.tool_name with spaces", put(next__tool_name="pay ments"),
+        "next.tool_name"),
+    Bad("CompleteAndBeginToolCall", "next.idempotency_key missing", put(next__idempotency_key=CLEAR),
+        "next.idempotency_key"),
+    Bad("CompleteAndBeginToolCall", "next.idempotency_key too long", put(next__idempotency_key="k" * 401),
+        "next.idempotency_key"),
+    nul_case("CompleteAndBeginToolCall", "next.idempotency_key"),
+    *json_cases("CompleteAndBeginToolCall", "next.request_json", required=True),
+    *uuid_cases("CompleteAndBeginToolCall", "next.execution_id"),
+    *uuid_cases("CompleteAndBeginToolCall", "next.event_id"),
+    Bad("CompleteAndBeginToolCall", "next.event_id same as event_id",
+        put(event_id=SAME_ID, next__event_id=SAME_ID), "next.event_id"),
     # ---- MarkToolInDoubt
     Bad("MarkToolInDoubt", "step_key missing", put(step_key=CLEAR), "step_key"),
     Bad("MarkToolInDoubt", "error_code missing", put(error_code=CLEAR), "error_code"),

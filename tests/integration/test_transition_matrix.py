@@ -272,6 +272,15 @@ OPERATIONS: dict[str, Operation] = {
                                           _complete(ws.TOOL_OUTCOME_FAILED), _status),
     "CompleteToolCall(NOT_EXECUTED)": Operation("work", fixed(Op.TOOL_NOT_EXECUTED),
                                                 _complete(ws.TOOL_OUTCOME_NOT_EXECUTED), _status),
+    # Tx2 of S1 with the next decision (S2) checkpointed, and Tx1 of S2, in one write.
+    "CompleteAndBeginToolCall": Operation("work", fixed(Op.COMPLETE_AND_BEGIN_TOOL_CALL), lambda w: (
+        w.stack.work.CompleteAndBeginToolCall(ws.CompleteAndBeginToolCallRequest(
+            lease=w.lease, expected_version=w.version, step_key=S1, outcome=ws.TOOL_OUTCOME_SUCCEEDED,
+            response_json='{"refund_id": "r-1"}', state_json=json.dumps(tool_state(S2, TOOL, REQ2)),
+            schema_version=1, event_id=eid(),
+            next=ws.NextToolCall(step_key=S2, tool_name=TOOL, idempotency_key=f"{w.agent}-k2",
+                                 request_json=json.dumps(REQ2), execution_id=eid(), event_id=eid())))),
+        _status),
     "MarkToolInDoubt": Operation("work", fixed(Op.MARK_TOOL_IN_DOUBT), lambda w: w.stack.work.MarkToolInDoubt(
         ws.MarkToolInDoubtRequest(lease=w.lease, step_key=S1, error_code="timeout", event_id=eid())), _status),
     "FinishRun(COMPLETED)": Operation("work", fixed(Op.FINISH_COMPLETED),

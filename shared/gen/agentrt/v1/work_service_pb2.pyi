@@ -189,6 +189,62 @@ class CompleteToolCallResponse(_message.Message):
     replayed: bool
     def __init__(self, version: _Optional[int] = ..., status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
+class NextToolCall(_message.Message):
+    __slots__ = ("step_key", "tool_name", "idempotency_key", "request_json", "execution_id", "event_id")
+    STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_JSON_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    step_key: str
+    tool_name: str
+    idempotency_key: str
+    request_json: str
+    execution_id: str
+    event_id: str
+    def __init__(self, step_key: _Optional[str] = ..., tool_name: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., request_json: _Optional[str] = ..., execution_id: _Optional[str] = ..., event_id: _Optional[str] = ...) -> None: ...
+
+class CompleteAndBeginToolCallRequest(_message.Message):
+    __slots__ = ("lease", "expected_version", "step_key", "outcome", "response_json", "remote_resource_id", "error_code", "state_json", "schema_version", "evidence_json", "event_id", "next")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_JSON_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    lease: LeaseRef
+    expected_version: int
+    step_key: str
+    outcome: ToolOutcome
+    response_json: str
+    remote_resource_id: str
+    error_code: str
+    state_json: str
+    schema_version: int
+    evidence_json: str
+    event_id: str
+    next: NextToolCall
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ToolOutcome, str]] = ..., response_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., error_code: _Optional[str] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., evidence_json: _Optional[str] = ..., event_id: _Optional[str] = ..., next: _Optional[_Union[NextToolCall, _Mapping]] = ...) -> None: ...
+
+class CompleteAndBeginToolCallResponse(_message.Message):
+    __slots__ = ("version", "status", "execution", "replayed")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    status: _common_pb2.RunStatus
+    execution: _common_pb2.ToolExecution
+    replayed: bool
+    def __init__(self, version: _Optional[int] = ..., status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
 class MarkToolInDoubtRequest(_message.Message):
     __slots__ = ("lease", "step_key", "error_code", "detail", "event_id")
     LEASE_FIELD_NUMBER: _ClassVar[int]

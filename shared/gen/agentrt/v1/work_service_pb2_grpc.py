@@ -63,6 +63,11 @@ class WorkServiceStub:
                 request_serializer=agentrt_dot_v1_dot_work__service__pb2.CompleteToolCallRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_work__service__pb2.CompleteToolCallResponse.FromString,
                 _registered_method=True)
+        self.CompleteAndBeginToolCall = channel.unary_unary(
+                '/agentrt.v1.WorkService/CompleteAndBeginToolCall',
+                request_serializer=agentrt_dot_v1_dot_work__service__pb2.CompleteAndBeginToolCallRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_work__service__pb2.CompleteAndBeginToolCallResponse.FromString,
+                _registered_method=True)
         self.MarkToolInDoubt = channel.unary_unary(
                 '/agentrt.v1.WorkService/MarkToolInDoubt',
                 request_serializer=agentrt_dot_v1_dot_work__service__pb2.MarkToolInDoubtRequest.SerializeToString,
@@ -112,6 +117,14 @@ class WorkServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompleteAndBeginToolCall(self, request, context):
+        """Tx2 of one step and Tx1 of the next, in one transaction (one round trip
+        per tool step when the next decision is itself a tool call).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def MarkToolInDoubt(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -151,6 +164,11 @@ def add_WorkServiceServicer_to_server(servicer, server):
                     servicer.CompleteToolCall,
                     request_deserializer=agentrt_dot_v1_dot_work__service__pb2.CompleteToolCallRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_work__service__pb2.CompleteToolCallResponse.SerializeToString,
+            ),
+            'CompleteAndBeginToolCall': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteAndBeginToolCall,
+                    request_deserializer=agentrt_dot_v1_dot_work__service__pb2.CompleteAndBeginToolCallRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_work__service__pb2.CompleteAndBeginToolCallResponse.SerializeToString,
             ),
             'MarkToolInDoubt': grpc.unary_unary_rpc_method_handler(
                     servicer.MarkToolInDoubt,
@@ -302,6 +320,33 @@ class WorkService:
             '/agentrt.v1.WorkService/CompleteToolCall',
             agentrt_dot_v1_dot_work__service__pb2.CompleteToolCallRequest.SerializeToString,
             agentrt_dot_v1_dot_work__service__pb2.CompleteToolCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteAndBeginToolCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.WorkService/CompleteAndBeginToolCall',
+            agentrt_dot_v1_dot_work__service__pb2.CompleteAndBeginToolCallRequest.SerializeToString,
+            agentrt_dot_v1_dot_work__service__pb2.CompleteAndBeginToolCallResponse.FromString,
             options,
             channel_credentials,
             insecure,
