@@ -12,6 +12,7 @@ Endpoints:
   POST /tools/{tool}                 execute (JSON body)
   GET  /lookup/{tool}?key=K          200 {"found": true, "response": ...} | 404 {"found": false}
   POST /_faults {tool, mode, count, latency_ms, hold_ms}   queue failure modes for a tool
+  DELETE /_faults                    drop every queued failure mode
   POST /_config {tool, fenced}       a tool that does not check fences
   GET  /_stats?tool=T&key=K          {"requests": n, "executions": m}
   GET  /_requests?tool=T             every recorded request
@@ -127,7 +128,8 @@ class MockToolApp:
         self.app = web.Application()
         self.app.add_routes([
             web.post("/tools/{tool}", self.call), web.get("/lookup/{tool}", self.lookup),
-            web.post("/_faults", self.faults), web.post("/_config", self.config), web.get("/_stats", self.stats),
+            web.post("/_faults", self.faults), web.delete("/_faults", self.clear_faults),
+            web.post("/_config", self.config), web.get("/_stats", self.stats),
             web.get("/_requests", self.requests), web.get("/healthz", self.healthz)])
 
     async def call(self, request: web.Request) -> web.StreamResponse:
@@ -191,6 +193,10 @@ class MockToolApp:
                               (spec["tool"], spec["mode"], int(spec.get("count", 1)), int(spec.get("latency_ms", 0)),
                                int(spec.get("hold_ms", 30_000))))
         return web.json_response({"ok": True})
+
+    async def clear_faults(self, request: web.Request) -> web.Response:
+        cleared = self.store.db.execute("DELETE FROM faults WHERE remaining > 0").rowcount
+        return web.json_response({"cleared": cleared})
 
     async def config(self, request: web.Request) -> web.Response:
         spec = await request.json()

@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -142,13 +143,20 @@ def cmd_outbox(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from shared.devstack import run_dev
+    from devstack.stack import run_dev
 
     return run_dev(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line naming the command and the problem (no usage dump), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentrt", description="Durable runtime for long AI-agent tasks.")
+    parser = _Parser(prog="agentrt", description="Durable runtime for long AI-agent tasks.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("migrate", help="apply database migrations (safe from several replicas at once)")
@@ -203,17 +211,41 @@ def build_parser() -> argparse.ArgumentParser:
                        help="why (required for skip; kept with the row)")
     p.set_defaults(func=cmd_outbox)
 
-    p = sub.add_parser("dev", help="embedded PostgreSQL + migrations + the services, for local development")
+    p = sub.add_parser("dev", help="the whole runtime on this machine (embedded PostgreSQL and Kafka), "
+                                   "with the after-sales demo")
     p.add_argument("--data-dir", type=Path, default=Path(".agentrt"), help="kept between runs (default .agentrt)")
-    p.add_argument("--database-url", help="use this PostgreSQL instead of the embedded one")
+    p.add_argument("--database-url", default=os.environ.get("AGENTRT_DATABASE_URL"),
+                   help="use this PostgreSQL instead of the embedded one (default: AGENTRT_DATABASE_URL)")
+    p.add_argument("--kafka-bootstrap", default=os.environ.get("AGENTRT_KAFKA_BOOTSTRAP"),
+                   help="use this Kafka instead of the embedded broker (default: AGENTRT_KAFKA_BOOTSTRAP)")
     p.add_argument("--listen", default="127.0.0.1:50051", help="scheduler address (default 127.0.0.1:50051)")
+    p.add_argument("--tenant", default=os.environ.get("AGENTRT_TENANT") or "demo",
+                   help="tenant of the demo runs (default AGENTRT_TENANT or demo)")
+    p.add_argument("--runs", type=int, default=10, help="demo runs to submit (default 10; 0 = none)")
+    p.add_argument("--executors", type=int, default=2, help="executor processes (default 2)")
+    p.add_argument("--auto-approve", action="store_true",
+                   help="approve the runs waiting for a person, so every run completes")
+    p.add_argument("--chaos", action="store_true",
+                   help="SIGKILL a random executor (the relay every 4th time) every --chaos-interval seconds "
+                        "and restart it; now and then drop the label service's answer")
+    p.add_argument("--chaos-interval", type=float, default=3.0, help="seconds between kills (default 3)")
+    p.add_argument("--tool-latency-ms", type=int, default=200,
+                   help="the mock tool server answers after this long (default 200, so a person can follow)")
+    p.add_argument("--exit-when-done", action="store_true",
+                   help="stop once every run is completed or waiting for approval and every event was consumed; "
+                        "exit 0 only then")
+    p.add_argument("--timeout", type=float, default=600.0, help="with --exit-when-done: give up after this long")
     p.add_argument("--exit-after", type=float, default=0.0,
-                   help="stop after this many seconds once healthy (0 = run until Ctrl-C)")
+                   help="stop after this many seconds once up (0 = run until Ctrl-C)")
+    p.add_argument("--summary-json", type=Path, help="also write the closing summary to this file as JSON")
+    p.add_argument("--plain", action="store_true", help="progress as log lines, not a live view")
     p.set_defaults(func=cmd_dev)
 
+    from shared.cli_events import add_commands as add_event_commands
     from shared.cli_runs import add_commands as add_run_commands
 
     add_run_commands(sub)
+    add_event_commands(sub)
     return parser
 
 
