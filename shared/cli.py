@@ -143,6 +143,10 @@ def cmd_outbox(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
+    import warnings
+
+    # The embedded PostgreSQL wheel asks platformdirs for a runtime dir that containers often lack.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"platformdirs(\..*)?$")
     from devstack.stack import run_dev
 
     return run_dev(args)

@@ -1,0 +1,216 @@
+"""`agentrt dev` end to end: real processes on embedded PostgreSQL and Tansu.
+
+--runs 20 --exit-when-done completes (every run COMPLETED or waiting for its
+approval, every event consumed); --chaos (executors and the relay SIGKILLed and
+restarted) still completes with at most one request per idempotency key for
+the non-idempotent tool; the CLI against a live stack (`events tail --json`
+parsed, resume an approval, status); error exits are one line; nothing is left
+running afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests_paths import REPO
+
+from shared.embedded_pg import free_port, pid_alive
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+NON_IDEMPOTENT = "labels.create"
+
+
+def dev_env() -> dict[str, str]:
+    # The embedded database and broker, whatever the calling shell points at.
+    return {k: v for k, v in os.environ.items()
+            if k not in ("AGENTRT_DATABASE_URL", "AGENTRT_KAFKA_BOOTSTRAP", "AGENTRT_TENANT", "AGENTRT_ADDR")}
+
+
+def dev_args(data_dir: Path, addr: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "shared.cli", "dev", "--data-dir", str(data_dir), "--listen", addr, "--plain",
+            "--tool-latency-ms", "20", *extra]
+
+
+def run_dev(data_dir: Path, *extra: str, within_s: float) -> tuple[int, str, dict[str, Any]]:
+    addr = f"127.0.0.1:{free_port()}"
+    summary_path = data_dir.parent / f"{data_dir.name}-summary.json"
+    # dev gives up by itself first (and stops everything it started); the test's own timeout is the backstop.
+    proc = subprocess.run([*dev_args(data_dir, addr, "--exit-when-done", "--timeout", str(within_s),
+                                     "--summary-json", str(summary_path)), *extra],
+                          cwd=REPO, env=dev_env(), capture_output=True, text=True, timeout=within_s + 90)
+    output = proc.stdout + proc.stderr
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return proc.returncode, output, summary
+
+
+def assert_nothing_left(data_dir: Path) -> None:
+    state = json.loads((data_dir / "stack.json").read_text())
+    assert state["stopped"] is True
+    pids = [*state["pids"].values(), state["broker_pid"], state["postgres_pid"]]
+    assert all(pids) and len(pids) == 7  # scheduler, mocktool, 2 executors, relay, broker, PostgreSQL
+    alive = [pid for pid in pids if pid_alive(pid)]
+    assert not alive, f"still running: {alive}"
+
+
+def test_twenty_demo_runs_complete_or_wait_for_approval_and_every_event_is_consumed(tmp_path):
+    started = time.monotonic()
+    code, output, summary = run_dev(tmp_path / "dev", "--runs", "20", within_s=100)
+    assert code == 0, output[-4000:]
+    runs = summary["runs"]
+    assert runs["submitted"] == 20 and runs["completed"] == 16 and runs["awaiting_approval"] == 4, runs
+    assert runs["by_status"] == {"COMPLETED": 16, "PAUSED_HUMAN": 4} and not runs["not_done"]
+    labels = summary["tool_requests"][NON_IDEMPOTENT]
+    assert labels == {"idempotent": False, "keys": 16, "requests": 16, "max_per_key": 1,
+                      "keys_with_more_than_one": []}
+    events = summary["events"]
+    # run_submitted, 3 tool steps (checkpoint, requested, succeeded) … per run: well over 10 each.
+    assert events["published"] > 200 and events["consumed"] == events["published"]
+    assert events["pending"] == 0 and events["missing"] == 0
+    assert summary["ok"] is True and summary["problems"] == []
+    assert "all runs done, every event consumed" in output
+    assert_nothing_left(tmp_path / "dev")
+    assert time.monotonic() - started < 120
+
+
+def test_chaos_kills_executors_and_the_relay_yet_every_run_completes_and_no_label_is_requested_twice(tmp_path):
+    code, output, summary = run_dev(tmp_path / "dev", "--runs", "20", "--chaos", "--chaos-interval", "1",
+                                    "--auto-approve", "--tool-latency-ms", "150", within_s=150)
+    assert code == 0, output[-4000:]
+    chaos = summary["chaos"]
+    assert chaos["executor_kills"] >= 3 and chaos["relay_kills"] >= 1, chaos
+    runs = summary["runs"]
+    assert runs["by_status"] == {"COMPLETED": 20} and runs["approved_by_dev"] == 4, runs
+    for tool, figures in summary["tool_requests"].items():
+        assert figures["keys"] == 20, (tool, figures)
+    labels = summary["tool_requests"][NON_IDEMPOTENT]
+    assert labels["max_per_key"] == 1 and labels["requests"] == labels["keys"] == 20
+    # Every freeze was settled (by the reconciler's lookup), none is left.
+    assert all(d["resolution"] != "unresolved" for d in summary["in_doubt"]), summary["in_doubt"]
+    events = summary["events"]
+    assert events["consumed"] == events["published"] > 0 and events["missing"] == 0
+    assert "SIGKILL exec-" in output and "SIGKILL relay" in output
+    assert_nothing_left(tmp_path / "dev")
+
+
+# ---------------------------------------------------------------------- the CLI against a live stack
+
+
+async def agentrt(*args: str, within_s: float = 60) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "shared.cli", *args, cwd=REPO, env=dev_env(),
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), within_s)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+def one_error_line(err: str) -> bool:
+    lines = err.strip().splitlines()
+    return len(lines) == 1 and "Traceback" not in err
+
+
+async def read_until(stream: asyncio.StreamReader, needle: str, within_s: float, seen: list[str]) -> None:
+    async with asyncio.timeout(within_s):
+        while True:
+            line = (await stream.readline()).decode()
+            if not line:
+                raise AssertionError(f"dev exited before printing {needle!r}:\n{''.join(seen)[-3000:]}")
+            seen.append(line)
+            if needle in line:
+                return
+
+
+async def wait_for_line(seen: list[str], needle: str, within_s: float, reader: asyncio.Task[None]) -> None:
+    deadline = time.monotonic() + within_s
+    while not any(needle in line for line in seen):
+        if reader.done() or time.monotonic() > deadline:
+            raise AssertionError(f"{needle!r} not printed within {within_s:g}s:\n{''.join(seen)[-3000:]}")
+        await asyncio.sleep(0.1)
+
+
+async def test_every_cli_command_against_a_live_stack_then_error_exits_once_it_is_stopped(tmp_path):
+    data_dir = tmp_path / "dev"
+    addr = f"127.0.0.1:{free_port()}"
+    proc = await asyncio.create_subprocess_exec(*dev_args(data_dir, addr, "--runs", "5"), cwd=REPO, env=dev_env(),
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    seen: list[str] = []
+    assert proc.stdout is not None
+    drain = asyncio.create_task(read_until(proc.stdout, "(never printed: read everything)", 600, seen))
+    try:
+        await wait_for_line(seen, "every demo run is completed or waiting for approval", 120, drain)
+        state = json.loads((data_dir / "stack.json").read_text())
+        bootstrap, runs = state["kafka_bootstrap"], state["runs"]
+        scope = ["--addr", addr, "--tenant", "demo"]
+
+        # events tail --json: one CloudEvent per line, for the runs just made.
+        code, out, err = await agentrt("events", "tail", "--bootstrap", bootstrap, "--from-beginning", "--json",
+                                       "--max", "20", "--timeout", "30")
+        assert code == 0, err
+        events = [json.loads(line) for line in out.splitlines()]
+        assert len(events) == 20
+        assert {e["specversion"] for e in events} == {"1.0"} and {e["tenantid"] for e in events} == {"demo"}
+        assert {e["subject"] for e in events} <= set(runs)
+        assert all(e["type"].startswith("agent.") and e["kafka"]["topic"] == "agentrt.events" for e in events)
+        code, out, _ = await agentrt("events", "tail", "--bootstrap", bootstrap, "--from-beginning",
+                                     "--type", "agent.run_completed", "--max", "4", "--timeout", "30")
+        assert code == 0 and len(out.splitlines()) == 4 and all("agent.run_completed" in line for line in
+                                                                 out.splitlines())
+
+        # The run above the refund threshold waits; approve it, watch it finish, see its event arrive.
+        code, out, err = await agentrt("runs", "list", "--status", "PAUSED_HUMAN", "--json", *scope)
+        assert code == 0, err
+        [paused] = [r for r in json.loads(out)["runs"] if r["run_id"] in runs]
+        assert paused["current_step_key"].startswith("approve_refund")
+        code, out, err = await agentrt("runs", "resume", paused["run_id"], "--approve", "--operator", "alice",
+                                       "--json", *scope)
+        assert code == 0 and json.loads(out)["status"] == "QUEUED", err
+        code, out, _ = await agentrt("runs", "watch", paused["run_id"], "--json", *scope)
+        assert code == 0 and json.loads(out.splitlines()[-1])["status"] == "COMPLETED"
+        code, out, _ = await agentrt("runs", "history", paused["run_id"], "--json", *scope)
+        tools = [t["tool_name"] for t in json.loads(out)["tool_executions"]]
+        assert tools[-3:] == ["labels.create", "tickets.register", "notify.send"]
+        code, out, err = await agentrt("events", "tail", "--bootstrap", bootstrap, "--from-beginning", "--json",
+                                       "--run", paused["run_id"], "--type", "agent.run_completed", "--max", "1",
+                                       "--timeout", "30")
+        assert code == 0 and json.loads(out)["subject"] == paused["run_id"], err
+
+        # status: every service healthy, the demo tenant's counts.
+        services = [f"{name}={target}" for name, target in state["health"].items() if not target.startswith("http")]
+        code, out, err = await agentrt("status", "--json", *scope, *(x for s in services for x in ("--service", s)))
+        assert code == 0, err
+        status = json.loads(out)
+        assert {name for name, s in status["services"].items() if s["health"] == "SERVING"} == {
+            "scheduler", "relay", "exec-1", "exec-2"}
+        assert status["runs_by_status"].get("COMPLETED", 0) >= 5
+
+        # Bad arguments: one line, non-zero.
+        for bad in (["events", "tail", "--max", "0"], ["events", "tail", "--bootstrap", "nohost"],
+                    ["events", "tail", "--frobnicate"], ["dev", "--runs", "-1"], ["dev", "--exit-when-done",
+                                                                                  "--runs", "0"]):
+            code, _, err = await agentrt(*bad)
+            assert code != 0 and one_error_line(err), (bad, err)
+        code, _, err = await agentrt("events", "tail", "--bootstrap", bootstrap, "--type", "no.such.event",
+                                     "--max", "1", "--timeout", "1")
+        assert code == 1 and one_error_line(err) and "0 of 1 events" in err
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), 60)
+        with contextlib.suppress(AssertionError):
+            await drain
+        assert code == 0, "".join(seen)[-3000:]
+    assert_nothing_left(data_dir)
+
+    # A stopped service: one line, non-zero.
+    code, _, err = await agentrt("runs", "list", "--addr", addr, "--tenant", "demo", "--timeout", "0.5")
+    assert code == 1 and one_error_line(err) and "UNAVAILABLE" in err
+    code, _, err = await agentrt("events", "tail", "--bootstrap", bootstrap, "--timeout", "5")
+    assert code == 1 and one_error_line(err) and "UNAVAILABLE" in err
