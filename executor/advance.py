@@ -44,6 +44,9 @@ from executor.steps import (
 @dataclass(frozen=True)
 class ExecuteTool:
     decision: ToolDecision
+    # Tx1 already committed, in the same transaction as the checkpoint that records the
+    # decision (CompleteAndBeginToolCall): the holder goes straight to sending.
+    intent_recorded: bool = False
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,17 @@ class WorkClient:
             request.event_id = new_event_id()
         return await self._call(self.stub.CompleteToolCall, request, give_up_at)
 
+    async def complete_and_begin_tool_call(self, request: ws.CompleteAndBeginToolCallRequest,
+                                           give_up_at: float | None) -> ws.CompleteAndBeginToolCallResponse:
+        """Tx2 of one step and Tx1 of the next in one call; ids are made once, so a retry replays."""
+        if not request.event_id:
+            request.event_id = new_event_id()
+        if not request.next.event_id:
+            request.next.event_id = new_event_id()
+        if not request.next.execution_id:
+            request.next.execution_id = new_event_id()
+        return await self._call(self.stub.CompleteAndBeginToolCall, request, give_up_at)
+
     async def mark_tool_in_doubt(self, lease: ws.LeaseRef, step_key: str, error_code: str, detail: str,
                                  give_up_at: float | None) -> ws.MarkToolInDoubtResponse:
         request = ws.MarkToolInDoubtRequest(lease=lease, step_key=step_key, error_code=error_code,

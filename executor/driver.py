@@ -168,7 +168,10 @@ class RunDriver:
 
     async def loop(self, state: State, action: Action | None, advancer: Advancer, calls: ToolCalls) -> None:
         while True:
-            if self.s.shutdown.stopping.is_set():
+            # A step whose intent was recorded before the signal (with the previous step's Tx2) is in
+            # flight: it is sent and closed like any step in flight; no other step starts.
+            in_flight = isinstance(action, ExecuteTool) and action.intent_recorded
+            if self.s.shutdown.stopping.is_set() and not in_flight:
                 raise Stopped("shutting down")
             with self.s.tracer.start_as_current_span("agent.step", attributes=self.span_attributes()) as span:
                 if action is None:
@@ -186,7 +189,7 @@ class RunDriver:
                 if isinstance(action, ExecuteTool):
                     span.set_attribute(tracing.TOOL, action.decision.tool_name)
                     span.set_attribute("agentrt.decision_hash", action.decision.request_hash)
-                    done = await calls.execute(state, action.decision)
+                    done = await calls.execute(state, action.decision, intent_recorded=action.intent_recorded)
                     if done is None:
                         return
                     state, action = done

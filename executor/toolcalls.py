@@ -10,7 +10,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from executor.advance import Action, Advancer
+from executor.advance import Action, Advancer, ExecuteTool
 from executor.agents import AgentDefinition
 from executor.checkpoint import SCHEMA_VERSION, State, ToolDecision
 from executor.errors import Action as ErrorAction
@@ -18,6 +18,7 @@ from executor.errors import action_for, classify
 from executor.steps import tool_result
 from executor.tools.base import ToolCallContext, ToolOutcome
 from shared.canonical import canonical_json
+from shared.errors import AlreadyExists, DecisionNotCheckpointed
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.tracing import inject_metadata
@@ -43,18 +44,20 @@ class ToolCalls:
                                idempotency_key=idempotency_key, fencing_token=self.d.held.fencing_token,
                                headers=dict(inject_metadata()))
 
-    async def execute(self, state: State, decision: ToolDecision) -> Next | None:
+    async def execute(self, state: State, decision: ToolDecision, *, intent_recorded: bool = False) -> Next | None:
         d, s = self.d, self.d.s
-        began = await s.client.begin_tool_call(d.held.ref, d.version, decision.step_key, decision.tool_name,
-                                               decision.idempotency_key, decision.request, d.give_up_at)
-        if began.existing and not began.replayed:
-            # A row this call did not write: never a licence to send.
-            reason = (f"a ledger row for step {decision.step_key} already exists "
-                      f"({pb.ToolExecutionStatus.Name(began.execution.status)}); not sending again")
-            paused, action = self.advancer.end(state, "policy_refused", reason, policy_pause=True)
-            await d.persist(paused)
-            return paused, action
+        if not intent_recorded:
+            began = await s.client.begin_tool_call(d.held.ref, d.version, decision.step_key, decision.tool_name,
+                                                   decision.idempotency_key, decision.request, d.give_up_at)
+            if began.existing and not began.replayed:
+                # A row this call did not write: never a licence to send.
+                reason = (f"a ledger row for step {decision.step_key} already exists "
+                          f"({pb.ToolExecutionStatus.Name(began.execution.status)}); not sending again")
+                paused, action = self.advancer.end(state, "policy_refused", reason, policy_pause=True)
+                await d.persist(paused)
+                return paused, action
         # replayed: our own intent, whose commit we had not heard of; nothing was sent yet.
+        # intent_recorded: this holder's CompleteAndBeginToolCall wrote the row; nothing was sent yet either.
         d.status, d.open_step = pb.RUN_STATUS_WAITING_TOOL, decision.step_key
         s.faults.hit("after_outbound_intent_commit", d.run.run_id)
         if not d.held.alive():
@@ -97,11 +100,23 @@ class ToolCalls:
     async def close(self, after: State, decision: ToolDecision, outcome: ws.ToolOutcome, response: Any,
                     remote_resource_id: str | None, *, error_code: str = "", evidence: dict[str, Any] | None = None,
                     fold: bool = True) -> Next:
-        """Tx2: the definite outcome, the next checkpoint and the event, in one transaction."""
+        """Tx2: the definite outcome, the next checkpoint and the event, in one transaction.
+
+        When the folded next decision is itself a tool call, its Tx1 joins the
+        same transaction (CompleteAndBeginToolCall): the checkpoint that records
+        the decision and the intent row commit together, before any network I/O.
+        """
         action: Action | None = None
         if fold and self.fold:
             after, action = await self.advancer.advance(after)
         data = after.to_json_dict()
+        # Not while shutting down: no new step starts then, so the next intent is not recorded either.
+        if (isinstance(action, ExecuteTool) and after.pending_tool == action.decision
+                and not self.d.s.shutdown.stopping.is_set()):
+            begun = await self.close_and_begin(after, data, decision, outcome, response, remote_resource_id,
+                                               error_code, evidence, action.decision)
+            if begun is not None:
+                return begun
         request = ws.CompleteToolCallRequest(
             lease=self.d.held.ref, expected_version=self.d.version, step_key=decision.step_key, outcome=outcome,
             response_json=canonical_json(response) if response is not None else "",
@@ -112,6 +127,31 @@ class ToolCalls:
         self.d.version, self.d.saved, self.d.status = reply.version, data, pb.RUN_STATUS_RUNNING
         self.d.open_step = ""
         return after, action
+
+    async def close_and_begin(self, after: State, data: dict[str, Any], decision: ToolDecision,
+                              outcome: ws.ToolOutcome, response: Any, remote_resource_id: str | None,
+                              error_code: str, evidence: dict[str, Any] | None, following: ToolDecision) -> Next | None:
+        """Tx2 of `decision` and Tx1 of `following` in one call; None when refused with nothing written
+        for a reason the two-call path answers its own way (a ledger row already there, a decision the
+        scheduler does not see in the checkpoint): the caller then writes Tx2 alone and Tx1 as usual."""
+        d = self.d
+        request = ws.CompleteAndBeginToolCallRequest(
+            lease=d.held.ref, expected_version=d.version, step_key=decision.step_key, outcome=outcome,
+            response_json=canonical_json(response) if response is not None else "",
+            remote_resource_id=remote_resource_id or "", error_code=error_code, state_json=canonical_json(data),
+            schema_version=SCHEMA_VERSION, evidence_json=canonical_json(evidence) if evidence else "",
+            next=ws.NextToolCall(step_key=following.step_key, tool_name=following.tool_name,
+                                 idempotency_key=following.idempotency_key,
+                                 request_json=canonical_json(following.request)))
+        try:
+            reply = await d.s.client.complete_and_begin_tool_call(request, d.give_up_at)
+        except (AlreadyExists, DecisionNotCheckpointed) as exc:
+            log.warning("run %s: combined Tx2 + Tx1 refused (%s), writing them one by one: %s",
+                        d.run.run_id, exc.reason, exc.message)
+            return None
+        d.version, d.saved, d.status = reply.version, data, pb.RUN_STATUS_WAITING_TOOL
+        d.open_step = following.step_key
+        return after, ExecuteTool(following, intent_recorded=True)
 
     async def freeze(self, step_key: str, code: str, detail: str) -> None:
         await self.d.s.client.mark_tool_in_doubt(self.d.held.ref, step_key, code, detail, self.d.give_up_at)

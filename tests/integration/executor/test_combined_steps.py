@@ -1,0 +1,122 @@
+"""The executor writes Tx2 of a step and Tx1 of the next in one call when the next decision is a tool call.
+
+The decision is still persisted before its intent (invariant 6): the checkpoint
+that records it and the intent row commit in the same transaction. A lost
+answer is retried with the same event ids; a crash right after that commit is
+taken over like any recorded intent (looked up, never resent blindly).
+"""
+
+import json
+
+import grpc
+import pytest
+from executor_support import executor, history, http_tool, mock_tool, scripted_agent, wait_for, wait_status, write_agent
+from support import scheduler_stack, submit
+
+from executor.faults import Faults
+from shared.gen.agentrt.v1 import common_pb2 as pb
+
+pytestmark = pytest.mark.integration
+END = (pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_FAILED, pb.RUN_STATUS_PAUSED_INDOUBT, pb.RUN_STATUS_PAUSED_HUMAN)
+RPCS = ("SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "CompleteAndBeginToolCall", "FinishRun")
+
+
+def three_steps(url: str) -> dict:
+    plan = [{"id": "a", "tool": "t.a", "args": {"n": 1}}, {"id": "b", "tool": "t.b", "args": {"n": 2}},
+            {"id": "c", "tool": "t.a", "args": {"n": 3}}, {"id": "done", "finish": "ok"}]
+    return scripted_agent("chain", plan, [http_tool(url, "t.a"), http_tool(url, "t.b")])
+
+
+def count_calls(stub, seen: dict[str, list]) -> None:
+    for name in RPCS:
+        real = getattr(stub, name)
+
+        async def call(request, _real=real, _name=name, **kwargs):
+            seen.setdefault(_name, []).append(request)
+            return await _real(request, **kwargs)
+
+        setattr(stub, name, call)
+
+
+async def test_each_tool_step_after_the_first_is_one_scheduler_call(db_url, db, tmp_path):
+    async with mock_tool(tmp_path) as mock, scheduler_stack(db_url) as stack:
+        write_agent(tmp_path / "agents", three_steps(mock.url))
+        run = await submit(stack, agent="chain")
+        seen: dict[str, list] = {}
+        async with executor(stack, tmp_path / "agents") as worker:
+            count_calls(worker.services.client.stub, seen)
+            final = await wait_status(stack, run.run_id, *END)
+        assert final.status == pb.RUN_STATUS_COMPLETED, final.terminal_reason or final.pause_reason
+        # decision a: SaveCheckpoint; a: Tx1; a→b and b→c: one call each; c: Tx2 (with the finish); FinishRun.
+        assert {name: len(calls) for name, calls in seen.items()} == {
+            "SaveCheckpoint": 1, "BeginToolCall": 1, "CompleteAndBeginToolCall": 2, "CompleteToolCall": 1,
+            "FinishRun": 1}
+        assert [(r.step_key, r.next.step_key) for r in seen["CompleteAndBeginToolCall"]] == [
+            ("a/attempt-1", "b/attempt-1"), ("b/attempt-1", "c/attempt-1")]
+
+        hist = await history(stack, run.run_id)
+        assert [(e.step_key, e.status) for e in hist.tool_executions] == [
+            ("a/attempt-1", pb.TOOL_EXECUTION_STATUS_SUCCEEDED), ("b/attempt-1", pb.TOOL_EXECUTION_STATUS_SUCCEEDED),
+            ("c/attempt-1", pb.TOOL_EXECUTION_STATUS_SUCCEEDED)]
+        assert sorted(mock.calls_by_key().values()) == [1, 1, 1]
+        assert [c.version for c in hist.checkpoints] == list(range(1, len(hist.checkpoints) + 1))
+        # Invariant 6: each intent was recorded at a version whose checkpoint holds that very decision.
+        checkpoints = {c.version: c for c in hist.checkpoints}
+        requested = [e for e in hist.events if e.event_type == "agent.tool_requested"]
+        assert len(requested) == 3
+        for event in requested:
+            step = json.loads(event.payload_json)["step_key"]
+            pending = json.loads(checkpoints[event.run_version].state_json)["pending_tool"]
+            row = next(r for r in hist.tool_executions if r.step_key == step)
+            assert (pending["step_key"], pending["request_hash"]) == (step, row.request_hash)
+
+
+async def test_a_lost_answer_is_retried_with_the_same_event_ids(db_url, db, tmp_path):
+    async with mock_tool(tmp_path) as mock, scheduler_stack(db_url) as stack:
+        write_agent(tmp_path / "agents", three_steps(mock.url))
+        run = await submit(stack, agent="chain")
+        sent: list = []
+        async with executor(stack, tmp_path / "agents") as worker:
+            stub = worker.services.client.stub
+            real = stub.CompleteAndBeginToolCall
+
+            async def lossy(request, **kwargs):
+                sent.append((request.event_id, request.next.event_id, request.next.execution_id))
+                reply = await real(request, **kwargs)
+                if len(sent) == 1:  # committed, but the answer never arrives
+                    raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
+                                               grpc.aio.Metadata(), details="answer lost in the test")
+                return reply
+
+            stub.CompleteAndBeginToolCall = lossy
+            final = await wait_status(stack, run.run_id, *END)
+            assert worker.services.client.retries == 1
+        assert final.status == pb.RUN_STATUS_COMPLETED, final.terminal_reason or final.pause_reason
+        assert len(sent) == 3 and sent[0] == sent[1]  # the retry reused all three ids
+        hist = await history(stack, run.run_id)
+        assert len({e.event_id for e in hist.events}) == len(hist.events)  # nothing written twice
+        assert sorted(mock.calls_by_key().values()) == [1, 1, 1]
+
+
+async def test_a_crash_after_the_combined_commit_is_taken_over_not_resent(db_url, db, tmp_path):
+    async with mock_tool(tmp_path) as mock, scheduler_stack(db_url, lease_duration_ms=1000) as stack:
+        write_agent(tmp_path / "agents", three_steps(mock.url))
+        run = await submit(stack, agent="chain")
+        # The second intent is the first one recorded by CompleteAndBeginToolCall.
+        faults = Faults(["after_outbound_intent_commit@occurrence=2"])
+        async with executor(stack, tmp_path / "agents", faults=faults):
+            await wait_for(lambda: _fired(faults), 10, "the fault")
+        left = await db.fetchrow("SELECT status, current_step_key FROM agent_runs")
+        assert (left["status"], left["current_step_key"]) == ("WAITING_TOOL", "b/attempt-1")
+        async with executor(stack, tmp_path / "agents"):
+            final = await wait_status(stack, run.run_id, *END)
+        assert final.status == pb.RUN_STATUS_COMPLETED, final.terminal_reason or final.pause_reason
+        rows = [(e.step_key, e.status) for e in (await history(stack, run.run_id)).tool_executions]
+        # The takeover looked b up: not found (never sent), so b ran again as its next attempt, once.
+        assert ("b/attempt-1", pb.TOOL_EXECUTION_STATUS_NOT_EXECUTED) in rows
+        assert ("b/attempt-2", pb.TOOL_EXECUTION_STATUS_SUCCEEDED) in rows
+        assert set(mock.calls_by_key().values()) == {1}
+
+
+async def _fired(faults: Faults) -> bool:
+    return bool(faults.fired)
