@@ -124,7 +124,7 @@ class View:
     def line(self) -> str:
         """The progress as one line, for logs and terminals without live redraw."""
         f = self.figures()
-        statuses = ", ".join(f"{k} {v}" for k, v in sorted(f["by_status"].items()))
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted(f["by_status"].items())) or "none"
         return (f"[{time.monotonic() - self.started:5.0f}s] runs: {statuses} | tool steps {f['tool_steps_done']}, "
                 f"calls {f['tool_calls_sent']} | in doubt {f['in_doubt']} | outbox lag {f['outbox_pending']} | "
                 f"events consumed {f['events_consumed']} ({f['events_per_s']:.0f}/s)")
