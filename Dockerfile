@@ -20,6 +20,7 @@ COPY shared ./shared
 COPY scheduler ./scheduler
 COPY executor ./executor
 COPY relay ./relay
+COPY devstack ./devstack
 RUN /opt/agentrt/bin/pip install --upgrade pip \
  && /opt/agentrt/bin/pip install . \
  && /opt/agentrt/bin/agentrt --help > /dev/null
