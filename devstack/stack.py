@@ -269,6 +269,8 @@ class DevStack:
             threshold = demo.approval_threshold(self.agent)
             self.runs = demo.demo_runs(args.runs, self.session, threshold)
             self.view = View(self.session, args.tenant, args.auto_approve, self.runs, self.services, self.events)
+            if stop.is_set():  # Ctrl-C while starting: submit nothing
+                self.runs.clear()
             if self.runs:
                 await demo.submit_all(client, self.runs, self.session)
                 print(f"submitted {len(self.runs)} runs of {demo.AGENT_NAME} (tenant {args.tenant}); "
@@ -284,7 +286,8 @@ class DevStack:
                 if chaos is not None:
                     await chaos
             if self.runs and all(s.alive for s in (self.scheduler,) if s is not None):
-                await self.wait_for_events(client, reader)
+                # A person who pressed Ctrl-C gets the summary at once; a script waits for the last events.
+                await self.wait_for_events(client, reader, within_s=30 if args.exit_when_done else 3)
                 report = await summary.build(client, self.runs, self.mock_url, self.agent, self.events,
                                              self.chaos, auto_approve=args.auto_approve)
                 for line in summary.text(report):

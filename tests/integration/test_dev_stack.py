@@ -25,6 +25,7 @@ import pytest
 from tests_paths import REPO
 
 from shared.embedded_pg import free_port, pid_alive
+from shared.kafka_testing import kafka_for_tests
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 NON_IDEMPOTENT = "labels.create"
@@ -100,6 +101,29 @@ def test_chaos_kills_executors_and_the_relay_yet_every_run_completes_and_no_labe
     assert events["consumed"] == events["published"] > 0 and events["missing"] == 0
     assert "SIGKILL exec-" in output and "SIGKILL relay" in output
     assert_nothing_left(tmp_path / "dev")
+
+
+async def test_an_external_postgresql_and_kafka_are_used_and_left_running(db_url, db, tmp_path):
+    with kafka_for_tests(tmp_path / "tansu.log") as (bootstrap, broker):
+        data_dir = tmp_path / "dev"
+        summary_path = tmp_path / "summary.json"
+        env = {**dev_env(), "AGENTRT_DATABASE_URL": db_url}  # the variable, and the flag for Kafka
+        proc = await asyncio.create_subprocess_exec(
+            *dev_args(data_dir, f"127.0.0.1:{free_port()}", "--runs", "5", "--exit-when-done", "--timeout", "90",
+                      "--kafka-bootstrap", bootstrap, "--summary-json", str(summary_path)),
+            cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 180)
+        output = out.decode()
+        assert proc.returncode == 0, output[-4000:]
+        assert "embedded" not in output  # neither an embedded PostgreSQL nor an embedded broker
+        summary = json.loads(summary_path.read_text())
+        assert summary["ok"] and summary["runs"]["submitted"] == 5
+        assert await db.fetchval("SELECT count(*) FROM agent_runs WHERE tenant_id = 'demo'") == 5
+        state = json.loads((data_dir / "stack.json").read_text())
+        assert state["broker_pid"] is None and state["postgres_pid"] is None
+        assert not any(pid_alive(pid) for pid in state["pids"].values())
+        assert broker is None or broker.running  # dev stopped only what it started
+        assert await db.fetchval("SELECT 1") == 1
 
 
 # ---------------------------------------------------------------------- the CLI against a live stack
