@@ -25,7 +25,7 @@ test-integration: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy scheduler executor relay shared devstack
+	$(VENV)/bin/mypy scheduler executor relay shared devstack bench
 
 proto: $(STAMP)
 	$(PY) proto/generate.py
