@@ -134,6 +134,10 @@ class EmbeddedPostgres:
             if pid is not None:
                 os.kill(pid, 9)
 
+    def pg_ctl(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        """`pg_ctl -D <data dir> ARGS` as the server's owner, e.g. ("-w", "-m", "immediate", "restart")."""
+        return self._run(str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data_dir), *args, timeout=timeout)
+
     def restart(self, mode: str = "fast") -> None:
         """`pg_ctl restart -m MODE` equivalent (stop in MODE, start again on the same port)."""
         self.stop(mode)
