@@ -39,7 +39,7 @@ from devstack.services import Service, ServiceFailed
 from devstack.watch import EventCounter, View
 from shared.cli_events import TailSettings
 from shared.client import AgentrtClient
-from shared.embedded_pg import EmbeddedPostgres, free_port
+from shared.embedded_pg import EmbeddedPostgres, free_port, pid_alive
 from shared.errors import AgentrtError, InvalidArgument
 from shared.event_tail import KafkaUnreachable
 from shared.kafka_testing import TansuBroker
@@ -81,6 +81,13 @@ def validate(args: argparse.Namespace) -> None:
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         raise InvalidArgument("--listen", f"{args.listen!r} is not host:port")
+
+
+def wait_gone(pid: int, within_s: float) -> None:
+    """pg_ctl returns once postmaster.pid is gone; the postmaster itself exits a moment later."""
+    deadline = time.monotonic() + within_s
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def run_dev(args: argparse.Namespace) -> int:
@@ -239,6 +246,8 @@ class DevStack:
             await asyncio.to_thread(self.broker.stop)
         if self.pg is not None:
             await asyncio.to_thread(self.pg.stop)
+            if self.postgres_pid:
+                await asyncio.to_thread(wait_gone, self.postgres_pid, 15)
         stopped = ", ".join(s.name for s in order if s is not None)
         extra = " and ".join(x for x in ("the broker" if self.broker else "",
                                          "embedded PostgreSQL" if self.pg else "") if x)
