@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from tests_paths import REPO
 
@@ -205,6 +206,45 @@ async def test_every_cli_command_against_a_live_stack_then_error_exits_once_it_i
                                        "--run", paused["run_id"], "--type", "agent.run_completed", "--max", "1",
                                        "--timeout", "30")
         assert code == 0 and json.loads(out)["subject"] == paused["run_id"], err
+
+        # An operator settles an in-doubt label call: the label service creates it, then answers 500.
+        # (Tenant "ops": the executors' reconciler sweeps only "demo", so the person decides.)
+        ops = ["--addr", addr, "--tenant", "ops"]
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{state['mock_url']}/_faults",
+                                    json={"tool": "labels.create", "mode": "error_after", "count": 1}) as resp:
+                assert resp.status == 200
+            order = {"order_id": 7, "customer_id": "cust-7", "refund_amount": 80, "currency": "EUR",
+                     "reason": "wrong size"}
+            code, out, err = await agentrt("runs", "submit", "after_sales_return", "--input", json.dumps(order),
+                                           "--request-id", "ops-7", "--json", *ops)
+            assert code == 0 and json.loads(out)["created"] is True, err
+            ops_run = json.loads(out)["run_id"]
+            code, out, _ = await agentrt("runs", "watch", ops_run, "--until", "PAUSED_INDOUBT", "--json", *ops)
+            assert json.loads(out.splitlines()[-1])["status"] == "PAUSED_INDOUBT"
+            code, out, _ = await agentrt("runs", "get", ops_run, "--json", *ops)
+            assert code == 0 and json.loads(out)["current_step_key"] == "create_label/attempt-1"
+            code, out, _ = await agentrt("runs", "history", ops_run, "--json", *ops)
+            [row] = [t for t in json.loads(out)["tool_executions"] if t["tool_name"] == "labels.create"]
+            async with session.get(f"{state['mock_url']}/lookup/labels.create",
+                                   params={"key": row["idempotency_key"]}) as resp:
+                found = await resp.json()
+        assert found["found"] is True
+        code, out, err = await agentrt("tools", "resolve", ops_run, "create_label/attempt-1", "--succeeded",
+                                       "--result", json.dumps(found["response"]), "--evidence",
+                                       json.dumps({"lookup": "found", "by": "test"}), "--json", *ops)
+        assert code == 0 and json.loads(out)["run"]["status"] == "QUEUED", err
+        code, out, _ = await agentrt("runs", "watch", ops_run, "--json", *ops)
+        finished = json.loads(out.splitlines()[-1])
+        assert finished["status"] == "COMPLETED" and finished["result"]["label_id"] == found["response"]["id"]
+        # Cancel: a large refund waiting for approval ends FAILED.
+        code, out, _ = await agentrt("runs", "submit", "after_sales_return", "--input",
+                                     json.dumps({**order, "order_id": 8, "refund_amount": 900}), "--json", *ops)
+        big = json.loads(out)["run_id"]
+        code, out, _ = await agentrt("runs", "watch", big, "--until", "PAUSED_HUMAN", "--json", *ops)
+        assert json.loads(out.splitlines()[-1])["status"] == "PAUSED_HUMAN"
+        code, out, _ = await agentrt("runs", "cancel", big, "--reason", "customer withdrew", "--json", *ops)
+        assert code == 0 and json.loads(out)["status"] == "FAILED"
 
         # status: every service healthy, the demo tenant's counts.
         services = [f"{name}={target}" for name, target in state["health"].items() if not target.startswith("http")]
