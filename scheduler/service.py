@@ -309,14 +309,15 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                              context: grpc.aio.ServicerContext) -> ws.SaveCheckpointResponse:
         lease = _lease(request)
         expected = _expected_version(request.expected_version)
-        state = v.parse_json("state_json", request.state_json, self.limit, required=True)
+        state, state_text = v.parse_json_canonical("state_json", request.state_json, self.limit, required=True)
         schema_version = v.require_positive("schema_version", request.schema_version)
         step_key = v.require_step_key("step_key", request.step_key) if request.step_key else None
         event_id = _event_id(request.event_id)
         event_type = v.require_name("event_type", request.event_type) if request.event_type else "agent.checkpoint"
         payload = v.parse_json("event_payload_json", request.event_payload_json, self.limit, default={})
         version, replayed = await self.store.save_checkpoint(
-            lease, expected, state, schema_version, step_key, event_id, event_type, payload, current_trace())
+            lease, expected, state, schema_version, step_key, event_id, event_type, payload, current_trace(),
+            state_text=state_text)
         annotate(run_version=version, replayed=replayed)
         return ws.SaveCheckpointResponse(version=version, replayed=replayed)
 
@@ -356,13 +357,13 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             return ws.CompleteToolCallResponse(version=version, status=convert.RUN_STATUS[status],
                                                replayed=replayed)
         response = v.parse_json("response_json", request.response_json, self.limit, object_only=False)
-        state = v.parse_json("state_json", request.state_json, self.limit, required=True)
+        state, state_text = v.parse_json_canonical("state_json", request.state_json, self.limit, required=True)
         schema_version = v.require_positive("schema_version", request.schema_version)
         next_step = v.require_step_key("next_step_key", request.next_step_key) if request.next_step_key else None
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
         version, replayed = await self.store.complete_tool_call(
             lease, expected, step_key, outcome == "SUCCEEDED", response, remote_id, error_code, state,
-            schema_version, next_step, evidence, event_id, current_trace())
+            schema_version, next_step, evidence, event_id, current_trace(), state_text=state_text)
         annotate(run_version=version, replayed=replayed)
         return ws.CompleteToolCallResponse(version=version, status=pb.RUN_STATUS_RUNNING, replayed=replayed)
 
@@ -377,7 +378,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         error_code = v.optional_text("error_code", request.error_code, max_len=200)
         evidence = v.parse_json("evidence_json", request.evidence_json, self.limit, default=None)
         response = v.parse_json("response_json", request.response_json, self.limit, object_only=False)
-        state = v.parse_json("state_json", request.state_json, self.limit, required=True)
+        state, state_text = v.parse_json_canonical("state_json", request.state_json, self.limit, required=True)
         schema_version = v.require_positive("schema_version", request.schema_version)
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
         nxt = request.next
@@ -397,7 +398,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         annotate(step_key=step_key, tool=intent.tool_name)
         version, row, replayed = await self.store.complete_and_begin_tool_call(
             lease, expected, step_key, outcome == "SUCCEEDED", response, remote_id, error_code, state,
-            schema_version, evidence, event_id, intent, current_trace())
+            schema_version, evidence, event_id, intent, current_trace(), state_text=state_text)
         annotate(run_version=version, replayed=replayed)
         return ws.CompleteAndBeginToolCallResponse(version=version, status=pb.RUN_STATUS_WAITING_TOOL,
                                                    execution=convert.execution_to_proto(row), replayed=replayed)

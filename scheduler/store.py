@@ -28,7 +28,7 @@ import asyncpg
 from asyncpg import Record
 
 from scheduler.queries import Q
-from shared.canonical import canonical_json, request_hash, sha256_of, uuid7
+from shared.canonical import CanonicalJson, encode_json, request_hash, sha256_of, uuid7
 from shared.config import SchedulerSettings
 from shared.errors import (
     AgentrtError,
@@ -164,9 +164,9 @@ def _prefixed(row: Record, prefix: str) -> dict[str, Any] | None:
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
-    # jsonb in and out as Python values; what goes in is canonical JSON.
+    # jsonb in and out as Python values; what goes in is canonical JSON (CanonicalJson text as is).
     for type_name in ("jsonb", "json"):
-        await conn.set_type_codec(type_name, encoder=canonical_json, decoder=json.loads, schema="pg_catalog")
+        await conn.set_type_codec(type_name, encoder=encode_json, decoder=json.loads, schema="pg_catalog")
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -396,14 +396,16 @@ class Store:
     async def save_checkpoint(
         self, lease: LeaseRef, expected_version: int, state: dict[str, Any], schema_version: int,
         step_key: str | None, event_id: uuid.UUID, event_type: str, event_payload: dict[str, Any],
-        trace: Trace = NO_TRACE,
+        trace: Trace = NO_TRACE, state_text: CanonicalJson | None = None,
     ) -> tuple[int, bool]:
+        """`state_text`, when given, is canonical_json(state): stored and hashed without encoding again."""
+        stored = state if state_text is None else state_text
         async with self.pool.acquire() as conn:
             try:
                 version = await conn.fetchval(
                     Q["save_checkpoint"], lease.run_id, lease.worker_id, lease.fencing_token,
-                    expected_version, sources(Op.SAVE_CHECKPOINT), schema_version, state, step_key,
-                    sha256_of(state), event_id, event_type, event_payload, trace.traceparent,
+                    expected_version, sources(Op.SAVE_CHECKPOINT), schema_version, stored, step_key,
+                    sha256_of(stored), event_id, event_type, event_payload, trace.traceparent,
                     trace.tracestate,
                 )
             except asyncpg.UniqueViolationError:
@@ -465,16 +467,17 @@ class Store:
         self, lease: LeaseRef, expected_version: int, step_key: str, succeeded: bool, response: Any,
         remote_resource_id: str | None, error_code: str | None, state: dict[str, Any], schema_version: int,
         next_step_key: str | None, evidence: dict[str, Any] | None, event_id: uuid.UUID,
-        trace: Trace = NO_TRACE,
+        trace: Trace = NO_TRACE, state_text: CanonicalJson | None = None,
     ) -> tuple[int, bool]:
         """Tx2 with a definite outcome. Returns (new version, replayed)."""
+        stored = state if state_text is None else state_text
         async with self.pool.acquire() as conn:
             try:
                 version = await conn.fetchval(
                     Q["complete_tool_call"], lease.run_id, lease.worker_id, lease.fencing_token,
                     expected_version, step_key, sources(Op.COMPLETE_TOOL_CALL),
-                    "SUCCEEDED" if succeeded else "FAILED", next_step_key, state, schema_version, response,
-                    remote_resource_id, error_code, evidence, sha256_of(state), event_id,
+                    "SUCCEEDED" if succeeded else "FAILED", next_step_key, stored, schema_version, response,
+                    remote_resource_id, error_code, evidence, sha256_of(stored), event_id,
                     trace.traceparent, trace.tracestate,
                 )
             except asyncpg.UniqueViolationError:
@@ -498,6 +501,7 @@ class Store:
         self, lease: LeaseRef, expected_version: int, step_key: str, succeeded: bool, response: Any,
         remote_resource_id: str | None, error_code: str | None, state: dict[str, Any], schema_version: int,
         evidence: dict[str, Any] | None, event_id: uuid.UUID, intent: ToolIntent, trace: Trace = NO_TRACE,
+        state_text: CanonicalJson | None = None,
     ) -> tuple[int, Record, bool]:
         """Tx2 of `step_key` and Tx1 of `intent` in one statement. Returns (new version, new ledger row, replayed).
 
@@ -509,13 +513,14 @@ class Store:
         DECISION_NOT_CHECKPOINTED (the new checkpoint does not record the next call).
         """
         digest = request_hash(intent.tool_name, intent.request)
+        stored = state if state_text is None else state_text
         async with self.pool.acquire() as conn:
             try:
                 row = await conn.fetchrow(
                     Q["complete_and_begin_tool_call"], lease.run_id, lease.worker_id, lease.fencing_token,
                     expected_version, step_key, sources(Op.COMPLETE_AND_BEGIN_TOOL_CALL),
-                    "SUCCEEDED" if succeeded else "FAILED", state, schema_version, response, remote_resource_id,
-                    error_code, evidence, sha256_of(state), intent.step_key, intent.tool_name,
+                    "SUCCEEDED" if succeeded else "FAILED", stored, schema_version, response, remote_resource_id,
+                    error_code, evidence, sha256_of(stored), intent.step_key, intent.tool_name,
                     intent.idempotency_key, digest, intent.execution_id, intent.request, event_id,
                     intent.event_id, trace.traceparent, trace.tracestate,
                 )

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from shared.canonical import canonical_json
+from shared.canonical import CanonicalJson, canonical_json
 from shared.errors import InvalidArgument, Unauthenticated
 
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -78,11 +78,23 @@ def _reject_constant(token: str) -> Any:
 def parse_json(field: str, text: str, limit: int, *, required: bool = False,
                object_only: bool = True, default: Any = None) -> Any:
     """Parses a *_json field. Oversized, invalid, NaN/Infinity, or (by default) non-object → INVALID_ARGUMENT."""
+    return parse_json_canonical(field, text, limit, required=required, object_only=object_only,
+                                default=default)[0]
+
+
+def parse_json_canonical(field: str, text: str, limit: int, *, required: bool = False,
+                         object_only: bool = True, default: Any = None) -> tuple[Any, CanonicalJson | None]:
+    """`parse_json`, plus the value's canonical text (None for an empty field).
+
+    The canonical text is made once here (the check below needs it anyway);
+    passed on as CanonicalJson it is stored and hashed without encoding again.
+    """
     if not text:
         if required:
             raise InvalidArgument(field, "is required")
-        return default
-    if len(text.encode("utf-8")) > limit:
+        return default, None
+    # At most 4 UTF-8 bytes per character: short text needs no encoding to be measured.
+    if len(text) > limit // 4 and len(text.encode("utf-8")) > limit:
         raise InvalidArgument(field, f"is larger than the {limit}-byte payload limit")
     try:
         value = json.loads(text, parse_constant=_reject_constant)
@@ -90,13 +102,16 @@ def parse_json(field: str, text: str, limit: int, *, required: bool = False,
         raise InvalidArgument(field, f"is not valid JSON ({str(exc)[:120]})") from None
     if object_only and not isinstance(value, dict):
         raise InvalidArgument(field, "must be a JSON object")
-    if _has_nul(value):
+    # JSON text can only carry NUL as the escape \u0000 (a raw control character is invalid
+    # JSON): without one in the text there is none in the value, and no need to walk it.
+    if "\\u0000" in text and _has_nul(value):
         raise InvalidArgument(field, "must not contain NUL characters (PostgreSQL jsonb refuses them)")
     try:  # 1e400 parses as inf and "\ud800" as a lone surrogate: neither can be stored or hashed
-        canonical_json(value).encode("utf-8")
+        canonical = canonical_json(value)
+        canonical.encode("utf-8")
     except ValueError:
         raise InvalidArgument(field, "must hold finite numbers and valid Unicode text only") from None
-    return value
+    return value, CanonicalJson(canonical)
 
 
 def _has_nul(value: Any) -> bool:

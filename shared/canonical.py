@@ -22,7 +22,20 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+class CanonicalJson(str):
+    """Text that is already `canonical_json` of a value: stored and hashed as is, never encoded again."""
+
+    __slots__ = ()
+
+
+def encode_json(value: Any) -> str:
+    """jsonb/json codec encoder: canonical JSON, passing CanonicalJson text through unchanged."""
+    return value if isinstance(value, CanonicalJson) else canonical_json(value)
+
+
 def sha256_of(value: Any) -> bytes:
+    if isinstance(value, CanonicalJson):
+        return hashlib.sha256(value.encode("utf-8")).digest()
     return hashlib.sha256(canonical_json(value).encode("utf-8")).digest()
 
 

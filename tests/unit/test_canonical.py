@@ -4,7 +4,8 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.canonical import canonical_json, idempotency_key, request_hash, sha256_of, uuid7
+from scheduler.validate import parse_json_canonical
+from shared.canonical import CanonicalJson, canonical_json, encode_json, idempotency_key, request_hash, sha256_of, uuid7
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
@@ -48,3 +49,16 @@ def test_uuid7_is_version_7_and_time_ordered():
     assert all(isinstance(i, uuid.UUID) and i.version == 7 for i in ids)
     stamps = [i.int >> 80 for i in ids]
     assert stamps == sorted(stamps)
+
+
+@given(json_values.filter(lambda v: isinstance(v, dict)))
+def test_parsed_once_canonical_text_stores_and_hashes_like_the_value(value):
+    text = json.dumps(value, ensure_ascii=True)  # any spelling a client may send
+    if "\\u0000" in text:
+        return  # refused (NUL), covered by the bad-input tests
+    parsed, canonical = parse_json_canonical("state_json", text, 1 << 20)
+    assert parsed == value and isinstance(canonical, CanonicalJson)
+    assert canonical == canonical_json(value)
+    assert encode_json(canonical) is canonical  # the jsonb codec passes it through, never re-encodes
+    assert encode_json("text") == '"text"'  # a plain str is still a JSON string value
+    assert sha256_of(canonical) == sha256_of(value)
