@@ -74,6 +74,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
+def machine_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    values = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(values[:8]) - values[3] - values[4], sum(values[:8])
+
+
+async def backend_pids(conn: asyncpg.Connection) -> list[int]:
+    """PostgreSQL backends of the bench database (the scheduler's pool and notifier), but this connection's."""
+    rows = await conn.fetch("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND pid <> pg_backend_pid()")
+    return [r["pid"] for r in rows]
+
+
+def backends_cpu(pids: list[int]) -> dict[int, float]:
+    seen: dict[int, float] = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            seen[pid] = cpu_seconds(pid)
+    return seen
+
+
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -192,17 +213,29 @@ async def throughput(db_url: str, args: argparse.Namespace, workdir: Path) -> tu
         await asyncio.sleep(args.warmup)
         count0, t0 = await succeeded(conn)
         cpu0 = [scheduler.cpu_seconds(), *(e.cpu_seconds() for e in executors)]
+        pg0, (busy0, total0) = backends_cpu(await backend_pids(conn)), machine_busy()
         await asyncio.sleep(args.seconds)
         count1, t1 = await succeeded(conn)
         cpu1 = [scheduler.cpu_seconds(), *(e.cpu_seconds() for e in executors)]
+        pg1, (busy1, total1) = backends_cpu(await backend_pids(conn)), machine_busy()
         rate = (count1 - count0) / (t1 - t0)
         cores = [(b - a) / (t1 - t0) for a, b in zip(cpu0, cpu1, strict=True)]
+        # Backends opened during the window count from zero (they start near it).
+        pg_cores = sum(used - pg0.get(pid, 0.0) for pid, used in pg1.items()) / (t1 - t0)
+        machine = (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1)
+        per_step = 1000 / rate if rate else float("nan")
         runs_done = await conn.fetchval("SELECT count(*) FROM agent_runs WHERE status = 'COMPLETED'")
         failed = await conn.fetchval("SELECT count(*) FROM agent_runs WHERE status NOT IN "
                                      "('COMPLETED', 'QUEUED', 'RUNNING', 'WAITING_TOOL')")
         detail = {"steps": count1 - count0, "window_s": round(t1 - t0, 2), "runs_completed": runs_done,
                   "runs_not_ok": failed, "cpu_cores": {"scheduler": round(cores[0], 2),
-                                                       "executors": [round(c, 2) for c in cores[1:]]}}
+                                                       "executors": [round(c, 2) for c in cores[1:]],
+                                                       "postgres_backends": round(pg_cores, 2),
+                                                       "machine": round(machine, 2)},
+                  # CPU per fenced step: what each side spends, less sensitive to the machine's other load.
+                  "cpu_ms_per_step": {"scheduler": round(cores[0] * per_step, 2),
+                                      "executors": round(sum(cores[1:]) * per_step, 2),
+                                      "postgres_backends": round(pg_cores * per_step, 2)}}
         return rate, detail
     finally:
         for e in executors:
