@@ -245,11 +245,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="progress as log lines, not a live view")
     p.set_defaults(func=cmd_dev)
 
+    from shared.acceptance.cli import add_commands as add_acceptance_commands
     from shared.cli_events import add_commands as add_event_commands
     from shared.cli_runs import add_commands as add_run_commands
 
     add_run_commands(sub)
     add_event_commands(sub)
+    add_acceptance_commands(sub)
     return parser
 
 

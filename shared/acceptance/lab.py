@@ -25,13 +25,13 @@ import asyncpg
 
 from scheduler.store import _init_connection
 from shared.acceptance.api import SETTLED, STATUS, Api
+from shared.acceptance.cli import LEASE_MS
 from shared.acceptance.evidence import Evidence, component_versions, git_commit, jsonable
 from shared.acceptance.procs import PYTHON, CommandLog, ExperimentError, Proc, wait_log, wait_until
 from shared.embedded_pg import POSTGRES_BIN_PATH, EmbeddedPostgres, free_port
 from shared.kafka_testing import TansuBroker, tansu_binary
 
 TENANT = "tenant-acceptance"
-LEASE_MS = 3_000
 
 
 def _with_database(url: str, database: str) -> str:

@@ -26,26 +26,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from shared.acceptance.cli import DEFAULT_ARTIFACTS
 from shared.acceptance.evidence import format_table, summary_rows
-from shared.acceptance.lab import LEASE_MS, Lab, Suite
+from shared.acceptance.lab import Lab, Suite
 from shared.acceptance.procs import PYTHON, REPO_ROOT, clean_env
-
-DEFAULT_ARTIFACTS = Path("artifacts/acceptance")
 
 
 def default_artifacts() -> Path:
     return DEFAULT_ARTIFACTS / dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repeat", type=int, default=1, help="repetitions of each experiment (default 1)")
-    parser.add_argument("--only", default="", help="comma-separated experiment ids (default: 1-9)")
-    parser.add_argument("--artifacts", type=Path, help=f"output directory (default {DEFAULT_ARTIFACTS}/<time>)")
-    parser.add_argument("--lease-ms", type=int, default=LEASE_MS, help=f"scheduler lease (default {LEASE_MS})")
-    parser.add_argument("--keep-databases", action="store_true", help="do not drop the experiments' databases")
-    parser.add_argument("--partition", choices=["auto", "sigstop"], default="auto",
-                        help="experiment 9: a network namespace when possible (auto), or pause the executor")
-    parser.add_argument("--hub", default="", help=argparse.SUPPRESS)  # set by the parent for experiment 9
 
 
 def netns_available() -> bool:
@@ -154,17 +142,11 @@ async def main_async(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from shared.acceptance.cli import acceptance_arguments, cmd_acceptance
+
     parser = argparse.ArgumentParser(prog="agentrt acceptance", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    import logging
-    import os
-
-    # The suite forks processes while its gRPC channels are open; it needs no fork handlers.
-    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-
-    logging.basicConfig(level="WARNING")
-    return asyncio.run(main_async(args))
+    acceptance_arguments(parser)
+    return cmd_acceptance(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

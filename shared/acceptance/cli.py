@@ -1,0 +1,70 @@
+"""`agentrt acceptance` and `agentrt chaos`: their arguments here (cheap to import), their work imported lazily."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_ARTIFACTS = Path("artifacts/acceptance")
+LEASE_MS = 3_000  # the suite's scheduler lease: short, so takeovers come quickly
+
+
+def acceptance_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repeat", type=int, default=1, help="repetitions of each experiment (default 1)")
+    parser.add_argument("--only", default="", help="comma-separated experiment ids (default: 1-9)")
+    parser.add_argument("--artifacts", type=Path, help=f"output directory (default {DEFAULT_ARTIFACTS}/<time>)")
+    parser.add_argument("--lease-ms", type=int, default=LEASE_MS, help=f"scheduler lease (default {LEASE_MS})")
+    parser.add_argument("--keep-databases", action="store_true", help="do not drop the experiments' databases")
+    parser.add_argument("--partition", choices=["auto", "sigstop"], default="auto",
+                        help="experiment 9: a network namespace when possible (auto), or pause the executor")
+    parser.add_argument("--hub", default="", help=argparse.SUPPRESS)  # set by the parent for experiment 9
+
+
+def chaos_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs", type=int, default=500, help="runs to submit (default 500)")
+    parser.add_argument("--minutes", type=float, default=10.0, help="length of the fault phase (default 10)")
+    parser.add_argument("--executors", type=int, default=3, help="executor processes (default 3)")
+    parser.add_argument("--kill-every-s", type=float, default=4.0, help="mean seconds between SIGKILLs (default 4)")
+    parser.add_argument("--fault-probability", type=float, default=0.01,
+                        help="probability of each armed fault point per hit (default 0.01)")
+    parser.add_argument("--settle-minutes", type=float, default=5.0, help="bound on the settle phase (default 5)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
+    parser.add_argument("--lease-ms", type=int, default=4000, help="scheduler lease (default 4000)")
+    parser.add_argument("--artifacts", type=Path, help="output directory (default artifacts/chaos/<time>)")
+
+
+def _quiet() -> None:
+    import os
+    import warnings
+
+    # The suite forks processes while its gRPC channels are open; it needs no fork handlers.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    # The embedded PostgreSQL wheel asks platformdirs for a runtime dir that containers often lack.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"platformdirs(\..*)?$")
+
+
+def cmd_acceptance(args: argparse.Namespace) -> int:
+    import asyncio
+
+    _quiet()
+    from shared.acceptance.runner import main_async
+
+    return asyncio.run(main_async(args))
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    import asyncio
+
+    _quiet()
+    from shared.acceptance.chaos import main_async
+
+    return asyncio.run(main_async(args))
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("acceptance", help="the fault-injection acceptance suite (experiments 1-9, evidence records)")
+    acceptance_arguments(p)
+    p.set_defaults(func=cmd_acceptance)
+    p = sub.add_parser("chaos", help="the chaos soak: runs under random SIGKILLs and restarts, then invariants")
+    chaos_arguments(p)
+    p.set_defaults(func=cmd_chaos)
