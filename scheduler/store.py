@@ -532,8 +532,8 @@ class Store:
                 row = None
             if row is not None:
                 return row["cp_version"], row, False
-            replay = await self._replay_all(conn, lease.run_id,
-                                            ((event_id, "checkpoint"), (intent.event_id, "ledger")))
+            replay = await self._replay_all(conn, lease.run_id, ((event_id, "checkpoint", "event_id"),
+                                                                 (intent.event_id, "ledger", "next.event_id")))
             if replay is not None:
                 checkpoint, execution = replay
                 return checkpoint["version"], execution, True
@@ -680,12 +680,12 @@ class Store:
         from what committed. Neither → None: the caller may run the write.
         Exactly one → the run is frozen PAUSED_INDOUBT and counted; never guess.
         """
-        found = await self._replay_all(conn, run_id, ((event_id, effect),))
+        found = await self._replay_all(conn, run_id, ((event_id, effect, "event_id"),))
         return found[0] if found is not None else None
 
     async def _replay_all(self, conn: asyncpg.Connection, run_id: uuid.UUID,
-                          writes: tuple[tuple[uuid.UUID, Effect], ...]) -> list[Record] | None:
-        """`_replay` for a write made of several (event id, effect) pairs committed together.
+                          writes: tuple[tuple[uuid.UUID, Effect, str], ...]) -> list[Record] | None:
+        """`_replay` for a write made of several (event id, effect, request field) parts committed together.
 
         Every event and every effect present → the artifacts, in order. None of
         them → None. Anything in between is half a commit: freeze and count.
@@ -693,7 +693,7 @@ class Store:
         present: list[str] = []
         missing: list[str] = []
         artifacts: list[Record] = []
-        for event_id, effect in writes:
+        for event_id, effect, field_name in writes:
             event = await conn.fetchrow(Q["event_by_id"], event_id)
             if effect == "checkpoint":
                 artifact = await conn.fetchrow(Q["checkpoint_by_event"], event_id)
@@ -706,7 +706,7 @@ class Store:
                 artifact = event if event is not None else marker
             for row in (event, artifact):
                 if row is not None and row["run_id"] != run_id:
-                    raise InvalidArgument("event_id", "already used for a write on another run")
+                    raise InvalidArgument(field_name, "already used for a write on another run")
             (present if event is not None else missing).append(f"event {event_id}")
             (present if artifact is not None else missing).append(f"{effect} of event {event_id}")
             if artifact is not None:
@@ -716,12 +716,12 @@ class Store:
         if not missing:
             return artifacts
         if len(writes) == 1:
-            event_id, effect = writes[0]
+            event_id, effect, _ = writes[0]
             has_event = present[0].startswith("event ")
             reason = (f"commit state inconsistent for event {event_id}: "
                       f"{'event' if has_event else effect} present without {effect if has_event else 'event'}")
         else:
-            reason = (f"commit state inconsistent for events {', '.join(str(e) for e, _ in writes)}: "
+            reason = (f"commit state inconsistent for events {', '.join(str(w[0]) for w in writes)}: "
                       f"{', '.join(present)} present without {', '.join(missing)}")
         async with conn.transaction():
             run = await conn.fetchrow(Q["lock_run"], run_id)

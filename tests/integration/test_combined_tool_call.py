@@ -338,3 +338,18 @@ async def test_half_a_commit_freezes_the_run(db_url, db, missing):
         error = await rpc_error(stack.work.MarkToolInDoubt(ws.MarkToolInDoubtRequest(
             lease=ref, step_key=S2, error_code="timeout", event_id=eid())))
         assert reason_of(error) == "LEASE_LOST"
+
+
+@pytest.mark.parametrize("field", ["event_id", "next.event_id"])
+async def test_an_event_id_of_another_run_is_invalid_argument(db_url, db, field):
+    async with scheduler_stack(db_url) as stack:
+        other_id, other = await waiting_on_s1(stack, "w2", agent="other")
+        used, used_next = eid(), eid()
+        await stack.work.CompleteAndBeginToolCall(combined(other, event_id=used, next_event_id=used_next))
+        run_id, ref = await waiting_on_s1(stack)
+        request = combined(ref, event_id=used) if field == "event_id" else combined(ref, next_event_id=used_next)
+        error = await assert_refused_and_unchanged(db, run_id, stack.work.CompleteAndBeginToolCall(request),
+                                                   grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
+        assert error_info(error).metadata["field"] == field
+        assert (await snapshot(db, other_id))["run"]["status"] == "WAITING_TOOL"
+        assert await counter(db) == 0
