@@ -27,7 +27,7 @@ T = TypeVar("T")
 STATUS = pb.RunStatus.Name
 
 
-async def wait_for(probe: Callable[[], Awaitable[T | None]], within: float = 20.0, what: str = "condition",
+async def wait_for(probe: Callable[[], Awaitable[T | None]], within: float = 60.0, what: str = "condition",
                    interval: float = 0.05) -> T:
     """Polls `probe` until it returns a truthy value, or fails after `timeout` seconds."""
     deadline = time.monotonic() + within
@@ -45,7 +45,7 @@ async def get_run(stack: Stack, run_id: str, tenant: str = "tenant-a") -> pb.Run
     return await stack.runs.GetRun(rs.GetRunRequest(run_id=run_id), metadata=stack.md(tenant))
 
 
-async def wait_status(stack: Stack, run_id: str, *statuses: int, within: float = 20.0,
+async def wait_status(stack: Stack, run_id: str, *statuses: int, within: float = 60.0,
                       tenant: str = "tenant-a") -> pb.Run:
     seen: list[str] = []
 
