@@ -29,9 +29,11 @@ from executor.deciders import DeciderRegistry
 from executor.driver import RunDriver, Services
 from executor.faults import Faults, InjectedCrash
 from executor.lease import HeldLease
+from executor.metrics import executor_metrics
 from executor.shutdown import Shutdown, Stopped
 from executor.tools import ToolRegistry
 from shared.errors import AgentrtError
+from shared.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,10 @@ class Worker:
         self.shutdown = Shutdown()
         self.active: dict[str, asyncio.Task[None]] = {}
         self.claimed = 0
+        self.leases_lost = 0
+        self.run_errors = 0
+        self.metrics_port: int | None = None
+        self._exported_metrics: Metrics | None = None
         self.health_port: int | None = None
         self._slots = asyncio.Semaphore(settings.slots)
         self._claimers: list[asyncio.Task[None]] = []
@@ -75,6 +81,8 @@ class Worker:
                                  worker_id=self.worker_id, faults=self.faults, shutdown=self.shutdown,
                                  tracer=self.tracer)
         await self._start_health()
+        self._exported_metrics = executor_metrics(self)
+        self.metrics_port = self._exported_metrics.serve(s.metrics_addr)
         self._claimers = [asyncio.create_task(self._claim_loop(), name=f"claimer-{i}") for i in range(s.claimers)]
         log.info("executor %s serving %s with %d slots via %s", self.worker_id, ", ".join(self.catalog.names()),
                  s.slots, s.scheduler_addr)
@@ -137,10 +145,13 @@ class Worker:
         except asyncio.CancelledError:
             if held.lost is None and not self.shutdown.stopping.is_set():
                 raise
+            if held.lost is not None:
+                self.leases_lost += 1
             log.warning("run %s: work cancelled (%s)", held.run_id, held.lost or "shutdown")
         except InjectedCrash as exc:
             log.error("run %s: abandoned at injected fault %s", held.run_id, exc)
         except Exception:
+            self.run_errors += 1
             log.exception("run %s: executor error; the lease is left to lapse", held.run_id)
         finally:
             held.detach()  # from here on a failed heartbeat must not cancel this task
@@ -177,6 +188,8 @@ class Worker:
             await self._channel.close()
         if self._health_server is not None:
             await self._health_server.stop(0)
+        if self._exported_metrics is not None:
+            self._exported_metrics.stop()
         log.info("executor %s stopped", self.worker_id)
 
     async def __aenter__(self) -> Worker:

@@ -1,6 +1,8 @@
 """Priority 1: a multi-step run completes against the real scheduler; each tool request reaches the mock once."""
 
+import asyncio
 import json
+import urllib.request
 
 import grpc
 import pytest
@@ -23,6 +25,11 @@ pytestmark = pytest.mark.integration
 SCHEMA = {"type": "object", "required": ["order_id"], "properties": {"order_id": {"type": "integer"}}}
 
 
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return reply.read().decode()
+
+
 def order_agent(mock_url: str) -> dict:
     plan = [
         {"id": "read_order", "tool": "orders.get", "args": {"order_id": "${input.order_id}"}},
@@ -42,12 +49,14 @@ async def test_multi_step_runs_complete_and_each_request_reaches_the_mock_once(d
         write_agent(agents, order_agent(mock.url))
         runs = [await submit(stack, agent="returns", payload={"order_id": i, "address": f"street {i}"})
                 for i in range(1, 4)]
-        async with executor(stack, agents, slots=2, health_addr="127.0.0.1:0") as worker:
+        async with executor(stack, agents, slots=2, health_addr="127.0.0.1:0", metrics_addr="127.0.0.1:0") as worker:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{worker.health_port}") as channel:
                 health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
                 assert health.status == health_pb2.HealthCheckResponse.SERVING
             finished = [await wait_status(stack, r.run_id, pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_FAILED)
                         for r in runs]
+            metrics = await asyncio.to_thread(scrape, worker.metrics_port)
+            assert "agentrt_executor_claimed_total 3.0" in metrics and "agentrt_executor_slots 2.0" in metrics
         assert [pb.RunStatus.Name(r.status) for r in finished] == ["RUN_STATUS_COMPLETED"] * 3, \
             [r.terminal_reason for r in finished]
         for run in finished:
