@@ -44,7 +44,7 @@ from shared.errors import (
     VersionConflict,
 )
 from shared.states import LEASED, TERMINAL, Op, RunStatus, sources, transition
-from shared.tracing import NO_TRACE, Trace
+from shared.tracing import NO_TRACE, Trace, annotate
 
 log = logging.getLogger(__name__)
 
@@ -386,10 +386,11 @@ class Store:
     @db_call
     async def heartbeat(self, lease: LeaseRef) -> dt.datetime:
         async with self.pool.acquire() as conn:
-            expires = await conn.fetchval(Q["heartbeat"], lease.run_id, lease.worker_id, lease.fencing_token,
-                                          self.settings.lease_duration_ms)
-            if expires is not None:
-                return expires
+            row = await conn.fetchrow(Q["heartbeat"], lease.run_id, lease.worker_id, lease.fencing_token,
+                                      self.settings.lease_duration_ms)
+            if row is not None:
+                annotate(tenant_id=row["tenant_id"])
+                return row["lease_expires_at"]
             raise await self._refusal(conn, Op.HEARTBEAT, lease, None)
 
     @db_call
@@ -402,16 +403,17 @@ class Store:
         stored = state if state_text is None else state_text
         async with self.pool.acquire() as conn:
             try:
-                version = await conn.fetchval(
+                written = await conn.fetchrow(
                     Q["save_checkpoint"], lease.run_id, lease.worker_id, lease.fencing_token,
                     expected_version, sources(Op.SAVE_CHECKPOINT), schema_version, stored, step_key,
                     sha256_of(stored), event_id, event_type, event_payload, trace.traceparent,
                     trace.tracestate,
                 )
             except asyncpg.UniqueViolationError:
-                version = None
-            if version is not None:
-                return version, False
+                written = None
+            if written is not None:
+                annotate(tenant_id=written["tenant_id"])
+                return written["version"], False
             replay = await self._replay(conn, event_id, lease.run_id, "checkpoint")
             if replay is not None:
                 return replay["version"], True
@@ -434,6 +436,7 @@ class Store:
             except asyncpg.UniqueViolationError:
                 row = None
             if row is not None:
+                annotate(tenant_id=row["tenant_id"])
                 return row, False, False
             replay = await self._replay(conn, event_id, lease.run_id, "ledger")
             if replay is not None:
@@ -473,7 +476,7 @@ class Store:
         stored = state if state_text is None else state_text
         async with self.pool.acquire() as conn:
             try:
-                version = await conn.fetchval(
+                written = await conn.fetchrow(
                     Q["complete_tool_call"], lease.run_id, lease.worker_id, lease.fencing_token,
                     expected_version, step_key, sources(Op.COMPLETE_TOOL_CALL),
                     "SUCCEEDED" if succeeded else "FAILED", next_step_key, stored, schema_version, response,
@@ -481,13 +484,14 @@ class Store:
                     trace.traceparent, trace.tracestate,
                 )
             except asyncpg.UniqueViolationError:
-                version = None
+                written = None
             except asyncpg.PostgresError as exc:
                 if exc.sqlstate != _ASSERT_SQLSTATE:
                     raise
-                version = None
-            if version is not None:
-                return version, False
+                written = None
+            if written is not None:
+                annotate(tenant_id=written["tenant_id"])
+                return written["version"], False
             replay = await self._replay(conn, event_id, lease.run_id, "checkpoint")
             if replay is not None:
                 return replay["version"], True
@@ -531,6 +535,7 @@ class Store:
                     raise
                 row = None
             if row is not None:
+                annotate(tenant_id=row["tenant_id"])
                 return row["cp_version"], row, False
             replay = await self._replay_all(conn, lease.run_id, ((event_id, "checkpoint", "event_id"),
                                                                  (intent.event_id, "ledger", "next.event_id")))
@@ -587,6 +592,7 @@ class Store:
                     raise
                 row = None
             if row is not None:
+                annotate(tenant_id=row["tenant_id"])
                 return row["version"], row["status"], False
             replay = await self._replay(conn, event_id, lease.run_id, "run")
             if replay is not None:
@@ -614,6 +620,7 @@ class Store:
                     raise
                 row = None
             if row is not None:
+                annotate(tenant_id=row["tenant_id"])
                 return False
             if await self._replay(conn, event_id, lease.run_id, "run") is not None:
                 return True
@@ -647,6 +654,7 @@ class Store:
             except asyncpg.UniqueViolationError:
                 row = None
             if row is not None:
+                annotate(tenant_id=row["tenant_id"])
                 status = row["status"]
                 return status, row["next_attempt_at"] if status == "QUEUED" else None, False
             event = await self._replay(conn, event_id, lease.run_id, "run")

@@ -106,7 +106,7 @@ WHERE id = $1 AND lease_owner = $2 AND fencing_token = $3
   AND lease_expires_at > clock_timestamp()
   AND status IN ('RUNNING', 'WAITING_TOOL')
   AND cancel_requested_at IS NULL
-RETURNING lease_expires_at;
+RETURNING lease_expires_at, tenant_id;
 
 -- name: save_checkpoint
 -- CAS on (run, owner, fence, version) under a live lease; the version bump,
@@ -135,7 +135,7 @@ WITH run AS (
          fencing_token, version, $13, $14
   FROM run
 )
-SELECT version FROM checkpoint;
+SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id FROM checkpoint;
 
 -- name: begin_tool_call
 -- Tx1: records the outbound intent before any network I/O. Refused (no row)
@@ -171,7 +171,7 @@ WITH run AS (
          fencing_token, version, $13, $14
   FROM run
 )
-SELECT * FROM execution;
+SELECT execution.*, (SELECT tenant_id FROM run) AS tenant_id FROM execution;
 
 -- name: complete_tool_call
 -- Tx2: the tool's definite result, the next checkpoint, the version bump, the
@@ -211,7 +211,7 @@ WITH run AS (
          fencing_token, version, $17, $18
   FROM run
 )
-SELECT checkpoint.version,
+SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id,
        agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
 FROM checkpoint;
 
@@ -280,7 +280,7 @@ WITH run AS (
          fencing_token, version, $23, $24
   FROM run
 )
-SELECT intent.*, checkpoint.version AS cp_version,
+SELECT intent.*, checkpoint.version AS cp_version, (SELECT tenant_id FROM run) AS tenant_id,
        agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
 FROM intent, checkpoint;
 
@@ -322,7 +322,7 @@ WITH run AS (
          fencing_token, version, $13, $14
   FROM run
 )
-SELECT run.version, run.status,
+SELECT run.version, run.status, run.tenant_id,
        agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
 FROM run;
 
@@ -354,7 +354,8 @@ WITH run AS (
          fencing_token, version, $9, $10
   FROM run
 )
-SELECT run.version, agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
+SELECT run.version, run.tenant_id,
+       agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
 FROM run;
 
 -- name: finish_run
@@ -414,7 +415,7 @@ WITH run AS (
          fencing_token, version, $17, $18
   FROM run
 )
-SELECT run.status, run.next_attempt_at, run.version FROM run;
+SELECT run.status, run.next_attempt_at, run.version, run.tenant_id FROM run;
 
 -- name: lock_run
 -- Operator paths (cancel, resume, resolve) and error diagnosis lock the row

@@ -72,3 +72,21 @@ async def test_a_refused_call_is_an_error_span_with_its_status_code(db_url, span
     assert span.status.status_code.name == "ERROR"
     assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
     assert span.attributes["agentrt.error_reason"] == "NOT_FOUND"
+
+
+async def test_work_service_spans_carry_the_runs_tenant(db_url, spans):
+    provider, exporter = spans
+    async with scheduler_stack(db_url, tracer_provider=provider) as stack:
+        await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="demo", input_json="{}"), metadata=stack.md("acme"))
+        lease = await claim(stack)
+        ref = lease_ref(lease)
+        await stack.work.Heartbeat(ws.HeartbeatRequest(lease=ref))
+        await stack.work.SaveCheckpoint(ws.SaveCheckpointRequest(lease=ref, expected_version=0, state_json="{}",
+                                                                 schema_version=1, event_id=eid()))
+        await stack.work.FinishRun(ws.FinishRunRequest(lease=ref, expected_version=1,
+                                                       outcome=ws.FINISH_OUTCOME_COMPLETED, event_id=eid()))
+    for name in ("ClaimWork", "Heartbeat", "SaveCheckpoint", "FinishRun"):
+        span = next(s for s in exporter.get_finished_spans() if s.name == f"/agentrt.v1.WorkService/{name}")
+        assert span.attributes["agentrt.tenant_id"] == "acme", name
+        assert span.attributes["agentrt.run_id"] == lease.run.run_id, name
+        assert span.attributes["agentrt.fencing_token"] == 1, name
