@@ -32,8 +32,7 @@ from relay.publisher import Publisher
 from relay.retention import run_retention
 from relay.store import RelayStore, connect_pool
 from relay.wakeup import OutboxListener
-from scheduler.migrate import available_migrations, schema_version
-from shared.errors import SchemaMismatch
+from scheduler.migrate import require_current_schema
 from shared.metrics import Metrics
 from shared.tracing import setup_tracing
 
@@ -67,7 +66,7 @@ class RelayServer:
         publisher = Publisher(s)
         try:
             async with pool.acquire() as conn:
-                await _check_schema(conn)
+                await require_current_schema(conn)
             await self.store.ensure_shards(s.shard_count)
             await publisher.start()
         except BaseException:
@@ -193,14 +192,6 @@ class RelayServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-
-async def _check_schema(conn: Any) -> None:
-    known = len(available_migrations())
-    current = await schema_version(conn)
-    if current != known:
-        raise SchemaMismatch(f"database schema version {current}, this build expects {known}"
-                             + ("; run `agentrt migrate` first" if current < known else ""),
-                             database_version=current, known_version=known)
 
 
 async def serve(settings: RelaySettings) -> None:

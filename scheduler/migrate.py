@@ -89,3 +89,14 @@ async def schema_version(conn: asyncpg.Connection) -> int:
     if not exists:
         return 0
     return int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations"))
+
+
+async def require_current_schema(conn: asyncpg.Connection) -> None:
+    """Services refuse to start on a schema older or newer than this build knows."""
+    known = len(available_migrations())
+    current = await schema_version(conn)
+    if current != known:
+        raise SchemaMismatch(
+            f"database schema version {current}, this build expects {known}"
+            + ("; run `agentrt migrate` first" if current < known else "; upgrade agentrt"),
+            database_version=current, known_version=known)

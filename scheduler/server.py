@@ -17,12 +17,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from scheduler.metrics import SchedulerMetrics
-from scheduler.migrate import available_migrations, schema_version
+from scheduler.migrate import require_current_schema
 from scheduler.notifier import WorkNotifier
 from scheduler.service import RunServicer, WorkServicer
 from scheduler.store import Store, connect_pool
 from shared.config import SchedulerSettings
-from shared.errors import SchemaMismatch
 from shared.gen.agentrt.v1 import (
     run_service_pb2,
     run_service_pb2_grpc,
@@ -58,7 +57,7 @@ class SchedulerServer:
                                   command_timeout=s.db_command_timeout_s)
         try:
             async with pool.acquire() as conn:
-                await _check_schema(conn)
+                await require_current_schema(conn)
         except BaseException:
             await pool.close()
             raise
@@ -124,15 +123,6 @@ class SchedulerServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-
-async def _check_schema(conn: Any) -> None:
-    known = len(available_migrations())
-    current = await schema_version(conn)
-    if current > known:
-        raise SchemaMismatch(f"database schema version {current} is newer than this build ({known})")
-    if current < known:
-        raise SchemaMismatch(f"database schema version {current} is older than this build ({known}); "
-                           "run `agentrt migrate` first")
 
 
 async def serve(settings: SchedulerSettings) -> None:

@@ -163,6 +163,26 @@ def _prefixed(row: Record, prefix: str) -> dict[str, Any] | None:
     return data
 
 
+async def _fenced_write(conn: asyncpg.Connection, query: str, *args: Any) -> Record | None:
+    """Runs one single-statement fenced write from queries.sql.
+
+    None when it matched no row, or when a unique key (an event id already used)
+    or an agentrt_assert refused it; nothing was written then, and the caller
+    explains why (replay by event id, or `_refusal`).
+    """
+    try:
+        row = await conn.fetchrow(Q[query], *args)
+    except asyncpg.UniqueViolationError:
+        return None
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate != _ASSERT_SQLSTATE:
+            raise
+        return None
+    if row is not None:
+        annotate(tenant_id=row["tenant_id"])
+    return row
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
     # jsonb in and out as Python values; what goes in is canonical JSON (CanonicalJson text as is).
     for type_name in ("jsonb", "json"):
@@ -402,17 +422,12 @@ class Store:
         """`state_text`, when given, is canonical_json(state): stored and hashed without encoding again."""
         stored = state if state_text is None else state_text
         async with self.pool.acquire() as conn:
-            try:
-                written = await conn.fetchrow(
-                    Q["save_checkpoint"], lease.run_id, lease.worker_id, lease.fencing_token,
-                    expected_version, sources(Op.SAVE_CHECKPOINT), schema_version, stored, step_key,
-                    sha256_of(stored), event_id, event_type, event_payload, trace.traceparent,
-                    trace.tracestate,
-                )
-            except asyncpg.UniqueViolationError:
-                written = None
+            written = await _fenced_write(
+                conn, "save_checkpoint", lease.run_id, lease.worker_id, lease.fencing_token,
+                expected_version, sources(Op.SAVE_CHECKPOINT), schema_version, stored, step_key,
+                sha256_of(stored), event_id, event_type, event_payload, trace.traceparent,
+                trace.tracestate)
             if written is not None:
-                annotate(tenant_id=written["tenant_id"])
                 return written["version"], False
             replay = await self._replay(conn, event_id, lease.run_id, "checkpoint")
             if replay is not None:
@@ -427,16 +442,11 @@ class Store:
         """Tx1. Returns (ledger row, existing, replayed). `existing` is never a licence to resend."""
         digest = request_hash(tool_name, request)
         async with self.pool.acquire() as conn:
-            try:
-                row = await conn.fetchrow(
-                    Q["begin_tool_call"], lease.run_id, lease.worker_id, lease.fencing_token,
-                    expected_version, sources(Op.BEGIN_TOOL_CALL), step_key, tool_name, idempotency_key,
-                    request, digest, execution_id, event_id, trace.traceparent, trace.tracestate,
-                )
-            except asyncpg.UniqueViolationError:
-                row = None
+            row = await _fenced_write(
+                conn, "begin_tool_call", lease.run_id, lease.worker_id, lease.fencing_token,
+                expected_version, sources(Op.BEGIN_TOOL_CALL), step_key, tool_name, idempotency_key,
+                request, digest, execution_id, event_id, trace.traceparent, trace.tracestate)
             if row is not None:
-                annotate(tenant_id=row["tenant_id"])
                 return row, False, False
             replay = await self._replay(conn, event_id, lease.run_id, "ledger")
             if replay is not None:
@@ -475,22 +485,13 @@ class Store:
         """Tx2 with a definite outcome. Returns (new version, replayed)."""
         stored = state if state_text is None else state_text
         async with self.pool.acquire() as conn:
-            try:
-                written = await conn.fetchrow(
-                    Q["complete_tool_call"], lease.run_id, lease.worker_id, lease.fencing_token,
-                    expected_version, step_key, sources(Op.COMPLETE_TOOL_CALL),
-                    "SUCCEEDED" if succeeded else "FAILED", next_step_key, stored, schema_version, response,
-                    remote_resource_id, error_code, evidence, sha256_of(stored), event_id,
-                    trace.traceparent, trace.tracestate,
-                )
-            except asyncpg.UniqueViolationError:
-                written = None
-            except asyncpg.PostgresError as exc:
-                if exc.sqlstate != _ASSERT_SQLSTATE:
-                    raise
-                written = None
+            written = await _fenced_write(
+                conn, "complete_tool_call", lease.run_id, lease.worker_id, lease.fencing_token,
+                expected_version, step_key, sources(Op.COMPLETE_TOOL_CALL),
+                "SUCCEEDED" if succeeded else "FAILED", next_step_key, stored, schema_version, response,
+                remote_resource_id, error_code, evidence, sha256_of(stored), event_id,
+                trace.traceparent, trace.tracestate)
             if written is not None:
-                annotate(tenant_id=written["tenant_id"])
                 return written["version"], False
             replay = await self._replay(conn, event_id, lease.run_id, "checkpoint")
             if replay is not None:
@@ -519,23 +520,14 @@ class Store:
         digest = request_hash(intent.tool_name, intent.request)
         stored = state if state_text is None else state_text
         async with self.pool.acquire() as conn:
-            try:
-                row = await conn.fetchrow(
-                    Q["complete_and_begin_tool_call"], lease.run_id, lease.worker_id, lease.fencing_token,
-                    expected_version, step_key, sources(Op.COMPLETE_AND_BEGIN_TOOL_CALL),
-                    "SUCCEEDED" if succeeded else "FAILED", stored, schema_version, response, remote_resource_id,
-                    error_code, evidence, sha256_of(stored), intent.step_key, intent.tool_name,
-                    intent.idempotency_key, digest, intent.execution_id, intent.request, event_id,
-                    intent.event_id, trace.traceparent, trace.tracestate,
-                )
-            except asyncpg.UniqueViolationError:
-                row = None
-            except asyncpg.PostgresError as exc:
-                if exc.sqlstate != _ASSERT_SQLSTATE:
-                    raise
-                row = None
+            row = await _fenced_write(
+                conn, "complete_and_begin_tool_call", lease.run_id, lease.worker_id, lease.fencing_token,
+                expected_version, step_key, sources(Op.COMPLETE_AND_BEGIN_TOOL_CALL),
+                "SUCCEEDED" if succeeded else "FAILED", stored, schema_version, response, remote_resource_id,
+                error_code, evidence, sha256_of(stored), intent.step_key, intent.tool_name,
+                intent.idempotency_key, digest, intent.execution_id, intent.request, event_id,
+                intent.event_id, trace.traceparent, trace.tracestate)
             if row is not None:
-                annotate(tenant_id=row["tenant_id"])
                 return row["cp_version"], row, False
             replay = await self._replay_all(conn, lease.run_id, ((event_id, "checkpoint", "event_id"),
                                                                  (intent.event_id, "ledger", "next.event_id")))
@@ -578,21 +570,12 @@ class Store:
         """Closes the open ledger row NOT_EXECUTED. Returns (version, run status, replayed)."""
         s = self.settings
         async with self.pool.acquire() as conn:
-            try:
-                row = await conn.fetchrow(
-                    Q["tool_not_executed"], lease.run_id, lease.worker_id, lease.fencing_token,
-                    expected_version, step_key, sources(Op.TOOL_NOT_EXECUTED), s.backoff_base_ms,
-                    s.backoff_cap_ms, s.backoff_jitter_ms, error_code, evidence, event_id,
-                    trace.traceparent, trace.tracestate,
-                )
-            except asyncpg.UniqueViolationError:
-                row = None
-            except asyncpg.PostgresError as exc:
-                if exc.sqlstate != _ASSERT_SQLSTATE:
-                    raise
-                row = None
+            row = await _fenced_write(
+                conn, "tool_not_executed", lease.run_id, lease.worker_id, lease.fencing_token,
+                expected_version, step_key, sources(Op.TOOL_NOT_EXECUTED), s.backoff_base_ms,
+                s.backoff_cap_ms, s.backoff_jitter_ms, error_code, evidence, event_id,
+                trace.traceparent, trace.tracestate)
             if row is not None:
-                annotate(tenant_id=row["tenant_id"])
                 return row["version"], row["status"], False
             replay = await self._replay(conn, event_id, lease.run_id, "run")
             if replay is not None:
@@ -607,20 +590,11 @@ class Store:
     ) -> bool:
         """Freeze on an unknown outcome. Returns replayed."""
         async with self.pool.acquire() as conn:
-            try:
-                row = await conn.fetchrow(
-                    Q["mark_tool_in_doubt"], lease.run_id, lease.worker_id, lease.fencing_token, step_key,
-                    sources(Op.MARK_TOOL_IN_DOUBT), error_code, event_id, detail, trace.traceparent,
-                    trace.tracestate,
-                )
-            except asyncpg.UniqueViolationError:
-                row = None
-            except asyncpg.PostgresError as exc:
-                if exc.sqlstate != _ASSERT_SQLSTATE:
-                    raise
-                row = None
+            row = await _fenced_write(
+                conn, "mark_tool_in_doubt", lease.run_id, lease.worker_id, lease.fencing_token, step_key,
+                sources(Op.MARK_TOOL_IN_DOUBT), error_code, event_id, detail, trace.traceparent,
+                trace.tracestate)
             if row is not None:
-                annotate(tenant_id=row["tenant_id"])
                 return False
             if await self._replay(conn, event_id, lease.run_id, "run") is not None:
                 return True
@@ -644,17 +618,12 @@ class Store:
         exhausted = "PAUSED_HUMAN" if pause_when_exhausted else "FAILED"
         s = self.settings
         async with self.pool.acquire() as conn:
-            try:
-                row = await conn.fetchrow(
-                    Q["finish_run"], lease.run_id, lease.worker_id, lease.fencing_token, expected_version,
-                    sources(op), target, mode, sleep_ms, s.backoff_base_ms, s.backoff_cap_ms,
-                    s.backoff_jitter_ms, exhausted, result, reason, event_id, error_class,
-                    trace.traceparent, trace.tracestate,
-                )
-            except asyncpg.UniqueViolationError:
-                row = None
+            row = await _fenced_write(
+                conn, "finish_run", lease.run_id, lease.worker_id, lease.fencing_token, expected_version,
+                sources(op), target, mode, sleep_ms, s.backoff_base_ms, s.backoff_cap_ms,
+                s.backoff_jitter_ms, exhausted, result, reason, event_id, error_class,
+                trace.traceparent, trace.tracestate)
             if row is not None:
-                annotate(tenant_id=row["tenant_id"])
                 status = row["status"]
                 return status, row["next_attempt_at"] if status == "QUEUED" else None, False
             event = await self._replay(conn, event_id, lease.run_id, "run")
