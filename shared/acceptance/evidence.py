@@ -166,10 +166,9 @@ def summary_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["exp", "title", "reps", "pass", "fail", "mean s", "max s", "injection / method"]
+    headers = ["exp", "title", "reps", "pass", "fail", "mean s", "max s", "fault made by"]
     body = [[r["experiment"], r["title"], str(r["repetitions"]), str(r["passed"]), str(r["failed"]),
-             f"{r['mean_s']:.1f}", f"{r['max_s']:.1f}",
-             r["injection"] + (f" [{r['method']}]" if r["method"] else "")] for r in rows]
+             f"{r['mean_s']:.1f}", f"{r['max_s']:.1f}", (r["method"] or r["injection"])[:80]] for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in body)) if body else len(h) for i, h in enumerate(headers)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [fmt.format(*headers), fmt.format(*("-" * w for w in widths))]

@@ -91,11 +91,11 @@ async def _partition(lab: Lab, link: Link | None) -> None:
     held = await lab.snapshot(run_id, "A waiting for b's answer")
     fence_a = held["run"]["fencing_token"]
     if link is not None:
-        lab.ev.method = {"kind": "netns", "namespace": link.ns, "veth": [link.hub_end, link.a_end],
+        lab.ev.method = {"kind": "netns: veth link cut", "namespace": link.ns, "veth": [link.hub_end, link.a_end],
                          "addresses": {"hub": HUB_ADDR, "executor_a": A_ADDR}, "cut": "ip link set <hub end> down"}
         await asyncio.to_thread(link.cut)
     else:
-        lab.ev.method = {"kind": "sigstop (fallback: no network namespaces here)"}
+        lab.ev.method = {"kind": "sigstop: executor paused (no network namespace)"}
         a.signal(signal.SIGSTOP)
     cut_at = len(a.log())
     await lab.executor("executor-b", agents)
