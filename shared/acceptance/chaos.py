@@ -310,15 +310,20 @@ async def main_async(args: argparse.Namespace) -> int:
                   "-m immediate; one broker restart")
         async with lab:
             code = await Chaos(lab, args).run()
-        if lab.ev.error:
-            print(f"chaos soak failed: {lab.ev.error}", file=sys.stderr)
+        if lab.ev.error:  # the soak itself broke (a wait timed out, a process would not start)
+            print(f"chaos soak failed: {lab.ev.error} (see {lab.dir})", file=sys.stderr)
+        if lab.ev.pass_or_fail != "PASS":
             code = 1
-        (artifacts / "summary.json").write_text(json.dumps(
-            {"pass_or_fail": lab.ev.pass_or_fail, "observed": lab.ev.observed_result,
-             "checks": [{"name": c.name, "ok": c.ok} for c in lab.ev.checks]}, indent=2, default=str) + "\n")
+        write_summary(artifacts, lab)
     finally:
         await suite.stop()
-    return code if lab.ev.pass_or_fail == "PASS" else 1
+    return code
+
+
+def write_summary(artifacts: Path, lab: Lab) -> None:
+    summary = {"pass_or_fail": lab.ev.pass_or_fail, "error": lab.ev.error, "observed": lab.ev.observed_result,
+               "checks": [{"name": c.name, "ok": c.ok} for c in lab.ev.checks]}
+    (artifacts / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
