@@ -32,8 +32,9 @@ def new_event_id() -> str:
 
 
 class WorkClient:
-    def __init__(self, channel: grpc.aio.Channel, *, rpc_timeout_s: float = 10.0) -> None:
+    def __init__(self, channel: grpc.aio.Channel, *, rpc_timeout_s: float = 10.0, token: str | None = None) -> None:
         self.stub = ws_grpc.WorkServiceStub(channel)
+        self._auth = [("authorization", f"Bearer {token}")] if token else []
         self.rpc_timeout_s = rpc_timeout_s
         self.retries = 0  # calls re-sent after an unknown outcome (for tests and metrics)
 
@@ -45,7 +46,7 @@ class WorkClient:
             if give_up_at is not None:
                 timeout = max(0.05, min(timeout, give_up_at - time.monotonic()))
             try:
-                return await method(request, timeout=timeout, metadata=inject_metadata())
+                return await method(request, timeout=timeout, metadata=inject_metadata(self._auth))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _UNKNOWN_OUTCOME:
                     raise from_rpc_error(exc) from None
@@ -61,7 +62,7 @@ class WorkClient:
         request = ws.ClaimWorkRequest(worker_id=worker_id, agents=agents, wait_ms=wait_ms)
         try:
             reply = await self.stub.ClaimWork(request, timeout=wait_ms / 1000 + self.rpc_timeout_s,
-                                              metadata=inject_metadata())
+                                              metadata=inject_metadata(self._auth))
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
         return reply.lease if reply.HasField("lease") else None

@@ -34,6 +34,8 @@ class ExecutorSettings(ComponentSettings):
     worker_id: str = ""
     # Key for `openai` deciders whose definition names no api_key_env.
     openai_api_key: SecretStr | None = None
+    # The scheduler's executor token (its `work_token`), sent on every WorkService call.
+    work_token: SecretStr | None = None
     # Tenants whose PAUSED_INDOUBT runs the reconciler sweeps (RunService is tenant-scoped);
     # empty = no reconciler in this process (`agentrt reconcile` runs one on its own).
     reconcile_tenants: list[str] = Field(default_factory=list)

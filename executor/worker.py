@@ -76,7 +76,8 @@ class Worker:
             raise
         self._channel = grpc.aio.insecure_channel(s.scheduler_addr, options=[
             ("grpc.keepalive_time_ms", 30_000), ("grpc.max_receive_message_length", 64 << 20)])
-        client = WorkClient(self._channel, rpc_timeout_s=s.rpc_timeout_s)
+        client = WorkClient(self._channel, rpc_timeout_s=s.rpc_timeout_s,
+                            token=s.work_token.get_secret_value() if s.work_token else None)
         self.services = Services(catalog=self.catalog, deciders=deciders, tools=tools, client=client,
                                  worker_id=self.worker_id, faults=self.faults, shutdown=self.shutdown,
                                  tracer=self.tracer)

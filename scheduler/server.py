@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from scheduler.auth import WorkServiceAuth
 from scheduler.metrics import SchedulerMetrics
 from scheduler.migrate import require_current_schema
 from scheduler.notifier import WorkNotifier
@@ -71,7 +72,10 @@ class SchedulerServer:
         limit = s.max_payload_bytes * 4 + (1 << 20)
         self.metrics = SchedulerMetrics() if s.metrics_addr else None
         server = grpc.aio.server(
-            interceptors=[ServerSpans(provider, self.metrics.observe_rpc if self.metrics else None).interceptor()],
+            interceptors=[
+                ServerSpans(provider, self.metrics.observe_rpc if self.metrics else None).interceptor(),
+                *([WorkServiceAuth(s.work_token.get_secret_value())] if s.work_token else []),
+            ],
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit * 4),
                      ("grpc.so_reuseport", 0)],
         )

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -104,6 +104,9 @@ class SchedulerSettings(ComponentSettings):
     shutdown_grace_s: float = Field(10.0, ge=0)
     # Tracing of each SQL statement (asyncpg instrumentation): off by default for speed.
     trace_sql: bool = False
+    # Executors must present this token on WorkService calls (`authorization: Bearer …`).
+    # Unset = WorkService open to anyone who reaches the port: development only.
+    work_token: SecretStr | None = None
 
     @model_validator(mode="after")
     def _heartbeat_fits_the_lease(self) -> SchedulerSettings:

@@ -41,6 +41,12 @@ class Unauthenticated(AgentrtError):
     reason = "TENANT_REQUIRED"
 
 
+class ExecutorTokenRequired(Unauthenticated):
+    """A WorkService call without the executor token the scheduler was given."""
+
+    reason = "EXECUTOR_TOKEN_REQUIRED"
+
+
 class NotFound(AgentrtError):
     reason = "NOT_FOUND"
 
@@ -94,6 +100,7 @@ class Unavailable(AgentrtError):
 STATUS_CODES: dict[type[AgentrtError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    ExecutorTokenRequired: grpc.StatusCode.UNAUTHENTICATED,
     NotFound: grpc.StatusCode.NOT_FOUND,
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     LeaseLost: grpc.StatusCode.FAILED_PRECONDITION,

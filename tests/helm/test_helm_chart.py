@@ -732,3 +732,17 @@ def test_config_file_keys_are_real_settings(case: str, renders: Renders) -> None
         assert section in classes, f"unknown config section {section!r}"
         unknown = sorted(set(keys) - set(classes[section].model_fields))
         assert not unknown, f"{case}: section {section!r} sets keys no setting reads: {unknown}"
+
+
+def test_executor_token_reaches_scheduler_and_executors_only_from_a_secret(renders: Renders) -> None:
+    r = renders("production-values")
+    for component, deployment in r.deployments().items():
+        env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+        if component in ("scheduler", "executor"):
+            ref = env["AGENTRT_WORK_TOKEN"]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": "prod-executor-token", "key": "token"}
+        else:
+            assert "AGENTRT_WORK_TOKEN" not in env
+    defaults = renders("defaults")
+    assert all("AGENTRT_WORK_TOKEN" not in env_of(d["spec"]["template"]["spec"]["containers"][0])
+               for d in defaults.deployments().values())
