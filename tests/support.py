@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -86,3 +86,32 @@ def tool_state(step_key: str, tool: str, request: Any, **extra: Any) -> dict[str
     return {"cursor": step_key, **extra,
             "pending_tool": {"step_key": step_key, "tool_name": tool,
                              "request_hash": request_hash(tool, request).hex()}}
+
+
+async def rpc_error(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
+    """The error a call fails with (the test fails if it succeeds)."""
+    try:
+        reply = await call
+    except grpc.aio.AioRpcError as error:
+        return error
+    raise AssertionError(f"call succeeded but was expected to fail: {reply}")
+
+
+async def snapshot(db: Any, run_id: str) -> dict[str, Any]:
+    """Everything a write could change for one run."""
+    run = await db.fetchrow("SELECT * FROM agent_runs WHERE id = $1::uuid", run_id)
+    return {
+        "run": dict(run),
+        "checkpoints": [dict(r) for r in await db.fetch(
+            "SELECT * FROM agent_checkpoints WHERE run_id = $1::uuid ORDER BY version", run_id)],
+        "ledger": [dict(r) for r in await db.fetch(
+            "SELECT * FROM tool_executions WHERE run_id = $1::uuid ORDER BY step_key", run_id)],
+        "events": [dict(r) for r in await db.fetch(
+            "SELECT * FROM outbox WHERE run_id = $1::uuid ORDER BY id", run_id)],
+    }
+
+
+async def commit_unknown_count(db: Any) -> int:
+    """runtime_counters' count of runs frozen by commit-unknown recovery."""
+    return await db.fetchval(
+        "SELECT coalesce((SELECT value FROM runtime_counters WHERE name = 'commit_unknown_inconsistent'), 0)")

@@ -16,7 +16,8 @@ from typing import Any
 
 import grpc
 import pytest
-from support import claim, eid, lease_ref, reason_of, scheduler_stack, submit, tool_state
+from support import claim, eid, lease_ref, reason_of, rpc_error, scheduler_stack, snapshot, submit, tool_state
+from support import commit_unknown_count as counter
 
 from shared.canonical import request_hash
 from shared.errors import error_info
@@ -29,35 +30,12 @@ pytestmark = pytest.mark.integration
 S1, S2 = "refund.create/attempt-1", "refund.notify/attempt-1"
 TOOL, TOOL2 = "payments.refund", "mail.send"
 REQ1, REQ2 = {"order": 1, "amount": 10}, {"order": 1, "to": "customer"}
-COUNTER = "commit_unknown_inconsistent"
 
 
 # ---------------------------------------------------------------------------- helpers
 
 
-async def rpc_error(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
-    try:
-        reply = await call
-    except grpc.aio.AioRpcError as error:
-        return error
-    raise AssertionError(f"call succeeded but was expected to fail: {reply}")
 
-
-async def snapshot(db: Any, run_id: str) -> dict[str, Any]:
-    run = await db.fetchrow("SELECT * FROM agent_runs WHERE id = $1::uuid", run_id)
-    return {
-        "run": dict(run),
-        "checkpoints": [dict(r) for r in await db.fetch(
-            "SELECT * FROM agent_checkpoints WHERE run_id = $1::uuid ORDER BY version", run_id)],
-        "ledger": [dict(r) for r in await db.fetch(
-            "SELECT * FROM tool_executions WHERE run_id = $1::uuid ORDER BY step_key", run_id)],
-        "events": [dict(r) for r in await db.fetch(
-            "SELECT * FROM outbox WHERE run_id = $1::uuid ORDER BY id", run_id)],
-    }
-
-
-async def counter(db: Any) -> int:
-    return await db.fetchval("SELECT coalesce((SELECT value FROM runtime_counters WHERE name = $1), 0)", COUNTER)
 
 
 async def waiting_on_s1(stack: Any, worker: str = "w1", agent: str = "demo") -> tuple[str, ws.LeaseRef]:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Awaitable
 from typing import Any
 
 import grpc
 import pytest
-from support import claim, eid, lease_ref, reason_of, scheduler_stack, submit, tool_state
+from support import claim, eid, lease_ref, reason_of, rpc_error, scheduler_stack, snapshot, submit, tool_state
+from support import commit_unknown_count as counter
 
 from shared.errors import error_info
 from shared.gen.agentrt.v1 import common_pb2 as pb
@@ -28,35 +28,12 @@ pytestmark = pytest.mark.integration
 STEP = "crm.ticket/attempt-1"
 TOOL = "crm.open_ticket"
 REQUEST = {"customer": 7, "topic": "refund"}
-COUNTER = "commit_unknown_inconsistent"
 
 
 # ---------------------------------------------------------------------------- helpers
 
 
-async def rpc_error(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
-    try:
-        reply = await call
-    except grpc.aio.AioRpcError as error:
-        return error
-    raise AssertionError(f"call succeeded but was expected to fail: {reply}")
 
-
-async def snapshot(db: Any, run_id: str) -> dict[str, Any]:
-    run = await db.fetchrow("SELECT * FROM agent_runs WHERE id = $1::uuid", run_id)
-    return {
-        "run": dict(run),
-        "checkpoints": [dict(r) for r in await db.fetch(
-            "SELECT * FROM agent_checkpoints WHERE run_id = $1::uuid ORDER BY version", run_id)],
-        "ledger": [dict(r) for r in await db.fetch(
-            "SELECT * FROM tool_executions WHERE run_id = $1::uuid ORDER BY step_key", run_id)],
-        "events": [dict(r) for r in await db.fetch(
-            "SELECT * FROM outbox WHERE run_id = $1::uuid ORDER BY id", run_id)],
-    }
-
-
-async def counter(db: Any) -> int:
-    return await db.fetchval("SELECT coalesce((SELECT value FROM runtime_counters WHERE name = $1), 0)", COUNTER)
 
 
 async def started(stack: Any, worker: str = "w1", agent: str = "demo") -> tuple[str, ws.LeaseRef]:

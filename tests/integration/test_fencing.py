@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from support import claim, eid, lease_ref, reason_of, scheduler_stack, submit, tool_state
+from support import claim, eid, lease_ref, reason_of, rpc_error, scheduler_stack, snapshot, submit, tool_state
 
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
@@ -51,13 +51,6 @@ async def wait_lapsed(db: Any, run_id: str) -> None:
                      run_id)
 
 
-async def rpc_error(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
-    try:
-        reply = await call
-    except grpc.aio.AioRpcError as error:
-        return error
-    raise AssertionError(f"call succeeded but was expected to fail: {reply}")
-
 
 async def expect_refused(call: Awaitable[Any], code: grpc.StatusCode, reason: str) -> grpc.aio.AioRpcError:
     error = await rpc_error(call)
@@ -65,19 +58,6 @@ async def expect_refused(call: Awaitable[Any], code: grpc.StatusCode, reason: st
     assert reason_of(error) == reason, (reason_of(error), error.details())
     return error
 
-
-async def snapshot(db: Any, run_id: str) -> dict[str, Any]:
-    """Everything a write could change for one run."""
-    run = await db.fetchrow("SELECT * FROM agent_runs WHERE id = $1::uuid", run_id)
-    return {
-        "run": dict(run),
-        "checkpoints": [dict(r) for r in await db.fetch(
-            "SELECT * FROM agent_checkpoints WHERE run_id = $1::uuid ORDER BY version", run_id)],
-        "ledger": [dict(r) for r in await db.fetch(
-            "SELECT * FROM tool_executions WHERE run_id = $1::uuid ORDER BY step_key", run_id)],
-        "events": [dict(r) for r in await db.fetch(
-            "SELECT * FROM outbox WHERE run_id = $1::uuid ORDER BY id", run_id)],
-    }
 
 
 async def run_row(db: Any, run_id: str) -> Any:
