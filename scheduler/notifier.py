@@ -18,6 +18,8 @@ import asyncpg
 
 log = logging.getLogger(__name__)
 CHANNEL = "agentrt_work"
+NOTIFY_SQL = "SELECT pg_notify('agentrt_work', '')"
+SEND_WINDOW_S = 0.005
 
 
 def _set_event(event: asyncio.Event, *_: Any) -> None:
@@ -32,6 +34,8 @@ class WorkNotifier:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.connected = asyncio.Event()
+        self._poked = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
 
     def epoch(self) -> int:
         return self._epoch
@@ -49,9 +53,27 @@ class WorkNotifier:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), at_most_s)
 
-    async def start(self) -> None:
+    def poke(self) -> None:
+        """New work is due: wake local claimers now, other replicas by one coalesced NOTIFY."""
+        self.notify_local()
+        self._poked.set()
+
+    async def start(self, pool: Any = None) -> None:
         if self._dsn is not None:
             self._task = asyncio.create_task(self._listen(), name="work-notifier")
+        if pool is not None:
+            self._sender = asyncio.create_task(self._send(pool), name="work-notify-sender")
+
+    async def _send(self, pool: Any) -> None:
+        """At most one NOTIFY per window, outside any run's transaction."""
+        while not self._stopping.is_set():
+            await self._poked.wait()
+            self._poked.clear()
+            try:
+                await pool.execute(NOTIFY_SQL)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("could not send the work wake-up (%s); other replicas poll", exc)
+            await asyncio.sleep(SEND_WINDOW_S)
 
     async def _listen(self) -> None:
         delay = 0.1
@@ -85,6 +107,10 @@ class WorkNotifier:
     async def stop(self) -> None:
         self._stopping.set()
         self.notify_local()
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task

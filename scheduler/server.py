@@ -68,7 +68,7 @@ class SchedulerServer:
             AsyncPGInstrumentor().instrument(tracer_provider=provider)
         self.store = Store(pool, s)
         self._notifier = WorkNotifier(s.database_url)
-        await self._notifier.start()
+        await self._notifier.start(pool)
         limit = s.max_payload_bytes * 4 + (1 << 20)
         self.metrics = SchedulerMetrics() if s.metrics_addr else None
         server = grpc.aio.server(
@@ -79,7 +79,7 @@ class SchedulerServer:
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit * 4),
                      ("grpc.so_reuseport", 0)],
         )
-        run_service_pb2_grpc.add_RunServiceServicer_to_server(RunServicer(self.store, s), server)
+        run_service_pb2_grpc.add_RunServiceServicer_to_server(RunServicer(self.store, s, self._notifier), server)
         work_service_pb2_grpc.add_WorkServiceServicer_to_server(
             WorkServicer(self.store, s, self._notifier), server)
         self._health = health.aio.HealthServicer()

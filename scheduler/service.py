@@ -90,8 +90,9 @@ def _expected_version(value: int) -> int:
 
 
 class RunServicer(rs_grpc.RunServiceServicer):
-    def __init__(self, store: Store, settings: SchedulerSettings) -> None:
+    def __init__(self, store: Store, settings: SchedulerSettings, notifier: WorkNotifier | None = None) -> None:
         self.store = store
+        self.notifier = notifier
         self.settings = settings
         self.limit = settings.max_payload_bytes
 
@@ -131,6 +132,8 @@ class RunServicer(rs_grpc.RunServiceServicer):
             deadline_at=deadline,
         )
         row, created = await self.store.submit_run(tenant, spec, current_trace())
+        if created and self.notifier is not None:
+            self.notifier.poke()
         annotate(run_id=str(row["id"]), run_version=row["version"], fencing_token=row["fencing_token"])
         return rs.SubmitRunResponse(run=convert.run_to_proto(row), created=created)
 

@@ -38,9 +38,10 @@ class Stack:
 
 @asynccontextmanager
 async def scheduler_stack(db_url: str, tracer_provider: Any = None, **overrides: Any) -> AsyncIterator[Stack]:
-    settings = SchedulerSettings(database_url=db_url, listen_addr="127.0.0.1:0", claim_poll_interval_ms=50,
-                                 backoff_base_ms=100, backoff_cap_ms=1000, backoff_jitter_ms=10,
-                                 shutdown_grace_s=1, **overrides)
+    values: dict[str, Any] = {"database_url": db_url, "listen_addr": "127.0.0.1:0", "claim_poll_interval_ms": 50,
+                              "backoff_base_ms": 100, "backoff_cap_ms": 1000, "backoff_jitter_ms": 10,
+                              "shutdown_grace_s": 1}
+    settings = SchedulerSettings(**{**values, **overrides})
     server = SchedulerServer(settings, tracer_provider=tracer_provider)
     port = await server.start()
     addr = f"127.0.0.1:{port}"

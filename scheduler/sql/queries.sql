@@ -8,8 +8,10 @@
 SELECT clock_timestamp() AS now;
 
 -- name: submit_run
--- One statement: the run, its submitted event and the claimers' wake-up commit
--- together. A repeated (tenant, client_request_id) inserts nothing.
+-- One statement: the run and its submitted event commit together. A repeated
+-- (tenant, client_request_id) inserts nothing. Claimers are woken afterwards by
+-- a coalesced NOTIFY (scheduler/notifier.py): a NOTIFY inside every submit's
+-- transaction would serialise their commits on the notification queue lock.
 WITH inserted AS (
   INSERT INTO agent_runs (id, tenant_id, agent_name, agent_version, input, labels, max_attempts,
                           budget_max_steps, budget_max_tokens, budget_max_cost_usd, deadline_at,
@@ -25,8 +27,7 @@ WITH inserted AS (
          $15, $16
   FROM inserted
 )
-SELECT inserted.*, pg_notify('agentrt_work', inserted.agent_name) AS woken
-FROM inserted;
+SELECT inserted.* FROM inserted;
 
 -- name: get_run_by_client_request
 SELECT * FROM agent_runs WHERE tenant_id = $1 AND client_request_id = $2;
