@@ -4,6 +4,12 @@ A call whose outcome is unknown (DEADLINE_EXCEEDED, UNAVAILABLE) is sent again
 with the very same request, so the same event id: the scheduler answers
 `replayed=true` from what committed, or runs it once. A new event id would
 make "did it commit?" undecidable (reference 6.1).
+
+Writes go out through WriteBatch by default: while a batch is in flight, the
+writes of the process's other runs queue up and leave together in the next
+one (no timer, so a lone write is sent at once). Each item is answered on its
+own, exactly as its single call would be; a batch whose answer is lost leaves
+every item's outcome unknown, and each is sent again with its same event id.
 """
 
 from __future__ import annotations
@@ -11,20 +17,135 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 
 from shared.canonical import canonical_json, uuid7
-from shared.errors import AgentrtError, Unavailable, from_rpc_error
+from shared.errors import AgentrtError, Unavailable, from_batch_error, from_rpc_error
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
-from shared.tracing import inject_metadata
+from shared.tracing import PROPAGATOR, inject_metadata
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
 _UNKNOWN_OUTCOME = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_UNKNOWN_CODES = {code.value[0] for code in _UNKNOWN_OUTCOME}
+# WriteBatchItem's oneof field -> the single call it stands for (also WriteBatchResult's field).
+OPS = {"heartbeat": "Heartbeat", "save_checkpoint": "SaveCheckpoint", "begin_tool_call": "BeginToolCall",
+       "complete_tool_call": "CompleteToolCall", "complete_and_begin_tool_call": "CompleteAndBeginToolCall",
+       "mark_tool_in_doubt": "MarkToolInDoubt", "finish_run": "FinishRun"}
+MAX_BATCH_ITEMS = 256  # the scheduler's limit
+
+
+class OutcomeUnknown(Exception):
+    """The write may or may not have committed (its answer was lost): send it again, same event id."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass
+class _Queued:
+    item: ws.WriteBatchItem
+    op: str
+    give_up_at: float
+    answer: asyncio.Future[Any]
+
+
+class WriteBatcher:
+    """Coalesces concurrent writes into WriteBatch calls, at most `in_flight` at a time."""
+
+    def __init__(self, stub: ws_grpc.WorkServiceStub, auth: list[tuple[str, str]], *, max_items: int = 64,
+                 in_flight: int = 2) -> None:
+        self.stub = stub
+        self._auth = auth
+        self.max_items = min(max_items, MAX_BATCH_ITEMS)
+        self.in_flight = in_flight
+        self._queue: list[_Queued] = []
+        self._sending = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0  # WriteBatch calls made (for tests and metrics)
+        self.items = 0
+
+    async def write(self, op: str, request: Any, within_s: float) -> Any:
+        """The item's own reply, or its typed error; OutcomeUnknown when its answer was lost."""
+        carrier: dict[str, str] = {}
+        PROPAGATOR.inject(carrier)  # the caller's span: each item continues its own trace
+        item = ws.WriteBatchItem(traceparent=carrier.get("traceparent", ""),
+                                 tracestate=carrier.get("tracestate", ""))
+        getattr(item, op).CopyFrom(request)
+        queued = _Queued(item, op, time.monotonic() + within_s, asyncio.get_running_loop().create_future())
+        self._queue.append(queued)
+        self._pump()
+        return await queued.answer
+
+    def _pump(self) -> None:
+        while self._queue and self._sending < self.in_flight:
+            batch, self._queue = self._queue[:self.max_items], self._queue[self.max_items:]
+            self._sending += 1
+            task = asyncio.create_task(self._send(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: list[_Queued]) -> None:
+        try:
+            live = [q for q in batch if not q.answer.done()]  # a caller may have gone (cancelled)
+            if not live:
+                return
+            timeout = max(0.05, min(q.give_up_at for q in live) - time.monotonic())
+            self.batches += 1
+            self.items += len(live)
+            try:
+                reply = await self.stub.WriteBatch(ws.WriteBatchRequest(items=[q.item for q in live]),
+                                                   timeout=timeout, metadata=self._auth)
+            except grpc.aio.AioRpcError as exc:
+                error: BaseException = (OutcomeUnknown(exc.code().name) if exc.code() in _UNKNOWN_OUTCOME
+                                        else from_rpc_error(exc))
+                for q in live:
+                    _settle(q.answer, error=error)
+                return
+            except BaseException as exc:  # cancelled at shutdown, channel closed: nobody knows what committed
+                for q in live:
+                    _settle(q.answer, error=OutcomeUnknown(type(exc).__name__))
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                return
+            if len(reply.results) != len(live):
+                for q in live:
+                    _settle(q.answer, error=AgentrtError(
+                        f"scheduler answered {len(reply.results)} results for {len(live)} writes"))
+                return
+            for q, result in zip(live, reply.results, strict=True):
+                kind = result.WhichOneof("result")
+                if kind == "error":
+                    failed = result.error
+                    _settle(q.answer, error=(OutcomeUnknown(grpc.StatusCode.UNAVAILABLE.name)
+                                             if failed.code in _UNKNOWN_CODES else from_batch_error(failed)))
+                elif kind == q.op:
+                    _settle(q.answer, value=getattr(result, kind))
+                else:
+                    _settle(q.answer, error=AgentrtError(f"scheduler answered {kind} to {q.op}"))
+        finally:
+            self._sending -= 1
+            self._pump()
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _settle(answer: asyncio.Future[Any], *, value: Any = None, error: BaseException | None = None) -> None:
+    if answer.done():
+        return
+    if error is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(value)
 
 
 def new_event_id() -> str:
@@ -32,13 +153,20 @@ def new_event_id() -> str:
 
 
 class WorkClient:
-    def __init__(self, channel: grpc.aio.Channel, *, rpc_timeout_s: float = 10.0, token: str | None = None) -> None:
+    def __init__(self, channel: grpc.aio.Channel, *, rpc_timeout_s: float = 10.0, token: str | None = None,
+                 batch: bool = True, batch_max_items: int = 64, batch_in_flight: int = 2) -> None:
         self.stub = ws_grpc.WorkServiceStub(channel)
         self._auth = [("authorization", f"Bearer {token}")] if token else []
         self.rpc_timeout_s = rpc_timeout_s
         self.retries = 0  # calls re-sent after an unknown outcome (for tests and metrics)
+        self.batcher = (WriteBatcher(self.stub, self._auth, max_items=batch_max_items, in_flight=batch_in_flight)
+                        if batch else None)
 
-    async def _call(self, method: Callable[..., Awaitable[R]], request: Any, give_up_at: float | None) -> R:
+    async def close(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.close()
+
+    async def _call(self, op: str, request: Any, give_up_at: float | None) -> Any:
         """Retries the same request until it gets a definite answer or `give_up_at` (monotonic) passes."""
         delay = 0.05
         while True:
@@ -46,17 +174,22 @@ class WorkClient:
             if give_up_at is not None:
                 timeout = max(0.05, min(timeout, give_up_at - time.monotonic()))
             try:
+                if self.batcher is not None:
+                    return await self.batcher.write(op, request, timeout)
+                method = getattr(self.stub, OPS[op])
                 return await method(request, timeout=timeout, metadata=inject_metadata(self._auth))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _UNKNOWN_OUTCOME:
                     raise from_rpc_error(exc) from None
-                if give_up_at is not None and time.monotonic() + delay >= give_up_at:
-                    raise Unavailable(f"scheduler call {type(request).__name__} still unanswered: "
-                                      f"{exc.code().name}") from None
-                self.retries += 1
-                log.debug("retrying %s with the same event id after %s", type(request).__name__, exc.code().name)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                unknown = exc.code().name
+            except OutcomeUnknown as exc:
+                unknown = exc.code
+            if give_up_at is not None and time.monotonic() + delay >= give_up_at:
+                raise Unavailable(f"scheduler call {type(request).__name__} still unanswered: {unknown}")
+            self.retries += 1
+            log.debug("retrying %s with the same event id after %s", type(request).__name__, unknown)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def claim(self, worker_id: str, agents: list[str], wait_ms: int) -> ws.Lease | None:
         request = ws.ClaimWorkRequest(worker_id=worker_id, agents=agents, wait_ms=wait_ms)
@@ -68,7 +201,7 @@ class WorkClient:
         return reply.lease if reply.HasField("lease") else None
 
     async def heartbeat(self, lease: ws.LeaseRef, give_up_at: float) -> ws.HeartbeatResponse:
-        return await self._call(self.stub.Heartbeat, ws.HeartbeatRequest(lease=lease), give_up_at)
+        return await self._call("heartbeat", ws.HeartbeatRequest(lease=lease), give_up_at)
 
     async def save_checkpoint(self, lease: ws.LeaseRef, expected_version: int, state: dict[str, Any],
                               schema_version: int, step_key: str, give_up_at: float | None,
@@ -76,7 +209,7 @@ class WorkClient:
         request = ws.SaveCheckpointRequest(
             lease=lease, expected_version=expected_version, state_json=canonical_json(state),
             schema_version=schema_version, step_key=step_key, event_id=new_event_id())
-        return await self._call(self.stub.SaveCheckpoint, request, give_up_at)
+        return await self._call("save_checkpoint", request, give_up_at)
 
     async def begin_tool_call(self, lease: ws.LeaseRef, expected_version: int, step_key: str, tool_name: str,
                               idempotency_key: str, request_body: dict[str, Any], give_up_at: float | None,
@@ -85,13 +218,13 @@ class WorkClient:
             lease=lease, expected_version=expected_version, step_key=step_key, tool_name=tool_name,
             idempotency_key=idempotency_key, request_json=canonical_json(request_body),
             execution_id=new_event_id(), event_id=new_event_id())
-        return await self._call(self.stub.BeginToolCall, request, give_up_at)
+        return await self._call("begin_tool_call", request, give_up_at)
 
     async def complete_tool_call(self, request: ws.CompleteToolCallRequest, give_up_at: float | None,
                                  ) -> ws.CompleteToolCallResponse:
         if not request.event_id:
             request.event_id = new_event_id()
-        return await self._call(self.stub.CompleteToolCall, request, give_up_at)
+        return await self._call("complete_tool_call", request, give_up_at)
 
     async def complete_and_begin_tool_call(self, request: ws.CompleteAndBeginToolCallRequest,
                                            give_up_at: float | None) -> ws.CompleteAndBeginToolCallResponse:
@@ -102,18 +235,18 @@ class WorkClient:
             request.next.event_id = new_event_id()
         if not request.next.execution_id:
             request.next.execution_id = new_event_id()
-        return await self._call(self.stub.CompleteAndBeginToolCall, request, give_up_at)
+        return await self._call("complete_and_begin_tool_call", request, give_up_at)
 
     async def mark_tool_in_doubt(self, lease: ws.LeaseRef, step_key: str, error_code: str, detail: str,
                                  give_up_at: float | None) -> ws.MarkToolInDoubtResponse:
         request = ws.MarkToolInDoubtRequest(lease=lease, step_key=step_key, error_code=error_code,
                                             detail=detail[:4000], event_id=new_event_id())
-        return await self._call(self.stub.MarkToolInDoubt, request, give_up_at)
+        return await self._call("mark_tool_in_doubt", request, give_up_at)
 
     async def finish_run(self, request: ws.FinishRunRequest, give_up_at: float | None) -> ws.FinishRunResponse:
         if not request.event_id:
             request.event_id = new_event_id()
-        return await self._call(self.stub.FinishRun, request, give_up_at)
+        return await self._call("finish_run", request, give_up_at)
 
 
 __all__ = ["AgentrtError", "WorkClient", "new_event_id"]

@@ -27,6 +27,12 @@ class ExecutorSettings(ComponentSettings):
     # Per-call deadline for scheduler RPCs; calls whose outcome is unknown are
     # retried with the same event id until the lease would lapse.
     rpc_timeout_s: float = Field(10.0, gt=0)
+    # Writes (checkpoints, Tx1/Tx2, heartbeats, finish) of concurrent runs leave together in
+    # WriteBatch calls, at most batch_in_flight at a time and batch_max_items per call; each
+    # item is still its own transaction. false = one call per write.
+    batch_writes: bool = True
+    batch_max_items: int = Field(64, ge=1, le=256)
+    batch_in_flight: int = Field(2, ge=1, le=64)
     health_addr: str = "0.0.0.0:50052"
     # SIGTERM: stop claiming, cancel model calls at once, give in-flight tool
     # calls and scheduler writes until this many seconds, then exit.

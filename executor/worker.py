@@ -77,7 +77,9 @@ class Worker:
         self._channel = grpc.aio.insecure_channel(s.scheduler_addr, options=[
             ("grpc.keepalive_time_ms", 30_000), ("grpc.max_receive_message_length", 64 << 20)])
         client = WorkClient(self._channel, rpc_timeout_s=s.rpc_timeout_s,
-                            token=s.work_token.get_secret_value() if s.work_token else None)
+                            token=s.work_token.get_secret_value() if s.work_token else None,
+                            batch=s.batch_writes, batch_max_items=s.batch_max_items,
+                            batch_in_flight=s.batch_in_flight)
         self.services = Services(catalog=self.catalog, deciders=deciders, tools=tools, client=client,
                                  worker_id=self.worker_id, faults=self.faults, shutdown=self.shutdown,
                                  tracer=self.tracer)
@@ -185,6 +187,8 @@ class Worker:
             await self.services.tools.close()
         if self._session is not None:
             await self._session.close()
+        if self.services is not None:
+            await self.services.client.close()
         if self._channel is not None:
             await self._channel.close()
         if self._health_server is not None:

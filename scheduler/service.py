@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from scheduler import convert
 from scheduler import validate as v
@@ -26,13 +28,13 @@ from scheduler.notifier import WorkNotifier
 from scheduler.store import LeaseRef, ResolveOutcome, Store, SubmitSpec, ToolIntent
 from shared.canonical import uuid7
 from shared.config import SchedulerSettings
-from shared.errors import AgentrtError, InvalidArgument, to_grpc_status
+from shared.errors import AgentrtError, InvalidArgument, status_code_for, to_grpc_status
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
-from shared.tracing import annotate, current_trace
+from shared.tracing import annotate, current_trace, extract_context
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -50,6 +52,17 @@ _FINISH = {ws.FINISH_OUTCOME_COMPLETED: "COMPLETED", ws.FINISH_OUTCOME_FAILED: "
            ws.FINISH_OUTCOME_PAUSED_HUMAN: "PAUSED_HUMAN", ws.FINISH_OUTCOME_RETRY: "RETRY",
            ws.FINISH_OUTCOME_SLEEP: "SLEEP"}
 MAX_PAGE_SIZE = 500
+MAX_BATCH_ITEMS = 256
+# WriteBatchItem's oneof field -> (the single call it stands for, WriteBatchResult's field).
+BATCH_OPS = {
+    "heartbeat": ("Heartbeat", "heartbeat"),
+    "save_checkpoint": ("SaveCheckpoint", "save_checkpoint"),
+    "begin_tool_call": ("BeginToolCall", "begin_tool_call"),
+    "complete_tool_call": ("CompleteToolCall", "complete_tool_call"),
+    "complete_and_begin_tool_call": ("CompleteAndBeginToolCall", "complete_and_begin_tool_call"),
+    "mark_tool_in_doubt": ("MarkToolInDoubt", "mark_tool_in_doubt"),
+    "finish_run": ("FinishRun", "finish_run"),
+}
 MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
 
 
@@ -70,6 +83,7 @@ def rpc(handler: Handler[R]) -> Handler[R]:
             await context.abort(grpc.StatusCode.INTERNAL, "internal error (logged by the scheduler)")
         raise AssertionError("unreachable")
 
+    wrapper.core = handler  # type: ignore[attr-defined]  # the body without the status mapping (WriteBatch)
     return wrapper
 
 
@@ -253,12 +267,69 @@ def _decode_page_token(token: str, filter_key: str) -> tuple[dt.datetime, uuid.U
     return created_at, run_id
 
 
+def batch_error(error: AgentrtError) -> ws.WriteBatchError:
+    code = status_code_for(error)
+    return ws.WriteBatchError(code=code.value[0], message=error.message, reason=error.reason,
+                              metadata=error.metadata)
+
+
 class WorkServicer(ws_grpc.WorkServiceServicer):
-    def __init__(self, store: Store, settings: SchedulerSettings, notifier: WorkNotifier) -> None:
+    def __init__(self, store: Store, settings: SchedulerSettings, notifier: WorkNotifier, *,
+                 tracer: Any = None, observe: Callable[[str, str, float], None] | None = None) -> None:
         self.store = store
         self.settings = settings
         self.notifier = notifier
         self.limit = settings.max_payload_bytes
+        self._tracer = tracer or trace.get_tracer("agentrt.grpc.server")
+        self._observe = observe
+
+    @rpc
+    async def WriteBatch(self, request: ws.WriteBatchRequest,
+                         context: grpc.aio.ServicerContext) -> ws.WriteBatchResponse:
+        if not request.items:
+            raise InvalidArgument("items", "must hold at least one write")
+        if len(request.items) > MAX_BATCH_ITEMS:
+            raise InvalidArgument("items", f"at most {MAX_BATCH_ITEMS} writes per batch")
+        annotate(batch_items=len(request.items))
+        results = await asyncio.gather(*(self._batch_item(i, item) for i, item in enumerate(request.items)))
+        return ws.WriteBatchResponse(results=results)
+
+    async def _batch_item(self, index: int, item: ws.WriteBatchItem) -> ws.WriteBatchResult:
+        """One item as its own call: its own span (continuing its caller's trace), transaction and answer."""
+        op = item.WhichOneof("op")
+        if op is None:
+            return ws.WriteBatchResult(error=batch_error(InvalidArgument(
+                f"items[{index}].op", "name one write (heartbeat, save_checkpoint, begin_tool_call, ...)")))
+        method, field = BATCH_OPS[op]
+        carrier = {"traceparent": item.traceparent, "tracestate": item.tracestate} if item.traceparent else None
+        started, code = time.perf_counter(), "OK"
+        with self._tracer.start_as_current_span(
+            f"/agentrt.v1.WorkService/{method}", context=extract_context(carrier) if carrier else None,
+            kind=SpanKind.SERVER, record_exception=False, set_status_on_exception=False,
+            attributes={"rpc.system": "grpc", "rpc.service": "agentrt.v1.WorkService", "rpc.method": method,
+                        "agentrt.batch_index": index},
+        ) as span:
+            try:
+                reply = await getattr(WorkServicer, method).core(self, getattr(item, op), None)
+                result = ws.WriteBatchResult(**{field: reply})
+            except AgentrtError as error:
+                annotate(error_reason=error.reason)
+                status = status_code_for(error)
+                code = status.name
+                span.set_attribute("rpc.grpc.status_code", status.value[0])
+                span.set_status(Status(StatusCode.ERROR, code))
+                result = ws.WriteBatchResult(error=batch_error(error))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("unhandled error in WriteBatch item %s", method)
+                code = "INTERNAL"
+                span.set_status(Status(StatusCode.ERROR, code))
+                result = ws.WriteBatchResult(error=ws.WriteBatchError(
+                    code=grpc.StatusCode.INTERNAL.value[0], message="internal error (logged by the scheduler)"))
+        if self._observe is not None:
+            self._observe(method, code, time.perf_counter() - started)
+        return result
 
     @rpc
     async def ClaimWork(self, request: ws.ClaimWorkRequest, context: grpc.aio.ServicerContext) -> ws.ClaimWorkResponse:

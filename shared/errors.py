@@ -146,17 +146,33 @@ def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
     return None
 
 
+def _typed(reason: str, message: str, metadata: Any) -> AgentrtError | None:
+    cls = _BY_REASON.get(reason)
+    if cls is None:
+        return None
+    if cls is InvalidArgument:
+        return InvalidArgument(metadata.get("field", "?"), message or "")
+    exc = cls.__new__(cls)
+    AgentrtError.__init__(exc, message or reason, **dict(metadata))
+    return exc
+
+
+def from_batch_error(error: Any) -> AgentrtError:
+    """Turn a WriteBatchError (one item's answer) into the typed error its single call would raise."""
+    typed = _typed(error.reason, error.message, error.metadata)
+    if typed is not None:
+        return typed
+    return AgentrtError(error.message or f"status {error.code}")
+
+
 def from_rpc_error(error: grpc.RpcError) -> AgentrtError:
     """Turn a failed call back into the typed error the server raised."""
     info = error_info(error)
     message = error.details() if hasattr(error, "details") else str(error)  # type: ignore[union-attr]
-    if info is not None and info.reason in _BY_REASON:
-        cls = _BY_REASON[info.reason]
-        if cls is InvalidArgument:
-            return InvalidArgument(info.metadata.get("field", "?"), message or "")
-        exc = cls.__new__(cls)
-        AgentrtError.__init__(exc, message or info.reason, **dict(info.metadata))
-        return exc
+    if info is not None:
+        typed = _typed(info.reason, message, info.metadata)
+        if typed is not None:
+            return typed
     code = error.code() if hasattr(error, "code") else None  # type: ignore[union-attr]
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return Unavailable(message or str(code))

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-_PROPAGATOR = TraceContextTextMapPropagator()
+_PROPAGATOR = PROPAGATOR = TraceContextTextMapPropagator()
 
 # Span attribute names used across services (one spelling everywhere).
 RUN_ID = "agentrt.run_id"

@@ -11,10 +11,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 import yaml
 from support import Stack
 
 from executor.agents import AgentCatalog
+from executor.client import OPS, WorkClient
 from executor.config import ExecutorSettings
 from executor.faults import Faults
 from executor.mocktool import MockToolServer
@@ -148,6 +150,48 @@ async def executor(stack: Stack, agents_path: Path | str, faults: Faults | None 
         yield worker
     finally:
         await worker.stop()
+
+
+def tap_writes(client: WorkClient, seen: dict[str, list[Any]], names: tuple[str, ...] = tuple(OPS.values()),
+               lose: Callable[[str, int], grpc.StatusCode | None] | None = None) -> None:
+    """Records every write the client sends under its single call's name (`SaveCheckpoint`, ...),
+    whether it leaves as that call or as a WriteBatch item. `lose(name, n)` (n = writes of that name
+    so far) may name a status: the write still reaches the scheduler and commits, but its answer is
+    lost (the whole WriteBatch answer, when batched) and the caller gets that status instead."""
+    stub = client.stub
+
+    def record(name: str, request: Any) -> grpc.StatusCode | None:
+        if name not in names:
+            return None
+        seen.setdefault(name, []).append(request)
+        return lose(name, len(seen[name])) if lose else None
+
+    def lost(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="answer lost in the test")
+
+    for name in OPS.values():
+        real = getattr(stub, name)
+
+        async def call(request: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            code = record(_name, request)
+            reply = await _real(request, **kwargs)
+            if code is not None:
+                raise lost(code)
+            return reply
+
+        setattr(stub, name, call)
+    real_batch = stub.WriteBatch
+
+    async def batch(request: Any, **kwargs: Any) -> Any:
+        codes = [record(OPS[op], getattr(item, op)) for item in request.items
+                 for op in (item.WhichOneof("op"),) if op]
+        reply = await real_batch(request, **kwargs)
+        code = next((c for c in codes if c is not None), None)
+        if code is not None:
+            raise lost(code)
+        return reply
+
+    stub.WriteBatch = batch
 
 
 # ---------------------------------------------------------------- python tools used by agent files

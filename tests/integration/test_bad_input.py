@@ -158,14 +158,20 @@ def base_request(rpc: str, w: World) -> Message:
         return ws.FinishRunRequest(lease=w.running, expected_version=w.running_version,
                                    outcome=ws.FINISH_OUTCOME_COMPLETED, reason="done", result_json='{"ok": true}',
                                    event_id=eid(), error_class="none")
+    if rpc == "WriteBatch":
+        return ws.WriteBatchRequest(items=[ws.WriteBatchItem(heartbeat=ws.HeartbeatRequest(lease=w.running))])
     raise AssertionError(rpc)
 
 
 RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "ResumeRun", "ResolveToolExecution", "GetRunHistory",
             "GetStats")
 WORK_RPCS = ("ClaimWork", "Heartbeat", "SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "MarkToolInDoubt",
-             "FinishRun", "CompleteAndBeginToolCall")
-WRITES = WORK_RPCS[1:]  # the fenced ones
+             "FinishRun", "CompleteAndBeginToolCall", "WriteBatch")
+WRITES = WORK_RPCS[1:-1]  # the fenced ones
+# A fenced write's single call -> its WriteBatchItem field.
+ITEM_OPS = {"Heartbeat": "heartbeat", "SaveCheckpoint": "save_checkpoint", "BeginToolCall": "begin_tool_call",
+            "CompleteToolCall": "complete_tool_call", "CompleteAndBeginToolCall": "complete_and_begin_tool_call",
+            "MarkToolInDoubt": "mark_tool_in_doubt", "FinishRun": "finish_run"}
 MISSING = object()  # header absent
 
 
@@ -434,6 +440,10 @@ CASES: list[Bad] = [
     Bad("FinishRun", "reason too long", put(reason="r" * 4001), "reason"),
     nul_case("FinishRun", "reason"),
     nul_case("FinishRun", "error_class"),
+    # ---- WriteBatch (the call itself; its items are refused one by one: test_bad_batch_items_...)
+    Bad("WriteBatch", "items empty", put(items=[]), "items"),
+    Bad("WriteBatch", "too many items",
+        lambda r: r.items.extend([r.items[0]] * 256), "items"),
 ]
 
 
@@ -525,6 +535,70 @@ async def test_base_request_is_accepted(db_url, rpc):
             assert reply.HasField("lease")
         if rpc == "ListRuns":
             assert [run.run_id for run in reply.runs] == [world.queued]
+        if rpc == "WriteBatch":
+            assert [r.WhichOneof("result") for r in reply.results] == ["heartbeat"]
+
+
+# ---------------------------------------------------------------------- the same refusals as WriteBatch items
+
+ITEM_CASES = [case for case in CASES if case.rpc in ITEM_OPS]
+
+
+def as_item(case: Bad, world: World) -> ws.WriteBatchItem:
+    request = base_request(case.rpc, world)
+    case.mutate(request)
+    item = ws.WriteBatchItem()
+    getattr(item, ITEM_OPS[case.rpc]).CopyFrom(request)
+    return item
+
+
+async def test_bad_batch_items_are_refused_one_by_one_and_change_nothing(shared):
+    """Every bad fenced write above, sent as a WriteBatch item, answers the same field in its own result."""
+    url, world = shared
+    assert len(ITEM_CASES) > 150
+    async with scheduler_stack(url, **SETTINGS) as stack:
+        before = await snapshot(url)
+        for start in range(0, len(ITEM_CASES), 100):
+            cases = ITEM_CASES[start:start + 100]
+            reply = await stack.work.WriteBatch(
+                ws.WriteBatchRequest(items=[as_item(case, world) for case in cases]), timeout=60)
+            assert len(reply.results) == len(cases)
+            for case, result in zip(cases, reply.results, strict=True):
+                assert result.WhichOneof("result") == "error", case.id
+                error = result.error
+                assert (error.code, error.reason, error.metadata.get("field")) == (
+                    INVALID.value[0], "INVALID_ARGUMENT", case.field), (case.id, error.message)
+                assert "Traceback" not in error.message
+        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=[ws.WriteBatchItem()]), timeout=30)
+        assert (reply.results[0].error.reason, reply.results[0].error.metadata["field"]) == (
+            "INVALID_ARGUMENT", "items[0].op")
+        after = await snapshot(url)
+    assert after == before, "a refused item changed rows"
+
+
+async def test_a_bad_item_leaves_the_good_items_of_its_batch_alone(db_url):
+    async with scheduler_stack(db_url, **SETTINGS) as stack:
+        world = await build_world(stack)
+        good = base_request("FinishRun", world)
+        bad = base_request("MarkToolInDoubt", world)
+        bad.step_key = ""
+        stale = ws.HeartbeatRequest(lease=ws.LeaseRef(run_id=world.waiting.run_id, worker_id="someone-else",
+                                                      fencing_token=world.waiting.fencing_token))
+        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=[
+            ws.WriteBatchItem(mark_tool_in_doubt=bad), ws.WriteBatchItem(finish_run=good),
+            ws.WriteBatchItem(heartbeat=stale)]), timeout=30)
+        kinds = [r.WhichOneof("result") for r in reply.results]
+        assert kinds == ["error", "finish_run", "error"]
+        assert reply.results[0].error.metadata["field"] == "step_key"
+        assert reply.results[1].finish_run.status == pb.RUN_STATUS_COMPLETED
+        assert (reply.results[2].error.code, reply.results[2].error.reason) == (
+            grpc.StatusCode.FAILED_PRECONDITION.value[0], "LEASE_LOST")
+        run = await stack.runs.GetRun(rs.GetRunRequest(run_id=world.running.run_id),
+                                      metadata=[("x-tenant-id", TENANT)], timeout=30)
+        assert run.status == pb.RUN_STATUS_COMPLETED
+        waiting = await stack.runs.GetRun(rs.GetRunRequest(run_id=world.waiting.run_id),
+                                          metadata=[("x-tenant-id", TENANT)], timeout=30)
+        assert waiting.status == pb.RUN_STATUS_WAITING_TOOL  # the bad MarkToolInDoubt froze nothing
 
 
 # ---------------------------------------------------------------------- below the message: the wire itself

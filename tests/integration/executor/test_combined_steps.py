@@ -10,7 +10,17 @@ import json
 
 import grpc
 import pytest
-from executor_support import executor, history, http_tool, mock_tool, scripted_agent, wait_for, wait_status, write_agent
+from executor_support import (
+    executor,
+    history,
+    http_tool,
+    mock_tool,
+    scripted_agent,
+    tap_writes,
+    wait_for,
+    wait_status,
+    write_agent,
+)
 from support import scheduler_stack, submit
 
 from executor.faults import Faults
@@ -27,24 +37,14 @@ def three_steps(url: str) -> dict:
     return scripted_agent("chain", plan, [http_tool(url, "t.a"), http_tool(url, "t.b")])
 
 
-def count_calls(stub, seen: dict[str, list]) -> None:
-    for name in RPCS:
-        real = getattr(stub, name)
-
-        async def call(request, _real=real, _name=name, **kwargs):
-            seen.setdefault(_name, []).append(request)
-            return await _real(request, **kwargs)
-
-        setattr(stub, name, call)
-
-
-async def test_each_tool_step_after_the_first_is_one_scheduler_call(db_url, db, tmp_path):
+@pytest.mark.parametrize("batch_writes", [True, False], ids=["batched", "single-calls"])
+async def test_each_tool_step_after_the_first_is_one_scheduler_call(db_url, db, tmp_path, batch_writes):
     async with mock_tool(tmp_path) as mock, scheduler_stack(db_url) as stack:
         write_agent(tmp_path / "agents", three_steps(mock.url))
         run = await submit(stack, agent="chain")
         seen: dict[str, list] = {}
-        async with executor(stack, tmp_path / "agents") as worker:
-            count_calls(worker.services.client.stub, seen)
+        async with executor(stack, tmp_path / "agents", batch_writes=batch_writes) as worker:
+            tap_writes(worker.services.client, seen, RPCS)
             final = await wait_status(stack, run.run_id, *END)
         assert final.status == pb.RUN_STATUS_COMPLETED, final.terminal_reason or final.pause_reason
         # decision a: SaveCheckpoint; a: Tx1; a→b and b→c: one call each; c: Tx2 (with the finish); FinishRun.
@@ -71,26 +71,19 @@ async def test_each_tool_step_after_the_first_is_one_scheduler_call(db_url, db, 
             assert (pending["step_key"], pending["request_hash"]) == (step, row.request_hash)
 
 
-async def test_a_lost_answer_is_retried_with_the_same_event_ids(db_url, db, tmp_path):
+@pytest.mark.parametrize("batch_writes", [True, False], ids=["batched", "single-calls"])
+async def test_a_lost_answer_is_retried_with_the_same_event_ids(db_url, db, tmp_path, batch_writes):
     async with mock_tool(tmp_path) as mock, scheduler_stack(db_url) as stack:
         write_agent(tmp_path / "agents", three_steps(mock.url))
         run = await submit(stack, agent="chain")
-        sent: list = []
-        async with executor(stack, tmp_path / "agents") as worker:
-            stub = worker.services.client.stub
-            real = stub.CompleteAndBeginToolCall
-
-            async def lossy(request, **kwargs):
-                sent.append((request.event_id, request.next.event_id, request.next.execution_id))
-                reply = await real(request, **kwargs)
-                if len(sent) == 1:  # committed, but the answer never arrives
-                    raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
-                                               grpc.aio.Metadata(), details="answer lost in the test")
-                return reply
-
-            stub.CompleteAndBeginToolCall = lossy
+        seen: dict[str, list] = {}
+        async with executor(stack, tmp_path / "agents", batch_writes=batch_writes) as worker:
+            # The first combined call commits, but its answer never arrives.
+            tap_writes(worker.services.client, seen, ("CompleteAndBeginToolCall",),
+                       lose=lambda name, n: grpc.StatusCode.UNAVAILABLE if n == 1 else None)
             final = await wait_status(stack, run.run_id, *END)
             assert worker.services.client.retries == 1
+        sent = [(r.event_id, r.next.event_id, r.next.execution_id) for r in seen["CompleteAndBeginToolCall"]]
         assert final.status == pb.RUN_STATUS_COMPLETED, final.terminal_reason or final.pause_reason
         assert len(sent) == 3 and sent[0] == sent[1]  # the retry reused all three ids
         hist = await history(stack, run.run_id)

@@ -2,7 +2,16 @@
 
 import grpc
 import pytest
-from executor_support import executor, history, http_tool, mock_tool, scripted_agent, wait_status, write_agent
+from executor_support import (
+    executor,
+    history,
+    http_tool,
+    mock_tool,
+    scripted_agent,
+    tap_writes,
+    wait_status,
+    write_agent,
+)
 from support import scheduler_stack, submit
 
 from shared.gen.agentrt.v1 import common_pb2 as pb
@@ -11,36 +20,25 @@ pytestmark = pytest.mark.integration
 METHODS = ("SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "FinishRun")
 
 
-def lose_first_answer(stub, name, seen):
-    """The call reaches the scheduler and commits; its answer is lost (as if the deadline passed)."""
-    real = getattr(stub, name)
-
-    async def call(request, **kwargs):
-        seen.setdefault(name, []).append(request.event_id)
-        reply = await real(request, **kwargs)
-        if len(seen[name]) == 1:
-            raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(),
-                                       grpc.aio.Metadata(), details="answer lost in the test")
-        return reply
-
-    setattr(stub, name, call)
-
-
-async def test_lost_answers_are_retried_with_the_same_event_id_and_replayed(db_url, db, tmp_path):
+@pytest.mark.parametrize("batch_writes", [True, False], ids=["batched", "single-calls"])
+async def test_lost_answers_are_retried_with_the_same_event_id_and_replayed(db_url, db, tmp_path, batch_writes):
     plan = [{"id": "one", "tool": "t.one", "args": {}}, {"id": "two", "tool": "t.two", "args": {}},
             {"id": "done", "finish": "ok"}]
     async with mock_tool(tmp_path) as mock, scheduler_stack(db_url) as stack:
         write_agent(tmp_path / "agents", scripted_agent("flaky-net", plan, [http_tool(mock.url, "t.one"),
                                                                             http_tool(mock.url, "t.two")]))
         run = await submit(stack, agent="flaky-net")
-        seen: dict[str, list[str]] = {}
-        async with executor(stack, tmp_path / "agents") as worker:
-            for name in METHODS:
-                lose_first_answer(worker.services.client.stub, name, seen)
+        requests: dict[str, list] = {}
+        async with executor(stack, tmp_path / "agents", batch_writes=batch_writes) as worker:
+            # Each first write of these kinds reaches the scheduler and commits; its answer is lost
+            # (as if the deadline passed).
+            tap_writes(worker.services.client, requests, METHODS,
+                       lose=lambda name, n: grpc.StatusCode.DEADLINE_EXCEEDED if n == 1 else None)
             final = await wait_status(stack, run.run_id, pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_FAILED,
                                       pb.RUN_STATUS_PAUSED_INDOUBT)
             assert worker.services.client.retries == 4
         assert final.status == pb.RUN_STATUS_COMPLETED, final.terminal_reason or final.pause_reason
+        seen = {name: [r.event_id for r in sent] for name, sent in requests.items()}
         for name in METHODS:
             assert seen[name][0] == seen[name][1], name  # the retry reused the event id
         hist = await history(stack, run.run_id)

@@ -298,3 +298,76 @@ class FinishRunResponse(_message.Message):
     next_attempt_at: _timestamp_pb2.Timestamp
     replayed: bool
     def __init__(self, status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
+class WriteBatchItem(_message.Message):
+    __slots__ = ("heartbeat", "save_checkpoint", "begin_tool_call", "complete_tool_call", "complete_and_begin_tool_call", "mark_tool_in_doubt", "finish_run", "traceparent", "tracestate")
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    SAVE_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_AND_BEGIN_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
+    MARK_TOOL_IN_DOUBT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_RUN_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    heartbeat: HeartbeatRequest
+    save_checkpoint: SaveCheckpointRequest
+    begin_tool_call: BeginToolCallRequest
+    complete_tool_call: CompleteToolCallRequest
+    complete_and_begin_tool_call: CompleteAndBeginToolCallRequest
+    mark_tool_in_doubt: MarkToolInDoubtRequest
+    finish_run: FinishRunRequest
+    traceparent: str
+    tracestate: str
+    def __init__(self, heartbeat: _Optional[_Union[HeartbeatRequest, _Mapping]] = ..., save_checkpoint: _Optional[_Union[SaveCheckpointRequest, _Mapping]] = ..., begin_tool_call: _Optional[_Union[BeginToolCallRequest, _Mapping]] = ..., complete_tool_call: _Optional[_Union[CompleteToolCallRequest, _Mapping]] = ..., complete_and_begin_tool_call: _Optional[_Union[CompleteAndBeginToolCallRequest, _Mapping]] = ..., mark_tool_in_doubt: _Optional[_Union[MarkToolInDoubtRequest, _Mapping]] = ..., finish_run: _Optional[_Union[FinishRunRequest, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+
+class WriteBatchRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[WriteBatchItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[WriteBatchItem, _Mapping]]] = ...) -> None: ...
+
+class WriteBatchError(_message.Message):
+    __slots__ = ("code", "message", "reason", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    reason: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class WriteBatchResult(_message.Message):
+    __slots__ = ("error", "heartbeat", "save_checkpoint", "begin_tool_call", "complete_tool_call", "complete_and_begin_tool_call", "mark_tool_in_doubt", "finish_run")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    SAVE_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_AND_BEGIN_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
+    MARK_TOOL_IN_DOUBT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_RUN_FIELD_NUMBER: _ClassVar[int]
+    error: WriteBatchError
+    heartbeat: HeartbeatResponse
+    save_checkpoint: SaveCheckpointResponse
+    begin_tool_call: BeginToolCallResponse
+    complete_tool_call: CompleteToolCallResponse
+    complete_and_begin_tool_call: CompleteAndBeginToolCallResponse
+    mark_tool_in_doubt: MarkToolInDoubtResponse
+    finish_run: FinishRunResponse
+    def __init__(self, error: _Optional[_Union[WriteBatchError, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatResponse, _Mapping]] = ..., save_checkpoint: _Optional[_Union[SaveCheckpointResponse, _Mapping]] = ..., begin_tool_call: _Optional[_Union[BeginToolCallResponse, _Mapping]] = ..., complete_tool_call: _Optional[_Union[CompleteToolCallResponse, _Mapping]] = ..., complete_and_begin_tool_call: _Optional[_Union[CompleteAndBeginToolCallResponse, _Mapping]] = ..., mark_tool_in_doubt: _Optional[_Union[MarkToolInDoubtResponse, _Mapping]] = ..., finish_run: _Optional[_Union[FinishRunResponse, _Mapping]] = ...) -> None: ...
+
+class WriteBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[WriteBatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[WriteBatchResult, _Mapping]]] = ...) -> None: ...

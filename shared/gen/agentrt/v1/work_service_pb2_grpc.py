@@ -78,6 +78,11 @@ class WorkServiceStub:
                 request_serializer=agentrt_dot_v1_dot_work__service__pb2.FinishRunRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_work__service__pb2.FinishRunResponse.FromString,
                 _registered_method=True)
+        self.WriteBatch = channel.unary_unary(
+                '/agentrt.v1.WorkService/WriteBatch',
+                request_serializer=agentrt_dot_v1_dot_work__service__pb2.WriteBatchRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_work__service__pb2.WriteBatchResponse.FromString,
+                _registered_method=True)
 
 
 class WorkServiceServicer:
@@ -137,6 +142,18 @@ class WorkServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteBatch(self, request, context):
+        """Several independent writes in one round trip: an executor coalesces the
+        writes of its concurrent runs while an earlier batch is in flight. Each
+        item is its own transaction with exactly the checks, answers and replay
+        rules of the single call it carries; one item's error never touches
+        another (so a batch is not atomic). Batch-level errors (no items, too
+        many, a missing executor token) answer the whole call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +196,11 @@ def add_WorkServiceServicer_to_server(servicer, server):
                     servicer.FinishRun,
                     request_deserializer=agentrt_dot_v1_dot_work__service__pb2.FinishRunRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_work__service__pb2.FinishRunResponse.SerializeToString,
+            ),
+            'WriteBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteBatch,
+                    request_deserializer=agentrt_dot_v1_dot_work__service__pb2.WriteBatchRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_work__service__pb2.WriteBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -401,6 +423,33 @@ class WorkService:
             '/agentrt.v1.WorkService/FinishRun',
             agentrt_dot_v1_dot_work__service__pb2.FinishRunRequest.SerializeToString,
             agentrt_dot_v1_dot_work__service__pb2.FinishRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.WorkService/WriteBatch',
+            agentrt_dot_v1_dot_work__service__pb2.WriteBatchRequest.SerializeToString,
+            agentrt_dot_v1_dot_work__service__pb2.WriteBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
