@@ -197,7 +197,7 @@ WITH run AS (
       reconciliation_evidence = COALESCE($14::jsonb, te.reconciliation_evidence),
       reconciled_at = CASE WHEN $14::jsonb IS NULL THEN te.reconciled_at ELSE clock_timestamp() END
   FROM run
-  WHERE te.run_id = run.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT'
+  WHERE te.run_id = $1 AND te.run_id = run.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT'
   RETURNING te.id
 ), checkpoint AS (
   INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version,
@@ -255,7 +255,7 @@ WITH run AS (
       reconciliation_evidence = COALESCE($13::jsonb, te.reconciliation_evidence),
       reconciled_at = CASE WHEN $13::jsonb IS NULL THEN te.reconciled_at ELSE clock_timestamp() END
   FROM run
-  WHERE te.run_id = run.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT'
+  WHERE te.run_id = $1 AND te.run_id = run.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT'
   RETURNING te.id
 ), checkpoint AS (
   INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version,
@@ -313,7 +313,7 @@ WITH run AS (
   SET status = 'NOT_EXECUTED', error_code = $10, completed_at = clock_timestamp(),
       reconciled_at = clock_timestamp(), reconciliation_evidence = $11, resolved_by = $2
   FROM run
-  WHERE te.run_id = run.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT'
+  WHERE te.run_id = $1 AND te.run_id = run.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT'
   RETURNING te.id
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
@@ -345,7 +345,7 @@ WITH run AS (
   UPDATE tool_executions AS te
   SET status = 'IN_DOUBT', error_code = $6
   FROM run
-  WHERE te.run_id = run.id AND te.step_key = $4 AND te.status = 'OUTBOUND_INTENT'
+  WHERE te.run_id = $1 AND te.run_id = run.id AND te.step_key = $4 AND te.status = 'OUTBOUND_INTENT'
   RETURNING te.id
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,

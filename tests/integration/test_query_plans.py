@@ -1,0 +1,75 @@
+"""The hot writes find their rows through the indexes that name them, whatever the planner's statistics.
+
+A ledger-row update reached only through a join with the run CTE lets the
+planner pick the partial index of open and in-doubt rows and filter all of
+them by step key: every tool step would then cost more as the number of open
+or frozen ledger rows (of every run) grows.
+"""
+
+import json
+
+import asyncpg
+import pytest
+
+from scheduler.queries import Q
+
+pytestmark = pytest.mark.integration
+LEDGER_WRITES = ("complete_tool_call", "complete_and_begin_tool_call", "tool_not_executed", "mark_tool_in_doubt")
+
+
+def scans(plan: object) -> list[tuple[str, str, str]]:
+    """(node type, relation, index) of every scan node in an EXPLAIN (FORMAT JSON) plan."""
+    found: list[tuple[str, str, str]] = []
+
+    def walk(node: dict) -> None:
+        if "Relation Name" in node:
+            found.append((node["Node Type"], node["Relation Name"], node.get("Index Name", "")))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    for entry in plan if isinstance(plan, list) else [plan]:
+        walk(entry["Plan"])
+    return found
+
+
+@pytest.mark.parametrize("name", LEDGER_WRITES)
+async def test_ledger_writes_use_the_run_and_step_key_index(db_url, name):
+    db = await asyncpg.connect(db_url)
+    try:
+        await check_plan(db, name)
+    finally:
+        await db.close()
+
+
+async def check_plan(db: asyncpg.Connection, name: str) -> None:
+    await db.execute("SET plan_cache_mode = force_generic_plan")  # the plan a long-lived pool connection keeps
+    # A young database (not analyzed yet) with a few open ledger rows among closed ones: the partial index
+    # of open and in-doubt rows looks cheapest, and a generic plan made then is kept by the connection.
+    await db.execute(
+        """
+        INSERT INTO agent_runs (id, tenant_id, agent_name, status, lease_owner, lease_expires_at, fencing_token,
+                                current_step_key)
+        SELECT gen_random_uuid(), 't', 'a', 'WAITING_TOOL', 'w', clock_timestamp() + interval '1 hour', 1, 's/1'
+        FROM generate_series(1, 50)
+        """)
+    await db.execute(
+        """
+        INSERT INTO tool_executions (id, run_id, step_key, tool_name, idempotency_key, request_json, request_hash,
+                                     status, fencing_token, intent_event_id)
+        SELECT gen_random_uuid(), id, 's/1', 'tool', 'k-' || id, '{}'::jsonb, sha256(id::text::bytea),
+               'OUTBOUND_INTENT', 1, gen_random_uuid()
+        FROM agent_runs""")
+    await db.execute(
+        """
+        UPDATE tool_executions SET status = 'SUCCEEDED', completed_at = clock_timestamp(), response_json = '{}'
+        WHERE run_id NOT IN (SELECT id FROM agent_runs ORDER BY id LIMIT 3)
+        """)
+    statement = await db.prepare(Q[name])
+    await db.execute(f"PREPARE ledger_write AS {Q[name]}")
+    nulls = ", ".join(["NULL"] * len(statement.get_parameters()))
+    plan = json.loads(await db.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE ledger_write({nulls})"))
+    ledger = [scan for scan in scans(plan) if scan[1] == "tool_executions" and scan[0] != "ModifyTable"]
+    assert ledger, json.dumps(plan)[:2000]
+    for node_type, _, index in ledger:
+        assert node_type in ("Index Scan", "Index Only Scan"), (name, ledger)
+        assert index == "tool_executions_run_id_step_key_key", (name, ledger)
