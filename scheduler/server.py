@@ -29,7 +29,7 @@ from shared.gen.agentrt.v1 import (
     work_service_pb2,
     work_service_pb2_grpc,
 )
-from shared.tracing import ServerSpans, setup_tracing
+from shared.tracing import ServerSpans, records_spans, setup_tracing
 
 log = logging.getLogger(__name__)
 SERVICE_NAMES = (
@@ -82,7 +82,8 @@ class SchedulerServer:
         run_service_pb2_grpc.add_RunServiceServicer_to_server(RunServicer(self.store, s, self._notifier), server)
         work_service_pb2_grpc.add_WorkServiceServicer_to_server(
             WorkServicer(self.store, s, self._notifier, tracer=provider.get_tracer("agentrt.grpc.server"),
-                         observe=self.metrics.observe_rpc if self.metrics else None), server)
+                         observe=self.metrics.observe_rpc if self.metrics else None,
+                         recording=records_spans(provider)), server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

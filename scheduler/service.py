@@ -34,7 +34,7 @@ from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
-from shared.tracing import annotate, current_trace, extract_context
+from shared.tracing import annotate, continued, current_trace, extract_context
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -275,13 +275,15 @@ def batch_error(error: AgentrtError) -> ws.WriteBatchError:
 
 class WorkServicer(ws_grpc.WorkServiceServicer):
     def __init__(self, store: Store, settings: SchedulerSettings, notifier: WorkNotifier, *,
-                 tracer: Any = None, observe: Callable[[str, str, float], None] | None = None) -> None:
+                 tracer: Any = None, observe: Callable[[str, str, float], None] | None = None,
+                 recording: bool = True) -> None:
         self.store = store
         self.settings = settings
         self.notifier = notifier
         self.limit = settings.max_payload_bytes
         self._tracer = tracer or trace.get_tracer("agentrt.grpc.server")
         self._observe = observe
+        self._recording = recording  # False: no spans of our own, only the caller's context carried on
 
     @rpc
     async def WriteBatch(self, request: ws.WriteBatchRequest,
@@ -302,34 +304,40 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                 f"items[{index}].op", "name one write (heartbeat, save_checkpoint, begin_tool_call, ...)")))
         method, field = BATCH_OPS[op]
         carrier = {"traceparent": item.traceparent, "tracestate": item.tracestate} if item.traceparent else None
-        started, code = time.perf_counter(), "OK"
-        with self._tracer.start_as_current_span(
-            f"/agentrt.v1.WorkService/{method}", context=extract_context(carrier) if carrier else None,
-            kind=SpanKind.SERVER, record_exception=False, set_status_on_exception=False,
-            attributes={"rpc.system": "grpc", "rpc.service": "agentrt.v1.WorkService", "rpc.method": method,
-                        "agentrt.batch_index": index},
-        ) as span:
-            try:
-                reply = await getattr(WorkServicer, method).core(self, getattr(item, op), None)
-                result = ws.WriteBatchResult(**{field: reply})
-            except AgentrtError as error:
-                annotate(error_reason=error.reason)
-                status = status_code_for(error)
-                code = status.name
-                span.set_attribute("rpc.grpc.status_code", status.value[0])
-                span.set_status(Status(StatusCode.ERROR, code))
-                result = ws.WriteBatchResult(error=batch_error(error))
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("unhandled error in WriteBatch item %s", method)
-                code = "INTERNAL"
-                span.set_status(Status(StatusCode.ERROR, code))
-                result = ws.WriteBatchResult(error=ws.WriteBatchError(
-                    code=grpc.StatusCode.INTERNAL.value[0], message="internal error (logged by the scheduler)"))
+        started = time.perf_counter()
+        if not self._recording:
+            with continued(carrier):
+                result, code = await self._write(method, field, getattr(item, op))
+        else:
+            with self._tracer.start_as_current_span(
+                f"/agentrt.v1.WorkService/{method}", context=extract_context(carrier) if carrier else None,
+                kind=SpanKind.SERVER, record_exception=False, set_status_on_exception=False,
+                attributes={"rpc.system": "grpc", "rpc.service": "agentrt.v1.WorkService", "rpc.method": method,
+                            "agentrt.batch_index": index},
+            ) as span:
+                result, code = await self._write(method, field, getattr(item, op))
+                if code is not grpc.StatusCode.OK:
+                    span.set_attribute("rpc.grpc.status_code", code.value[0])
+                    span.set_status(Status(StatusCode.ERROR, code.name))
         if self._observe is not None:
-            self._observe(method, code, time.perf_counter() - started)
+            self._observe(method, code.name, time.perf_counter() - started)
         return result
+
+    async def _write(self, method: str, field: str, request: Any) -> tuple[ws.WriteBatchResult, grpc.StatusCode]:
+        """The single call's body; its typed error becomes this item's answer."""
+        try:
+            reply = await getattr(WorkServicer, method).core(self, request, None)
+            return ws.WriteBatchResult(**{field: reply}), grpc.StatusCode.OK
+        except AgentrtError as error:
+            annotate(error_reason=error.reason)
+            return ws.WriteBatchResult(error=batch_error(error)), status_code_for(error)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("unhandled error in WriteBatch item %s", method)
+            internal = grpc.StatusCode.INTERNAL
+            return ws.WriteBatchResult(error=ws.WriteBatchError(
+                code=internal.value[0], message="internal error (logged by the scheduler)")), internal
 
     @rpc
     async def ClaimWork(self, request: ws.ClaimWorkRequest, context: grpc.aio.ServicerContext) -> ws.ClaimWorkResponse:

@@ -7,10 +7,13 @@ transaction that wrote them, so the relay and consumers continue the trace.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -62,6 +65,27 @@ def setup_tracing(service_name: str, exporter: str = "none",
     return provider
 
 
+def records_spans(provider: Any) -> bool:
+    """Does this provider record spans? (No for otel_exporter none, or without an SDK provider.)
+
+    Where it does not, servers skip making spans of their own and only carry the
+    caller's context on (outbox rows then name the caller's span): a
+    non-recording span still costs ids, a sampler call and its attributes.
+    """
+    return isinstance(provider, TracerProvider) and provider.sampler is not ALWAYS_OFF
+
+
+@contextlib.contextmanager
+def continued(carrier: dict[str, str] | None) -> Iterator[None]:
+    """Makes the caller's W3C context (if any) current, without a span of our own."""
+    token = otel_context.attach(_PROPAGATOR.extract(carrier)) if carrier else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+
+
 def current_trace() -> Trace:
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier)
@@ -108,6 +132,7 @@ class ServerSpans:
         self._server_kind = SpanKind.SERVER
         self._status, self._error = Status, StatusCode.ERROR
         self._observe = observe
+        self._recording = records_spans(provider)
 
     def interceptor(self) -> Any:
         import grpc
@@ -130,6 +155,18 @@ class ServerSpans:
 
         observe = self._observe
 
+        async def untraced(request: Any, context: Any) -> Any:
+            started = time.perf_counter()
+            carrier = {key: value for key, value in (context.invocation_metadata() or ())
+                       if key in ("traceparent", "tracestate")}
+            with continued(carrier):
+                try:
+                    return await behavior(request, context)
+                finally:
+                    if observe is not None:
+                        code = context.code()
+                        observe(name, code.name if code is not None else "OK", time.perf_counter() - started)
+
         async def traced(request: Any, context: Any) -> Any:
             started = time.perf_counter()
             carrier = {key: value for key, value in (context.invocation_metadata() or ())
@@ -151,5 +188,5 @@ class ServerSpans:
                         observe(name, code.name if code is not None else "OK", time.perf_counter() - started)
 
         return grpc.unary_unary_rpc_method_handler(
-            traced, request_deserializer=handler.request_deserializer,
+            traced if self._recording else untraced, request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer)

@@ -90,3 +90,58 @@ async def test_work_service_spans_carry_the_runs_tenant(db_url, spans):
         assert span.attributes["agentrt.tenant_id"] == "acme", name
         assert span.attributes["agentrt.run_id"] == lease.run.run_id, name
         assert span.attributes["agentrt.fencing_token"] == 1, name
+
+
+async def test_batched_writes_are_spans_of_their_own_callers(db_url, db, spans):
+    """Each WriteBatch item is a server span whose parent is the span that made that write."""
+    provider, exporter = spans
+    tracer = provider.get_tracer("test-client")
+    async with scheduler_stack(db_url, tracer_provider=provider) as stack:
+        await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="demo", input_json="{}"), metadata=stack.md())
+        lease = await claim(stack)
+        ref = lease_ref(lease)
+        items, callers = [], []
+        for name in ("beat", "save"):
+            with tracer.start_as_current_span(f"client.{name}") as caller:
+                carrier = dict(inject_metadata())
+                callers.append(caller)
+            item = ws.WriteBatchItem(traceparent=carrier["traceparent"])
+            if name == "beat":
+                item.heartbeat.CopyFrom(ws.HeartbeatRequest(lease=ref))
+            else:
+                item.save_checkpoint.CopyFrom(ws.SaveCheckpointRequest(
+                    lease=ref, expected_version=0, state_json="{}", schema_version=1, event_id=eid()))
+            items.append(item)
+        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=items))
+    assert [r.WhichOneof("result") for r in reply.results] == ["heartbeat", "save_checkpoint"]
+    finished = exporter.get_finished_spans()
+    for name, caller in zip(("Heartbeat", "SaveCheckpoint"), callers, strict=True):
+        span = next(s for s in finished if s.name == f"/agentrt.v1.WorkService/{name}")
+        assert span.parent.span_id == caller.get_span_context().span_id, name
+        assert span.context.trace_id == caller.get_span_context().trace_id, name
+        assert span.attributes["agentrt.fencing_token"] == 1, name
+    row = await db.fetchrow("SELECT traceparent FROM outbox WHERE event_type = 'agent.checkpoint'")
+    save = next(s for s in finished if s.name == "/agentrt.v1.WorkService/SaveCheckpoint")
+    assert row["traceparent"].split("-")[1:3] == [f"{save.context.trace_id:032x}", f"{save.context.span_id:016x}"]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["single-call", "batched"])
+async def test_without_an_exporter_the_callers_context_still_reaches_the_outbox(db_url, db, batched):
+    """otel_exporter none: nothing is recorded, yet the outbox row names the caller's trace and span."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with scheduler_stack(db_url, tracer_provider=provider) as stack:
+        await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="demo", input_json="{}"), metadata=stack.md())
+        lease = await claim(stack)
+        request = ws.SaveCheckpointRequest(lease=lease_ref(lease), expected_version=0, state_json="{}",
+                                           schema_version=1, event_id=eid())
+        if batched:
+            reply = await stack.work.WriteBatch(ws.WriteBatchRequest(
+                items=[ws.WriteBatchItem(save_checkpoint=request, traceparent=caller)]))
+            assert reply.results[0].WhichOneof("result") == "save_checkpoint"
+        else:
+            await stack.work.SaveCheckpoint(request, metadata=[("traceparent", caller)])
+    row = await db.fetchrow("SELECT traceparent FROM outbox WHERE event_type = 'agent.checkpoint'")
+    assert row["traceparent"] == caller
