@@ -224,6 +224,8 @@ class WorkClient:
                                  ) -> ws.CompleteToolCallResponse:
         if not request.event_id:
             request.event_id = new_event_id()
+        if request.HasField("end") and not request.end.event_id:
+            request.end.event_id = new_event_id()
         return await self._call("complete_tool_call", request, give_up_at)
 
     async def complete_and_begin_tool_call(self, request: ws.CompleteAndBeginToolCallRequest,

@@ -18,7 +18,7 @@ from opentelemetry import trace
 
 from executor.advance import Action, Advancer, DecideAgain, EndRun, ExecuteTool, Limits, Park, tighter
 from executor.agents import AgentCatalog, AgentDefinition
-from executor.checkpoint import SCHEMA_VERSION, State, UnsupportedCheckpoint, Waiting, load_state
+from executor.checkpoint import SCHEMA_VERSION, Finished, State, UnsupportedCheckpoint, Waiting, load_state
 from executor.client import WorkClient
 from executor.deciders import DeciderRegistry
 from executor.deciders.base import DeciderUnavailable
@@ -93,6 +93,14 @@ class RunDriver:
                                                     state.cursor, self.give_up_at)
         self.version, self.saved = reply.version, data
         self.s.faults.hit("after_checkpoint_commit", self.run.run_id)
+
+    @staticmethod
+    def run_end(finished: Finished) -> ws.RunEnd:
+        """A decided end, as the last Tx2 carries it (CompleteToolCall.end)."""
+        return ws.RunEnd(
+            outcome=ws.FINISH_OUTCOME_COMPLETED if finished.outcome == "COMPLETED" else ws.FINISH_OUTCOME_FAILED,
+            reason=finished.reason[:4000], result_json=json.dumps(finished.result) if finished.result is not None
+            else "", error_class=finished.error_class)
 
     async def finish(self, outcome: ws.FinishOutcome, reason: str = "", *, result: Any = None,
                      sleep_ms: int = 0, error_class: str = "", pause_when_exhausted: bool = False) -> None:

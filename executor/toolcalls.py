@@ -10,7 +10,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from executor.advance import Action, Advancer, ExecuteTool
+from executor.advance import Action, Advancer, EndRun, ExecuteTool
 from executor.agents import AgentDefinition
 from executor.checkpoint import SCHEMA_VERSION, State, ToolDecision
 from executor.errors import Action as ErrorAction
@@ -99,12 +99,14 @@ class ToolCalls:
 
     async def close(self, after: State, decision: ToolDecision, outcome: ws.ToolOutcome, response: Any,
                     remote_resource_id: str | None, *, error_code: str = "", evidence: dict[str, Any] | None = None,
-                    fold: bool = True) -> Next:
+                    fold: bool = True) -> Next | None:
         """Tx2: the definite outcome, the next checkpoint and the event, in one transaction.
 
         When the folded next decision is itself a tool call, its Tx1 joins the
         same transaction (CompleteAndBeginToolCall): the checkpoint that records
         the decision and the intent row commit together, before any network I/O.
+        When it is the run's end, the run ends in that transaction too (None is
+        returned: nothing is left to do under this lease).
         """
         action: Action | None = None
         if fold and self.fold:
@@ -123,9 +125,16 @@ class ToolCalls:
             remote_resource_id=remote_resource_id or "", error_code=error_code, state_json=canonical_json(data),
             schema_version=SCHEMA_VERSION, next_step_key=after.cursor,
             evidence_json=canonical_json(evidence) if evidence else "")
+        if isinstance(action, EndRun):
+            # The checkpoint records the end, which has no side effect: the run ends in this transaction.
+            request.end.CopyFrom(self.d.run_end(action.finished))
         reply = await self.d.s.client.complete_tool_call(request, self.d.give_up_at)
-        self.d.version, self.d.saved, self.d.status = reply.version, data, pb.RUN_STATUS_RUNNING
+        self.d.version, self.d.saved, self.d.status = reply.version, data, reply.status
         self.d.open_step = ""
+        if isinstance(action, EndRun):
+            log.info("run %s -> %s %s", self.d.run.run_id, pb.RunStatus.Name(reply.status),
+                     action.finished.reason[:200])
+            return None
         return after, action
 
     async def close_and_begin(self, after: State, data: dict[str, Any], decision: ToolDecision,

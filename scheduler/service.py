@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from scheduler import convert
 from scheduler import validate as v
 from scheduler.notifier import WorkNotifier
-from scheduler.store import LeaseRef, ResolveOutcome, Store, SubmitSpec, ToolIntent
+from scheduler.store import LeaseRef, ResolveOutcome, RunEnd, Store, SubmitSpec, ToolIntent
 from shared.canonical import uuid7
 from shared.config import SchedulerSettings
 from shared.errors import AgentrtError, InvalidArgument, status_code_for, to_grpc_status
@@ -432,6 +432,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         evidence = v.parse_json("evidence_json", request.evidence_json, self.limit, default=None)
         annotate(step_key=step_key)
         if outcome == "NOT_EXECUTED":
+            if request.HasField("end"):
+                raise InvalidArgument("end", "is not allowed with NOT_EXECUTED (the run goes back to QUEUED)")
             if evidence is None:
                 raise InvalidArgument("evidence_json", "is required for NOT_EXECUTED")
             version, status, replayed = await self.store.tool_not_executed(
@@ -443,11 +445,27 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         schema_version = v.require_positive("schema_version", request.schema_version)
         next_step = v.require_step_key("next_step_key", request.next_step_key) if request.next_step_key else None
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
-        version, replayed = await self.store.complete_tool_call(
+        end = self._run_end(request.end, event_id) if request.HasField("end") else None
+        version, status, replayed = await self.store.complete_tool_call(
             lease, expected, step_key, outcome == "SUCCEEDED", response, remote_id, error_code, state,
-            schema_version, next_step, evidence, event_id, current_trace(), state_text=state_text)
+            schema_version, next_step, evidence, event_id, current_trace(), state_text=state_text, end=end)
         annotate(run_version=version, replayed=replayed)
-        return ws.CompleteToolCallResponse(version=version, status=pb.RUN_STATUS_RUNNING, replayed=replayed)
+        return ws.CompleteToolCallResponse(version=version, status=convert.RUN_STATUS[status], replayed=replayed)
+
+    def _run_end(self, end: ws.RunEnd, event_id: uuid.UUID) -> RunEnd:
+        outcome = v.require_enum("end.outcome", end.outcome, _FINISH)
+        if outcome not in ("COMPLETED", "FAILED"):
+            raise InvalidArgument("end.outcome", "must be COMPLETED or FAILED (other ends go through FinishRun)")
+        end_event = v.require_uuid("end.event_id", end.event_id)
+        if end_event == event_id:
+            raise InvalidArgument("end.event_id", "must differ from event_id (the end has its own event)")
+        return RunEnd(
+            outcome=outcome,
+            reason=v.optional_text("end.reason", end.reason, max_len=4000) or "",
+            result=v.parse_json("end.result_json", end.result_json, self.limit, object_only=False),
+            error_class=v.optional_text("end.error_class", end.error_class, max_len=100) or "",
+            event_id=end_event,
+        )
 
     @rpc
     async def CompleteAndBeginToolCall(self, request: ws.CompleteAndBeginToolCallRequest,

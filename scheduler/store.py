@@ -75,6 +75,17 @@ class ToolIntent:
 
 
 @dataclass(frozen=True)
+class RunEnd:
+    """How a run ends in the same transaction as its last Tx2 (the checkpoint records the end)."""
+
+    outcome: str  # COMPLETED | FAILED
+    reason: str
+    result: Any
+    error_class: str
+    event_id: uuid.UUID
+
+
+@dataclass(frozen=True)
 class SubmitSpec:
     agent_name: str
     agent_version: str
@@ -480,26 +491,38 @@ class Store:
         self, lease: LeaseRef, expected_version: int, step_key: str, succeeded: bool, response: Any,
         remote_resource_id: str | None, error_code: str | None, state: dict[str, Any], schema_version: int,
         next_step_key: str | None, evidence: dict[str, Any] | None, event_id: uuid.UUID,
-        trace: Trace = NO_TRACE, state_text: CanonicalJson | None = None,
-    ) -> tuple[int, bool]:
-        """Tx2 with a definite outcome. Returns (new version, replayed)."""
+        trace: Trace = NO_TRACE, state_text: CanonicalJson | None = None, end: RunEnd | None = None,
+    ) -> tuple[int, str, bool]:
+        """Tx2 with a definite outcome; with `end`, the run ends in the same statement.
+
+        Returns (new version, run status, replayed).
+        """
         stored = state if state_text is None else state_text
+        outcome = "SUCCEEDED" if succeeded else "FAILED"
+        op = Op.COMPLETE_TOOL_CALL if end is None else (
+            Op.COMPLETE_TOOL_CALL_AND_COMPLETE if end.outcome == "COMPLETED" else Op.COMPLETE_TOOL_CALL_AND_FAIL)
+        args = [lease.run_id, lease.worker_id, lease.fencing_token, expected_version, step_key, sources(op),
+                outcome, next_step_key, stored, schema_version, response, remote_resource_id, error_code,
+                evidence, sha256_of(stored), event_id, trace.traceparent, trace.tracestate]
         async with self.pool.acquire() as conn:
-            written = await _fenced_write(
-                conn, "complete_tool_call", lease.run_id, lease.worker_id, lease.fencing_token,
-                expected_version, step_key, sources(Op.COMPLETE_TOOL_CALL),
-                "SUCCEEDED" if succeeded else "FAILED", next_step_key, stored, schema_version, response,
-                remote_resource_id, error_code, evidence, sha256_of(stored), event_id,
-                trace.traceparent, trace.tracestate)
-            if written is not None:
-                return written["version"], False
-            replay = await self._replay(conn, event_id, lease.run_id, "checkpoint")
-            if replay is not None:
-                return replay["version"], True
-            raise await self._tool_refusal(
-                conn, Op.COMPLETE_TOOL_CALL, lease, expected_version, step_key,
-                close_as=("SUCCEEDED" if succeeded else "FAILED", response, remote_resource_id, error_code),
-            )
+            if end is None:
+                written = await _fenced_write(conn, "complete_tool_call", *args)
+                if written is not None:
+                    return written["version"], "RUNNING", False
+                replay = await self._replay(conn, event_id, lease.run_id, "checkpoint")
+                if replay is not None:
+                    return replay["version"], "RUNNING", True
+            else:
+                written = await _fenced_write(conn, "complete_tool_call_and_end", *args, end.outcome, end.result,
+                                              end.reason, end.error_class, end.event_id)
+                if written is not None:
+                    return written["version"], written["status"], False
+                found = await self._replay_all(conn, lease.run_id, ((event_id, "checkpoint", "event_id"),
+                                                                    (end.event_id, "run", "end.event_id")))
+                if found is not None:
+                    return found[0]["version"], end.outcome, True
+            raise await self._tool_refusal(conn, op, lease, expected_version, step_key,
+                                           close_as=(outcome, response, remote_resource_id, error_code))
 
     @db_call
     async def complete_and_begin_tool_call(

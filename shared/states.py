@@ -34,6 +34,9 @@ class Op(StrEnum):
     SAVE_CHECKPOINT = "save_checkpoint"
     BEGIN_TOOL_CALL = "begin_tool_call"  # Tx1
     COMPLETE_TOOL_CALL = "complete_tool_call"  # Tx2, definite success or failure
+    # Tx2 whose checkpoint records the run's end: the run ends in the same transaction.
+    COMPLETE_TOOL_CALL_AND_COMPLETE = "complete_tool_call_and_complete"
+    COMPLETE_TOOL_CALL_AND_FAIL = "complete_tool_call_and_fail"
     # Tx2 of one step and Tx1 of the next in one transaction: stays WAITING_TOOL, on the next step.
     COMPLETE_AND_BEGIN_TOOL_CALL = "complete_and_begin_tool_call"
     TOOL_NOT_EXECUTED = "tool_not_executed"  # takeover lookup proved not executed
@@ -81,6 +84,8 @@ TRANSITIONS: dict[tuple[RunStatus, Op], RunStatus] = {
     (S.WAITING_TOOL, Op.CLAIM_EXPIRED): S.WAITING_TOOL,
     (S.WAITING_TOOL, Op.HEARTBEAT): S.WAITING_TOOL,
     (S.WAITING_TOOL, Op.COMPLETE_TOOL_CALL): S.RUNNING,
+    (S.WAITING_TOOL, Op.COMPLETE_TOOL_CALL_AND_COMPLETE): S.COMPLETED,
+    (S.WAITING_TOOL, Op.COMPLETE_TOOL_CALL_AND_FAIL): S.FAILED,
     (S.WAITING_TOOL, Op.COMPLETE_AND_BEGIN_TOOL_CALL): S.WAITING_TOOL,
     (S.WAITING_TOOL, Op.TOOL_NOT_EXECUTED): S.QUEUED,
     (S.WAITING_TOOL, Op.TOOL_NOT_EXECUTED_EXHAUSTED): S.FAILED,

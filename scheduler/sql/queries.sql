@@ -216,6 +216,57 @@ SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id,
        agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
 FROM checkpoint;
 
+-- name: complete_tool_call_and_end
+-- Tx2 whose checkpoint records the run's end (the next decision is to finish
+-- or fail): the definite result, the checkpoint, the end of the run
+-- ($19 = COMPLETED | FAILED, with result, reason and finished_at, the lease
+-- cleared) and both events commit together. Guards as complete_tool_call.
+WITH run AS (
+  UPDATE agent_runs AS r
+  SET status = $19, version = r.version + 1, current_step_key = $8,
+      checkpoint_schema_version = $10, lease_owner = NULL, lease_expires_at = NULL,
+      result = CASE WHEN $19 = 'COMPLETED' THEN $20::jsonb ELSE r.result END,
+      terminal_reason = $21, finished_at = clock_timestamp(), last_event_id = $23,
+      updated_at = clock_timestamp()
+  WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3 AND r.version = $4
+    AND r.status = ANY($6::text[]) AND r.current_step_key = $5
+    AND r.lease_expires_at > clock_timestamp()
+    AND r.cancel_requested_at IS NULL
+    AND EXISTS (SELECT 1 FROM tool_executions AS te
+                WHERE te.run_id = r.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT')
+  RETURNING r.id, r.tenant_id, r.version, r.fencing_token, r.status, r.attempt_count
+), execution AS (
+  UPDATE tool_executions AS te
+  SET status = $7, response_json = $11, remote_resource_id = $12, error_code = $13,
+      completed_at = clock_timestamp(),
+      reconciliation_evidence = COALESCE($14::jsonb, te.reconciliation_evidence),
+      reconciled_at = CASE WHEN $14::jsonb IS NULL THEN te.reconciled_at ELSE clock_timestamp() END
+  FROM run
+  WHERE te.run_id = $1 AND te.run_id = run.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT'
+  RETURNING te.id
+), checkpoint AS (
+  INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version,
+                                 fencing_token, event_id)
+  SELECT id, version, $9, $15, $10, fencing_token, $16 FROM run
+  RETURNING version
+), event AS (
+  INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
+                      traceparent, tracestate)
+  SELECT $16, id, tenant_id, CASE WHEN $7 = 'SUCCEEDED' THEN 'agent.tool_succeeded' ELSE 'agent.tool_failed' END,
+         jsonb_build_object('step_key', $5::text, 'version', version, 'error_code', $13::text),
+         fencing_token, version, $17, $18
+  FROM run
+  UNION ALL
+  SELECT $23, id, tenant_id, CASE status WHEN 'COMPLETED' THEN 'agent.run_completed' ELSE 'agent.run_failed' END,
+         jsonb_build_object('status', status, 'reason', $21::text, 'error_class', $22::text,
+                            'next_attempt_at', NULL, 'attempt_count', attempt_count),
+         fencing_token, version, $17, $18
+  FROM run
+)
+SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id, (SELECT status FROM run) AS status,
+       agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
+FROM checkpoint;
+
 -- name: complete_and_begin_tool_call
 -- Tx2 of step $5 and Tx1 of step $15 in one statement: all of it commits or
 -- none of it does. Guards, together, what complete_tool_call and

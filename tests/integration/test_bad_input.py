@@ -263,8 +263,19 @@ def nul_case(rpc: str, field: str) -> Bad:
 
 
 def enum_cases(rpc: str, field: str) -> list[Bad]:
-    return [Bad(rpc, f"{field} unknown number", put(**{field: 99}), field),
-            Bad(rpc, f"{field} unspecified", put(**{field: 0}), field)]
+    key = field.replace(".", "__")
+    return [Bad(rpc, f"{field} unknown number", put(**{key: 99}), field),
+            Bad(rpc, f"{field} unspecified", put(**{key: 0}), field)]
+
+
+def with_end(case: Bad) -> Bad:
+    """`case` on a CompleteToolCall that also ends the run (a valid `end` first, then the breakage)."""
+    def mutate(request: Message) -> None:
+        request.end.CopyFrom(ws.RunEnd(outcome=ws.FINISH_OUTCOME_COMPLETED, result_json='{"ok": true}',
+                                       event_id=eid()))
+        case.mutate(request)
+
+    return Bad(case.rpc, f"with end: {case.what}", mutate, case.field, case.tenant, case.code)
 
 
 def token(data: Any) -> str:
@@ -440,6 +451,22 @@ CASES: list[Bad] = [
     Bad("FinishRun", "reason too long", put(reason="r" * 4001), "reason"),
     nul_case("FinishRun", "reason"),
     nul_case("FinishRun", "error_class"),
+    # ---- CompleteToolCall that ends the run
+    *[with_end(case) for case in [
+        *enum_cases("CompleteToolCall", "end.outcome"),
+        Bad("CompleteToolCall", "end.outcome SLEEP", put(end__outcome=ws.FINISH_OUTCOME_SLEEP), "end.outcome"),
+        Bad("CompleteToolCall", "end.outcome PAUSED_HUMAN", put(end__outcome=ws.FINISH_OUTCOME_PAUSED_HUMAN),
+            "end.outcome"),
+        *uuid_cases("CompleteToolCall", "end.event_id"),
+        Bad("CompleteToolCall", "end.event_id same as event_id",
+            lambda r: setattr(r.end, "event_id", r.event_id), "end.event_id"),
+        *json_cases("CompleteToolCall", "end.result_json", object_only=False),
+        Bad("CompleteToolCall", "end.reason too long", put(end__reason="r" * 4001), "end.reason"),
+        nul_case("CompleteToolCall", "end.reason"),
+        Bad("CompleteToolCall", "end.error_class too long", put(end__error_class="e" * 101), "end.error_class"),
+        Bad("CompleteToolCall", "end with NOT_EXECUTED",
+            put(outcome=ws.TOOL_OUTCOME_NOT_EXECUTED, evidence_json='{"lookup": "not_found"}'), "end"),
+    ]],
     # ---- WriteBatch (the call itself; its items are refused one by one: test_bad_batch_items_...)
     Bad("WriteBatch", "items empty", put(items=[]), "items"),
     Bad("WriteBatch", "too many items",

@@ -575,7 +575,7 @@ class Runtime(RuleBasedStateMachine):
         if result is None:
             assert self.picture(lease.run_id) == before
             return
-        assert result == (version + 1, False)
+        assert result == (version + 1, "RUNNING", False)
         after = self.row(lease.run_id)
         assert after["status"] == "RUNNING" and after["version"] == version + 1
         closed = self.ledger(lease.run_id, step)

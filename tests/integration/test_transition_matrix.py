@@ -225,11 +225,15 @@ def _finish(outcome: int, **fields: Any) -> Callable[[World], Awaitable[Any]]:
     return lambda w: finish(w, outcome, **fields)
 
 
-def _complete(outcome: int) -> Callable[[World], Awaitable[Any]]:
+def _complete(outcome: int, end: int = 0) -> Callable[[World], Awaitable[Any]]:
     def call(w: World) -> Awaitable[Any]:
-        extra = ({"evidence_json": '{"lookup": "no such refund"}'} if outcome == ws.TOOL_OUTCOME_NOT_EXECUTED
-                 else {"state_json": '{"cursor": "after-refund"}', "schema_version": 1,
-                       "response_json": '{"refund_id": "r-1"}'})
+        extra: dict[str, Any] = (
+            {"evidence_json": '{"lookup": "no such refund"}'} if outcome == ws.TOOL_OUTCOME_NOT_EXECUTED
+            else {"state_json": '{"cursor": "after-refund"}', "schema_version": 1,
+                  "response_json": '{"refund_id": "r-1"}'})
+        if end:
+            extra["end"] = ws.RunEnd(outcome=end, reason="ended with the last step", result_json='{"ok": 1}',
+                                     event_id=eid())
         return w.stack.work.CompleteToolCall(ws.CompleteToolCallRequest(
             lease=w.lease, expected_version=w.version, step_key=S1, outcome=outcome, event_id=eid(), **extra))
     return call
@@ -270,6 +274,12 @@ OPERATIONS: dict[str, Operation] = {
                                              _complete(ws.TOOL_OUTCOME_SUCCEEDED), _status),
     "CompleteToolCall(FAILED)": Operation("work", fixed(Op.COMPLETE_TOOL_CALL),
                                           _complete(ws.TOOL_OUTCOME_FAILED), _status),
+    "CompleteToolCall(SUCCEEDED, end COMPLETED)": Operation(
+        "work", fixed(Op.COMPLETE_TOOL_CALL_AND_COMPLETE),
+        _complete(ws.TOOL_OUTCOME_SUCCEEDED, ws.FINISH_OUTCOME_COMPLETED), _status),
+    "CompleteToolCall(FAILED, end FAILED)": Operation(
+        "work", fixed(Op.COMPLETE_TOOL_CALL_AND_FAIL),
+        _complete(ws.TOOL_OUTCOME_FAILED, ws.FINISH_OUTCOME_FAILED), _status),
     "CompleteToolCall(NOT_EXECUTED)": Operation("work", fixed(Op.TOOL_NOT_EXECUTED),
                                                 _complete(ws.TOOL_OUTCOME_NOT_EXECUTED), _status),
     # Tx2 of S1 with the next decision (S2) checkpointed, and Tx1 of S2, in one write.

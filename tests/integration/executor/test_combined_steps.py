@@ -25,6 +25,7 @@ from support import scheduler_stack, submit
 
 from executor.faults import Faults
 from shared.gen.agentrt.v1 import common_pb2 as pb
+from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
 pytestmark = pytest.mark.integration
 END = (pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_FAILED, pb.RUN_STATUS_PAUSED_INDOUBT, pb.RUN_STATUS_PAUSED_HUMAN)
@@ -47,12 +48,15 @@ async def test_each_tool_step_after_the_first_is_one_scheduler_call(db_url, db, 
             tap_writes(worker.services.client, seen, RPCS)
             final = await wait_status(stack, run.run_id, *END)
         assert final.status == pb.RUN_STATUS_COMPLETED, final.terminal_reason or final.pause_reason
-        # decision a: SaveCheckpoint; a: Tx1; a→b and b→c: one call each; c: Tx2 (with the finish); FinishRun.
+        # decision a: SaveCheckpoint; a: Tx1; a→b and b→c: one call each; c: Tx2 with the finish, which
+        # ends the run in the same transaction (no FinishRun).
         assert {name: len(calls) for name, calls in seen.items()} == {
-            "SaveCheckpoint": 1, "BeginToolCall": 1, "CompleteAndBeginToolCall": 2, "CompleteToolCall": 1,
-            "FinishRun": 1}
+            "SaveCheckpoint": 1, "BeginToolCall": 1, "CompleteAndBeginToolCall": 2, "CompleteToolCall": 1}
         assert [(r.step_key, r.next.step_key) for r in seen["CompleteAndBeginToolCall"]] == [
             ("a/attempt-1", "b/attempt-1"), ("b/attempt-1", "c/attempt-1")]
+        [last] = seen["CompleteToolCall"]
+        assert last.step_key == "c/attempt-1" and last.end.outcome == ws.FINISH_OUTCOME_COMPLETED
+        assert json.loads(final.result_json) == "ok"
 
         hist = await history(stack, run.run_id)
         assert [(e.step_key, e.status) for e in hist.tool_executions] == [
@@ -60,6 +64,12 @@ async def test_each_tool_step_after_the_first_is_one_scheduler_call(db_url, db, 
             ("c/attempt-1", pb.TOOL_EXECUTION_STATUS_SUCCEEDED)]
         assert sorted(mock.calls_by_key().values()) == [1, 1, 1]
         assert [c.version for c in hist.checkpoints] == list(range(1, len(hist.checkpoints) + 1))
+        # The last checkpoint records the end; its Tx2 event and the run's end share its version.
+        assert json.loads(hist.checkpoints[-1].state_json)["finished"]["outcome"] == "COMPLETED"
+        tail = [(e.event_type, e.run_version) for e in hist.events][-2:]
+        assert tail == [("agent.tool_succeeded", hist.checkpoints[-1].version),
+                        ("agent.run_completed", hist.checkpoints[-1].version)]
+        assert final.version == hist.checkpoints[-1].version and not final.HasField("lease_expires_at")
         # Invariant 6: each intent was recorded at a version whose checkpoint holds that very decision.
         checkpoints = {c.version: c for c in hist.checkpoints}
         requested = [e for e in hist.events if e.event_type == "agent.tool_requested"]

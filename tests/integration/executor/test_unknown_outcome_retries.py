@@ -17,7 +17,9 @@ from support import scheduler_stack, submit
 from shared.gen.agentrt.v1 import common_pb2 as pb
 
 pytestmark = pytest.mark.integration
-METHODS = ("SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "FinishRun")
+# Step one: SaveCheckpoint + BeginToolCall; one → two: CompleteAndBeginToolCall; two: CompleteToolCall,
+# which carries the run's end.
+METHODS = ("SaveCheckpoint", "BeginToolCall", "CompleteAndBeginToolCall", "CompleteToolCall")
 
 
 @pytest.mark.parametrize("batch_writes", [True, False], ids=["batched", "single-calls"])
@@ -47,3 +49,25 @@ async def test_lost_answers_are_retried_with_the_same_event_id_and_replayed(db_u
         assert [c.version for c in hist.checkpoints] == list(range(1, len(hist.checkpoints) + 1))
         # Tx1's answer was lost, yet its intent was ours and unsent: it was sent exactly once.
         assert sorted(mock.calls_by_key().values()) == [1, 1]
+        assert requests["CompleteToolCall"][0].end.event_id == requests["CompleteToolCall"][1].end.event_id
+
+
+@pytest.mark.parametrize("batch_writes", [True, False], ids=["batched", "single-calls"])
+async def test_a_lost_finish_answer_is_retried_with_the_same_event_id(db_url, db, tmp_path, batch_writes):
+    async with scheduler_stack(db_url) as stack:
+        write_agent(tmp_path / "agents", scripted_agent("just-finish", [{"id": "done", "finish": {"n": 1}}], []))
+        run = await submit(stack, agent="just-finish")
+        requests: dict[str, list] = {}
+        async with executor(stack, tmp_path / "agents", batch_writes=batch_writes) as worker:
+            tap_writes(worker.services.client, requests, ("SaveCheckpoint", "FinishRun"),
+                       lose=lambda name, n: grpc.StatusCode.UNAVAILABLE if n == 1 else None)
+            final = await wait_status(stack, run.run_id, pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_FAILED,
+                                      pb.RUN_STATUS_PAUSED_INDOUBT)
+            assert worker.services.client.retries == 2
+        assert final.status == pb.RUN_STATUS_COMPLETED, final.terminal_reason or final.pause_reason
+        for name in ("SaveCheckpoint", "FinishRun"):
+            first, second = requests[name]
+            assert first.event_id == second.event_id, name
+        hist = await history(stack, run.run_id)
+        assert len({e.event_id for e in hist.events}) == len(hist.events)
+        assert [e.event_type for e in hist.events].count("agent.run_completed") == 1

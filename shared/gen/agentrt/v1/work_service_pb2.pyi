@@ -152,7 +152,7 @@ class BeginToolCallResponse(_message.Message):
     def __init__(self, execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., existing: _Optional[bool] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class CompleteToolCallRequest(_message.Message):
-    __slots__ = ("lease", "expected_version", "step_key", "outcome", "response_json", "remote_resource_id", "error_code", "state_json", "schema_version", "next_step_key", "evidence_json", "event_id")
+    __slots__ = ("lease", "expected_version", "step_key", "outcome", "response_json", "remote_resource_id", "error_code", "state_json", "schema_version", "next_step_key", "evidence_json", "event_id", "end")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class CompleteToolCallRequest(_message.Message):
     NEXT_STEP_KEY_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
     lease: LeaseRef
     expected_version: int
     step_key: str
@@ -177,7 +178,22 @@ class CompleteToolCallRequest(_message.Message):
     next_step_key: str
     evidence_json: str
     event_id: str
-    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ToolOutcome, str]] = ..., response_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., error_code: _Optional[str] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., next_step_key: _Optional[str] = ..., evidence_json: _Optional[str] = ..., event_id: _Optional[str] = ...) -> None: ...
+    end: RunEnd
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ToolOutcome, str]] = ..., response_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., error_code: _Optional[str] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., next_step_key: _Optional[str] = ..., evidence_json: _Optional[str] = ..., event_id: _Optional[str] = ..., end: _Optional[_Union[RunEnd, _Mapping]] = ...) -> None: ...
+
+class RunEnd(_message.Message):
+    __slots__ = ("outcome", "reason", "result_json", "error_class", "event_id")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    outcome: FinishOutcome
+    reason: str
+    result_json: str
+    error_class: str
+    event_id: str
+    def __init__(self, outcome: _Optional[_Union[FinishOutcome, str]] = ..., reason: _Optional[str] = ..., result_json: _Optional[str] = ..., error_class: _Optional[str] = ..., event_id: _Optional[str] = ...) -> None: ...
 
 class CompleteToolCallResponse(_message.Message):
     __slots__ = ("version", "status", "replayed")
