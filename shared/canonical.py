@@ -16,10 +16,15 @@ import time
 import uuid
 from typing import Any
 
+# Made once (json.dumps with options builds an encoder per call). No circular-reference
+# bookkeeping: JSON values are trees, and a cyclic object fails anyway (RecursionError).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                              check_circular=False)
+
 
 def canonical_json(value: Any) -> str:
     """The one text form of a JSON value that hashes are taken over."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 class CanonicalJson(str):

@@ -116,4 +116,8 @@ def transition(status: RunStatus | str, op: Op) -> RunStatus:
 
 def sources(op: Op) -> list[str]:
     """Statuses `op` may start from (the SQL's `status = ANY(...)` argument)."""
-    return sorted(status.value for (status, candidate) in TRANSITIONS if candidate is op)
+    return list(_SOURCES[op])
+
+
+_SOURCES: dict[Op, tuple[str, ...]] = {
+    op: tuple(sorted(status.value for (status, candidate) in TRANSITIONS if candidate is op)) for op in Op}
