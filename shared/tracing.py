@@ -18,7 +18,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 _PROPAGATOR = PROPAGATOR = TraceContextTextMapPropagator()
@@ -75,15 +77,27 @@ def records_spans(provider: Any) -> bool:
     return isinstance(provider, TracerProvider) and provider.sampler is not ALWAYS_OFF
 
 
+_IDS = RandomIdGenerator()
+
+
 @contextlib.contextmanager
 def continued(carrier: dict[str, str] | None) -> Iterator[None]:
-    """Makes the caller's W3C context (if any) current, without a span of our own."""
-    token = otel_context.attach(_PROPAGATOR.extract(carrier)) if carrier else None
+    """Makes the caller's W3C context current, without a span of our own.
+
+    A call that brings none starts a trace of its own (unsampled ids, as the
+    SDK would make), so what it writes still carries one trace id downstream.
+    """
+    if carrier:
+        context = _PROPAGATOR.extract(carrier)
+    else:
+        root = SpanContext(trace_id=_IDS.generate_trace_id(), span_id=_IDS.generate_span_id(), is_remote=False,
+                           trace_flags=TraceFlags(TraceFlags.DEFAULT))
+        context = trace.set_span_in_context(NonRecordingSpan(root))
+    token = otel_context.attach(context)
     try:
         yield
     finally:
-        if token is not None:
-            otel_context.detach(token)
+        otel_context.detach(token)
 
 
 def current_trace() -> Trace:

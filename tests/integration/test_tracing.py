@@ -145,3 +145,16 @@ async def test_without_an_exporter_the_callers_context_still_reaches_the_outbox(
             await stack.work.SaveCheckpoint(request, metadata=[("traceparent", caller)])
     row = await db.fetchrow("SELECT traceparent FROM outbox WHERE event_type = 'agent.checkpoint'")
     assert row["traceparent"] == caller
+
+
+async def test_without_an_exporter_a_call_without_context_starts_a_trace_of_its_own(db_url, db):
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    async with scheduler_stack(db_url, tracer_provider=TracerProvider(sampler=ALWAYS_OFF)) as stack:
+        for _ in range(2):
+            await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="demo", input_json="{}"), metadata=stack.md())
+    rows = await db.fetch("SELECT traceparent FROM outbox ORDER BY id")
+    assert len(rows) == 2
+    parts = [row["traceparent"].split("-") for row in rows]
+    assert all(len(p) == 4 and len(p[1]) == 32 and p[1] != "0" * 32 and p[3] == "00" for p in parts), parts
+    assert parts[0][1] != parts[1][1], "each call without context is a trace of its own"
