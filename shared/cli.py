@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from shared.loop import run as run_loop
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 
@@ -54,7 +56,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         overrides["listen_addr"] = args.listen
     settings = SchedulerSettings(**overrides)
     _setup_logging(settings.log_level)
-    asyncio.run(serve(settings))
+    run_loop(serve(settings), settings.event_loop)
     return 0
 
 
@@ -71,7 +73,7 @@ def cmd_executor(args: argparse.Namespace) -> int:
         overrides["slots"] = args.slots
     settings = ExecutorSettings(**overrides)
     _setup_logging(settings.log_level)
-    asyncio.run(serve(settings))
+    run_loop(serve(settings), settings.event_loop)
     return 0
 
 
@@ -119,7 +121,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
     settings = _relay_settings(args)
     _setup_logging(settings.log_level)
     logging.getLogger("aiokafka").setLevel(settings.kafka_log_level.upper())
-    asyncio.run(serve(settings))
+    run_loop(serve(settings), settings.event_loop)
     return 0
 
 

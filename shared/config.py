@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import (
@@ -70,6 +70,8 @@ class ComponentSettings(BaseSettings):
     service_name: str = "agentrt"
     # Prometheus /metrics on host:port; empty = off (the Helm chart sets 0.0.0.0:9464).
     metrics_addr: str = ""
+    # auto (uvloop when installed) | asyncio | uvloop: see shared/loop.py.
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
     @classmethod
     def settings_customise_sources(
