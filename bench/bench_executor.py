@@ -1,14 +1,15 @@
 """Executor benchmark: fenced tool steps per second, beside pgbench -N TPS, and executor RSS at 200 runs.
 
-    python -m bench.bench_executor [--seconds 20] [--slots 48] [--steps-per-run 10]
+    python -m bench.bench_executor [--seconds 20] [--windows 3] [--slots 48] [--steps-per-run 10]
 
 Everything runs in one scratch database on AGENTRT_BENCH_DATABASE_URL (default
 postgresql://postgres@127.0.0.1:5432/postgres), dropped at the end:
 
 1. Throughput: one scheduler process and two executor processes (`python -m shared.cli ...`,
    exactly as deployed, log level WARNING). Each run of the bench agent is a scripted plan of
-   fenced tool steps: decision (persisted) + Tx1 + a no-op python tool + Tx2. The figure counts
-   SUCCEEDED ledger rows completed inside the measuring window, by the database clock.
+   fenced tool steps: decision (persisted) + Tx1 + a no-op python tool + Tx2. Each window counts
+   SUCCEEDED ledger rows completed inside it, by the database clock; the figure is the median of
+   three back-to-back windows (this machine's speed drifts), with every window's rate beside it.
 2. Memory: one executor process with 200 slots holding 200 concurrent runs (each step a python
    tool that sleeps, so every run holds its lease); peak VmRSS while 200 leases are held.
 3. Baseline: `pgbench -i -s 10` into the scratch database, then `pgbench -N -c 8 -j 2 -T 15`.
@@ -24,6 +25,7 @@ import contextlib
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -198,6 +200,7 @@ async def succeeded(conn: asyncpg.Connection) -> tuple[int, float]:
 
 
 async def throughput(db_url: str, args: argparse.Namespace, workdir: Path) -> tuple[float, dict[str, Any]]:
+    """Median of `args.windows` back-to-back windows on one stack (this machine's speed drifts)."""
     agents = workdir / "throughput"
     agents.mkdir()
     agent_file(agents, "bench-steps", "noop", args.steps_per_run, {"n": "${input.n}"})
@@ -205,7 +208,8 @@ async def throughput(db_url: str, args: argparse.Namespace, workdir: Path) -> tu
     scheduler = SchedulerProc(db_url)
     executors: list[ExecutorProc] = []
     try:
-        needed = int(TARGET_STEPS_PER_S * 4 * (args.seconds + args.warmup + 10) / args.steps_per_run)
+        span = args.seconds * args.windows + args.warmup + 10
+        needed = int(TARGET_STEPS_PER_S * 4 * span / args.steps_per_run)
         await submit_bulk(conn, "bench-steps", needed)
         await conn.execute("VACUUM ANALYZE agent_runs")
         await scheduler.wait_serving()
@@ -214,20 +218,28 @@ async def throughput(db_url: str, args: argparse.Namespace, workdir: Path) -> tu
         count0, t0 = await succeeded(conn)
         cpu0 = [scheduler.cpu_seconds(), *(e.cpu_seconds() for e in executors)]
         pg0, (busy0, total0) = backends_cpu(await backend_pids(conn)), machine_busy()
-        await asyncio.sleep(args.seconds)
-        count1, t1 = await succeeded(conn)
+        rates, mark = [], (count0, t0)
+        for _ in range(args.windows):
+            await asyncio.sleep(args.seconds)
+            now = await succeeded(conn)
+            rates.append((now[0] - mark[0]) / (now[1] - mark[1]))
+            mark = now
+        count1, t1 = mark
         cpu1 = [scheduler.cpu_seconds(), *(e.cpu_seconds() for e in executors)]
         pg1, (busy1, total1) = backends_cpu(await backend_pids(conn)), machine_busy()
-        rate = (count1 - count0) / (t1 - t0)
+        rate = statistics.median(rates)
+        mean = (count1 - count0) / (t1 - t0)
         cores = [(b - a) / (t1 - t0) for a, b in zip(cpu0, cpu1, strict=True)]
         # Backends opened during the window count from zero (they start near it).
         pg_cores = sum(used - pg0.get(pid, 0.0) for pid, used in pg1.items()) / (t1 - t0)
         machine = (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1)
-        per_step = 1000 / rate if rate else float("nan")
+        per_step = 1000 / mean if mean else float("nan")
         runs_done = await conn.fetchval("SELECT count(*) FROM agent_runs WHERE status = 'COMPLETED'")
         failed = await conn.fetchval("SELECT count(*) FROM agent_runs WHERE status NOT IN "
                                      "('COMPLETED', 'QUEUED', 'RUNNING', 'WAITING_TOOL')")
-        detail = {"steps": count1 - count0, "window_s": round(t1 - t0, 2), "runs_completed": runs_done,
+        detail = {"steps": count1 - count0, "window_s": round(args.seconds, 2),
+                  "window_rates": [round(r, 1) for r in rates], "mean_rate": round(mean, 1),
+                  "runs_completed": runs_done,
                   "runs_not_ok": failed, "cpu_cores": {"scheduler": round(cores[0], 2),
                                                        "executors": [round(c, 2) for c in cores[1:]],
                                                        "postgres_backends": round(pg_cores, 2),
@@ -285,7 +297,7 @@ async def run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="agentrt-bench-exec-") as tmp:
             workdir = Path(tmp)
             log(f"fenced tool steps: 1 scheduler + 2 executors x {args.slots} slots, "
-                f"{args.steps_per_run} steps per run, {args.seconds:.0f} s window ...")
+                f"{args.steps_per_run} steps per run, median of {args.windows} x {args.seconds:.0f} s windows ...")
             rate, detail = await throughput(db_url, args, workdir)
             log(f"  {rate:.0f} fenced tool steps/s ({detail}); target >= {TARGET_STEPS_PER_S}: "
                 f"{'met' if rate >= TARGET_STEPS_PER_S else 'MISSED'}")
@@ -308,7 +320,8 @@ async def run(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_executor")
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each measuring window")
+    parser.add_argument("--windows", type=int, default=3, help="back-to-back windows; the figure is their median")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--slots", type=int, default=48)
     parser.add_argument("--steps-per-run", type=int, default=10)
