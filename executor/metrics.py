@@ -25,6 +25,12 @@ class _WorkerCollector(Collector):
         yield GaugeMetricFamily("agentrt_executor_active_runs", "Runs this executor holds a lease on",
                                 value=len(w.active))
         yield GaugeMetricFamily("agentrt_executor_slots", "Concurrent run slots", value=w.settings.slots)
+        batcher = w.services.client.batcher if w.services is not None else None
+        if batcher is not None:  # writes per WriteBatch call = batched_writes / write_batches
+            yield CounterMetricFamily("agentrt_executor_write_batches", "WriteBatch calls sent",
+                                      value=batcher.batches)
+            yield CounterMetricFamily("agentrt_executor_batched_writes", "Scheduler writes sent in WriteBatch calls",
+                                      value=batcher.items)
 
 
 def executor_metrics(worker: Any) -> Metrics:

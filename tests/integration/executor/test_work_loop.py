@@ -57,6 +57,11 @@ async def test_multi_step_runs_complete_and_each_request_reaches_the_mock_once(d
                         for r in runs]
             metrics = await asyncio.to_thread(scrape, worker.metrics_port)
             assert "agentrt_executor_claimed_total 3.0" in metrics and "agentrt_executor_slots 2.0" in metrics
+            batcher = worker.services.client.batcher
+            # 3 runs x (checkpoint, Tx1, 2 x Tx2+Tx1, last Tx2 with the end) at least, all through WriteBatch.
+            assert batcher.items >= 15 and 0 < batcher.batches <= batcher.items
+            assert f"agentrt_executor_batched_writes_total {float(batcher.items)}" in metrics
+            assert f"agentrt_executor_write_batches_total {float(batcher.batches)}" in metrics
         assert [pb.RunStatus.Name(r.status) for r in finished] == ["RUN_STATUS_COMPLETED"] * 3, \
             [r.terminal_reason for r in finished]
         for run in finished:
