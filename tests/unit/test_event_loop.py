@@ -29,3 +29,12 @@ def test_an_unknown_loop_is_refused(monkeypatch):
     monkeypatch.setenv("AGENTRT_EVENT_LOOP", "tokio")
     with pytest.raises(ValidationError, match="event_loop"):
         ExecutorSettings()
+
+
+def test_the_relay_keeps_the_stock_loop_unless_told(monkeypatch):
+    from relay.config import RelaySettings
+
+    monkeypatch.delenv("AGENTRT_EVENT_LOOP", raising=False)
+    assert RelaySettings().event_loop == "asyncio"
+    monkeypatch.setenv("AGENTRT_EVENT_LOOP", "uvloop")
+    assert RelaySettings().event_loop == "uvloop"
