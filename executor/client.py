@@ -26,17 +26,13 @@ from shared.canonical import canonical_json, uuid7
 from shared.errors import AgentrtError, Unavailable, from_batch_error, from_rpc_error
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
-from shared.tracing import PROPAGATOR, inject_metadata
+from shared.tracing import current_trace, inject_metadata
+from shared.writes import MAX_BATCH_ITEMS, WRITE_OPS
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
 _UNKNOWN_OUTCOME = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _UNKNOWN_CODES = {code.value[0] for code in _UNKNOWN_OUTCOME}
-# WriteBatchItem's oneof field -> the single call it stands for (also WriteBatchResult's field).
-OPS = {"heartbeat": "Heartbeat", "save_checkpoint": "SaveCheckpoint", "begin_tool_call": "BeginToolCall",
-       "complete_tool_call": "CompleteToolCall", "complete_and_begin_tool_call": "CompleteAndBeginToolCall",
-       "mark_tool_in_doubt": "MarkToolInDoubt", "finish_run": "FinishRun"}
-MAX_BATCH_ITEMS = 256  # the scheduler's limit
 
 
 class OutcomeUnknown(Exception):
@@ -72,10 +68,8 @@ class WriteBatcher:
 
     async def write(self, op: str, request: Any, within_s: float) -> Any:
         """The item's own reply, or its typed error; OutcomeUnknown when its answer was lost."""
-        carrier: dict[str, str] = {}
-        PROPAGATOR.inject(carrier)  # the caller's span: each item continues its own trace
-        item = ws.WriteBatchItem(traceparent=carrier.get("traceparent", ""),
-                                 tracestate=carrier.get("tracestate", ""))
+        caller = current_trace()  # the caller's span: each item continues its own trace
+        item = ws.WriteBatchItem(traceparent=caller.traceparent or "", tracestate=caller.tracestate or "")
         getattr(item, op).CopyFrom(request)
         queued = _Queued(item, op, time.monotonic() + within_s, asyncio.get_running_loop().create_future())
         self._queue.append(queued)
@@ -176,7 +170,7 @@ class WorkClient:
             try:
                 if self.batcher is not None:
                     return await self.batcher.write(op, request, timeout)
-                method = getattr(self.stub, OPS[op])
+                method = getattr(self.stub, WRITE_OPS[op])
                 return await method(request, timeout=timeout, metadata=inject_metadata(self._auth))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _UNKNOWN_OUTCOME:

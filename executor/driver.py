@@ -205,11 +205,9 @@ class RunDriver:
                     action = None
                 elif isinstance(action, EndRun):
                     self.s.faults.hit("before_finish", self.run.run_id)
-                    finished = action.finished
-                    outcome = ws.FINISH_OUTCOME_COMPLETED if finished.outcome == "COMPLETED" else \
-                        ws.FINISH_OUTCOME_FAILED
-                    await self.finish(outcome, finished.reason, result=finished.result,
-                                      error_class=finished.error_class)
+                    end = self.run_end(action.finished)
+                    await self.finish(end.outcome, end.reason, result=action.finished.result,
+                                      error_class=end.error_class)
                     return
                 else:
                     assert isinstance(action, Park)

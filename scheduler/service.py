@@ -35,6 +35,7 @@ from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
 from shared.tracing import annotate, continued, current_trace, extract_context
+from shared.writes import MAX_BATCH_ITEMS, WRITE_OPS
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -52,17 +53,6 @@ _FINISH = {ws.FINISH_OUTCOME_COMPLETED: "COMPLETED", ws.FINISH_OUTCOME_FAILED: "
            ws.FINISH_OUTCOME_PAUSED_HUMAN: "PAUSED_HUMAN", ws.FINISH_OUTCOME_RETRY: "RETRY",
            ws.FINISH_OUTCOME_SLEEP: "SLEEP"}
 MAX_PAGE_SIZE = 500
-MAX_BATCH_ITEMS = 256
-# WriteBatchItem's oneof field -> (the single call it stands for, WriteBatchResult's field).
-BATCH_OPS = {
-    "heartbeat": ("Heartbeat", "heartbeat"),
-    "save_checkpoint": ("SaveCheckpoint", "save_checkpoint"),
-    "begin_tool_call": ("BeginToolCall", "begin_tool_call"),
-    "complete_tool_call": ("CompleteToolCall", "complete_tool_call"),
-    "complete_and_begin_tool_call": ("CompleteAndBeginToolCall", "complete_and_begin_tool_call"),
-    "mark_tool_in_doubt": ("MarkToolInDoubt", "mark_tool_in_doubt"),
-    "finish_run": ("FinishRun", "finish_run"),
-}
 MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
 
 
@@ -302,12 +292,12 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if op is None:
             return ws.WriteBatchResult(error=batch_error(InvalidArgument(
                 f"items[{index}].op", "name one write (heartbeat, save_checkpoint, begin_tool_call, ...)")))
-        method, field = BATCH_OPS[op]
+        method = WRITE_OPS[op]
         carrier = {"traceparent": item.traceparent, "tracestate": item.tracestate} if item.traceparent else None
         started = time.perf_counter()
         if not self._recording:
             with continued(carrier):
-                result, code = await self._write(method, field, getattr(item, op))
+                result, code = await self._write(method, op, getattr(item, op))
         else:
             with self._tracer.start_as_current_span(
                 f"/agentrt.v1.WorkService/{method}", context=extract_context(carrier) if carrier else None,
@@ -315,7 +305,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                 attributes={"rpc.system": "grpc", "rpc.service": "agentrt.v1.WorkService", "rpc.method": method,
                             "agentrt.batch_index": index},
             ) as span:
-                result, code = await self._write(method, field, getattr(item, op))
+                result, code = await self._write(method, op, getattr(item, op))
                 if code is not grpc.StatusCode.OK:
                     span.set_attribute("rpc.grpc.status_code", code.value[0])
                     span.set_status(Status(StatusCode.ERROR, code.name))

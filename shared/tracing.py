@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-_PROPAGATOR = PROPAGATOR = TraceContextTextMapPropagator()
+_PROPAGATOR = TraceContextTextMapPropagator()
 
 # Span attribute names used across services (one spelling everywhere).
 RUN_ID = "agentrt.run_id"

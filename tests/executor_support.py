@@ -16,7 +16,7 @@ import yaml
 from support import Stack
 
 from executor.agents import AgentCatalog
-from executor.client import OPS, WorkClient
+from executor.client import WorkClient
 from executor.config import ExecutorSettings
 from executor.faults import Faults
 from executor.mocktool import MockToolServer
@@ -24,6 +24,7 @@ from executor.tools.base import LookupOutcome, ToolCallContext, ToolRefused
 from executor.worker import Worker
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
+from shared.writes import WRITE_OPS
 
 T = TypeVar("T")
 STATUS = pb.RunStatus.Name
@@ -152,7 +153,7 @@ async def executor(stack: Stack, agents_path: Path | str, faults: Faults | None 
         await worker.stop()
 
 
-def tap_writes(client: WorkClient, seen: dict[str, list[Any]], names: tuple[str, ...] = tuple(OPS.values()),
+def tap_writes(client: WorkClient, seen: dict[str, list[Any]], names: tuple[str, ...] = tuple(WRITE_OPS.values()),
                lose: Callable[[str, int], grpc.StatusCode | None] | None = None) -> None:
     """Records every write the client sends under its single call's name (`SaveCheckpoint`, ...),
     whether it leaves as that call or as a WriteBatch item. `lose(name, n)` (n = writes of that name
@@ -169,7 +170,7 @@ def tap_writes(client: WorkClient, seen: dict[str, list[Any]], names: tuple[str,
     def lost(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
         return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="answer lost in the test")
 
-    for name in OPS.values():
+    for name in WRITE_OPS.values():
         real = getattr(stub, name)
 
         async def call(request: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
@@ -183,7 +184,7 @@ def tap_writes(client: WorkClient, seen: dict[str, list[Any]], names: tuple[str,
     real_batch = stub.WriteBatch
 
     async def batch(request: Any, **kwargs: Any) -> Any:
-        codes = [record(OPS[op], getattr(item, op)) for item in request.items
+        codes = [record(WRITE_OPS[op], getattr(item, op)) for item in request.items
                  for op in (item.WhichOneof("op"),) if op]
         reply = await real_batch(request, **kwargs)
         code = next((c for c in codes if c is not None), None)

@@ -37,6 +37,7 @@ from shared.errors import error_info
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
+from shared.writes import WRITE_OPS
 
 pytestmark = pytest.mark.integration
 
@@ -169,9 +170,7 @@ WORK_RPCS = ("ClaimWork", "Heartbeat", "SaveCheckpoint", "BeginToolCall", "Compl
              "FinishRun", "CompleteAndBeginToolCall", "WriteBatch")
 WRITES = WORK_RPCS[1:-1]  # the fenced ones
 # A fenced write's single call -> its WriteBatchItem field.
-ITEM_OPS = {"Heartbeat": "heartbeat", "SaveCheckpoint": "save_checkpoint", "BeginToolCall": "begin_tool_call",
-            "CompleteToolCall": "complete_tool_call", "CompleteAndBeginToolCall": "complete_and_begin_tool_call",
-            "MarkToolInDoubt": "mark_tool_in_doubt", "FinishRun": "finish_run"}
+ITEM_OPS = {method: op for op, method in WRITE_OPS.items()}
 MISSING = object()  # header absent
 
 
