@@ -63,6 +63,36 @@ class LeaseRef:
 
 
 @dataclass(frozen=True)
+class WriteBinding:
+    """What a caller's event id is bound to: the operation and a hash over the lease and the request.
+
+    Recorded on the write's outbox rows (write_op, write_hash). A retry with the
+    same event id replays only when both match; anything else is refused and
+    changes nothing (design: event ids).
+    """
+
+    op: str
+    digest: bytes
+
+
+def bind_write(op: str, lease: LeaseRef, **fields: Any) -> WriteBinding:
+    """The binding of one fenced write: every field that decides what it writes, plus the lease."""
+    normalised = {name: _hashable(value) for name, value in fields.items()}
+    return WriteBinding(op, sha256_of({"op": op, "lease": [str(lease.run_id), lease.worker_id, lease.fencing_token],
+                                       "fields": normalised}))
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, CanonicalJson):
+        return sha256_of(value).hex()
+    return value
+
+
+@dataclass(frozen=True)
 class ToolIntent:
     """Tx1's fields for the next step of a combined Tx2 + Tx1 write."""
 
@@ -83,6 +113,20 @@ class RunEnd:
     result: Any
     error_class: str
     event_id: uuid.UUID
+
+
+def tx2_binding(lease: LeaseRef, expected_version: int, step_key: str, outcome: str, next_step_key: str | None,
+                state_hash: bytes, schema_version: int, response: Any, remote_resource_id: str | None,
+                error_code: str | None, evidence: dict[str, Any] | None, event_id: uuid.UUID,
+                end: RunEnd | None) -> WriteBinding:
+    """The binding of a definite Tx2 (CompleteToolCall), with or without the run's end."""
+    return bind_write(
+        "CompleteToolCall", lease, expected_version=expected_version, step_key=step_key, outcome=outcome,
+        next_step_key=next_step_key, state=state_hash, schema_version=schema_version,
+        response=sha256_of(response).hex(), remote_resource_id=remote_resource_id, error_code=error_code,
+        evidence=evidence, event_id=event_id,
+        end=None if end is None else [end.outcome, end.reason, sha256_of(end.result).hex(), end.error_class,
+                                      str(end.event_id)])
 
 
 @dataclass(frozen=True)
@@ -283,7 +327,8 @@ class Store:
                 return updated
             transition(status, Op.CANCEL)
             updated = await conn.fetchrow(Q["end_run"], run_id, f"cancelled: {reason}", True, reason)
-            await self._event(conn, updated, "agent.run_cancelled", {"reason": reason}, trace)
+            await self._event(conn, updated, "agent.run_cancelled",
+                              {"reason": reason, "intents_in_doubt": updated["doubted_intents"]}, trace)
             return updated
 
     @db_call
@@ -315,11 +360,17 @@ class Store:
         event_id = event_id or uuid7()
         op = {"SUCCEEDED": Op.RESOLVE_SUCCEEDED, "NOT_EXECUTED": Op.RESOLVE_NOT_EXECUTED,
               "UNKNOWN": Op.RESOLVE_UNKNOWN}[outcome]
+        binding = sha256_of({"run_id": str(run_id), "step_key": step_key, "outcome": outcome, "result": result,
+                             "remote_resource_id": remote_resource_id, "evidence": evidence,
+                             "resolved_by": resolved_by})
         async with self.pool.acquire() as conn, conn.transaction():
             previous = await conn.fetchrow(Q["event_by_id"], event_id)
             if previous is not None:
                 if previous["run_id"] != run_id or previous["event_type"] != "agent.tool_resolved":
                     raise InvalidArgument("event_id", "already used for another write")
+                if previous["write_hash"] is not None and bytes(previous["write_hash"]) != binding:
+                    raise AlreadyExists("event_id was already used for another resolution (another payload); "
+                                        "nothing was written", field="event_id")
                 run = await self._lock_tenant_run(conn, tenant_id, run_id)
                 execution = await conn.fetchrow(Q["tool_execution_for_step"], run_id, step_key)
                 return run, execution
@@ -356,7 +407,8 @@ class Store:
                 await conn.execute(Q["notify_work"], run["agent_name"])
             await self._event(conn, run, "agent.tool_resolved",
                               {"step_key": step_key, "outcome": outcome, "resolved_by": resolved_by,
-                               "evidence": evidence}, trace, event_id=event_id)
+                               "evidence": evidence}, trace, event_id=event_id,
+                              bound=("ResolveToolExecution", binding))
             return run, execution
 
     @db_call
@@ -411,7 +463,8 @@ class Store:
                         continue  # taken over in between: its new holder will end it
                     transition(locked["status"], op)
                     ended = await conn.fetchrow(Q["end_run"], row["id"], reason, False, None)
-                    await self._event(conn, ended, event, {"reason": reason}, trace)
+                    await self._event(conn, ended, event,
+                                      {"reason": reason, "intents_in_doubt": ended["doubted_intents"]}, trace)
         return None
 
     @db_call
@@ -432,15 +485,19 @@ class Store:
     ) -> tuple[int, bool]:
         """`state_text`, when given, is canonical_json(state): stored and hashed without encoding again."""
         stored = state if state_text is None else state_text
+        state_hash = sha256_of(stored)
+        binding = bind_write("SaveCheckpoint", lease, expected_version=expected_version, state=state_hash,
+                             schema_version=schema_version, step_key=step_key, event_id=event_id,
+                             event_type=event_type, event_payload=event_payload)
         async with self.pool.acquire() as conn:
             written = await _fenced_write(
                 conn, "save_checkpoint", lease.run_id, lease.worker_id, lease.fencing_token,
                 expected_version, sources(Op.SAVE_CHECKPOINT), schema_version, stored, step_key,
-                sha256_of(stored), event_id, event_type, event_payload, trace.traceparent,
-                trace.tracestate)
+                state_hash, event_id, event_type, event_payload, trace.traceparent,
+                trace.tracestate, binding.op, binding.digest)
             if written is not None:
                 return written["version"], False
-            replay = await self._replay(conn, event_id, lease.run_id, "checkpoint")
+            replay = await self._replay(conn, lease, binding, event_id, "checkpoint")
             if replay is not None:
                 return replay["version"], True
             raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, expected_version)
@@ -452,22 +509,24 @@ class Store:
     ) -> tuple[Record, bool, bool]:
         """Tx1. Returns (ledger row, existing, replayed). `existing` is never a licence to resend."""
         digest = request_hash(tool_name, request)
+        binding = bind_write("BeginToolCall", lease, expected_version=expected_version, step_key=step_key,
+                             tool_name=tool_name, idempotency_key=idempotency_key, request=digest,
+                             execution_id=execution_id, event_id=event_id)
         async with self.pool.acquire() as conn:
             row = await _fenced_write(
                 conn, "begin_tool_call", lease.run_id, lease.worker_id, lease.fencing_token,
                 expected_version, sources(Op.BEGIN_TOOL_CALL), step_key, tool_name, idempotency_key,
-                request, digest, execution_id, event_id, trace.traceparent, trace.tracestate)
+                request, digest, execution_id, event_id, trace.traceparent, trace.tracestate,
+                binding.op, binding.digest)
             if row is not None:
                 return row, False, False
-            replay = await self._replay(conn, event_id, lease.run_id, "ledger")
+            replay = await self._replay(conn, lease, binding, event_id, "ledger")
             if replay is not None:
                 return replay, True, True
             existing = await conn.fetchrow(Q["tool_execution_for_step"], lease.run_id, step_key)
             if existing is not None:
                 # The existing row is an answer for the live holder only; a stale fence gets LEASE_LOST.
-                run = await conn.fetchrow(Q["read_run"], lease.run_id)
-                if (run is not None and run["lease_owner"] == lease.worker_id
-                        and run["fencing_token"] == lease.fencing_token and run["lease_live"]):
+                if await self._holds_lease(conn, lease):
                     return existing, True, False
             else:
                 by_key = await conn.fetchrow(Q["tool_execution_by_key"], tool_name, idempotency_key)
@@ -501,24 +560,28 @@ class Store:
         outcome = "SUCCEEDED" if succeeded else "FAILED"
         op = Op.COMPLETE_TOOL_CALL if end is None else (
             Op.COMPLETE_TOOL_CALL_AND_COMPLETE if end.outcome == "COMPLETED" else Op.COMPLETE_TOOL_CALL_AND_FAIL)
+        state_hash = sha256_of(stored)
+        binding = tx2_binding(lease, expected_version, step_key, outcome, next_step_key, state_hash, schema_version,
+                              response, remote_resource_id, error_code, evidence, event_id, end)
         args = [lease.run_id, lease.worker_id, lease.fencing_token, expected_version, step_key, sources(op),
                 outcome, next_step_key, stored, schema_version, response, remote_resource_id, error_code,
-                evidence, sha256_of(stored), event_id, trace.traceparent, trace.tracestate]
+                evidence, state_hash, event_id, trace.traceparent, trace.tracestate]
         async with self.pool.acquire() as conn:
             if end is None:
-                written = await _fenced_write(conn, "complete_tool_call", *args)
+                written = await _fenced_write(conn, "complete_tool_call", *args, binding.op, binding.digest)
                 if written is not None:
                     return written["version"], "RUNNING", False
-                replay = await self._replay(conn, event_id, lease.run_id, "checkpoint")
+                replay = await self._replay(conn, lease, binding, event_id, "checkpoint")
                 if replay is not None:
                     return replay["version"], "RUNNING", True
             else:
                 written = await _fenced_write(conn, "complete_tool_call_and_end", *args, end.outcome, end.result,
-                                              end.reason, end.error_class, end.event_id)
+                                              end.reason, end.error_class, end.event_id, binding.op,
+                                              binding.digest)
                 if written is not None:
                     return written["version"], written["status"], False
-                found = await self._replay_all(conn, lease.run_id, ((event_id, "checkpoint", "event_id"),
-                                                                    (end.event_id, "run", "end.event_id")))
+                found = await self._replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),
+                                                                      (end.event_id, "run", "end.event_id")))
                 if found is not None:
                     return found[0]["version"], end.outcome, True
             raise await self._tool_refusal(conn, op, lease, expected_version, step_key,
@@ -542,18 +605,26 @@ class Store:
         """
         digest = request_hash(intent.tool_name, intent.request)
         stored = state if state_text is None else state_text
+        state_hash = sha256_of(stored)
+        outcome = "SUCCEEDED" if succeeded else "FAILED"
+        binding = bind_write(
+            "CompleteAndBeginToolCall", lease, expected_version=expected_version, step_key=step_key,
+            outcome=outcome, state=state_hash, schema_version=schema_version, response=sha256_of(response).hex(),
+            remote_resource_id=remote_resource_id, error_code=error_code, evidence=evidence, event_id=event_id,
+            next=[intent.step_key, intent.tool_name, intent.idempotency_key, digest.hex(),
+                  str(intent.execution_id), str(intent.event_id)])
         async with self.pool.acquire() as conn:
             row = await _fenced_write(
                 conn, "complete_and_begin_tool_call", lease.run_id, lease.worker_id, lease.fencing_token,
                 expected_version, step_key, sources(Op.COMPLETE_AND_BEGIN_TOOL_CALL),
-                "SUCCEEDED" if succeeded else "FAILED", stored, schema_version, response, remote_resource_id,
-                error_code, evidence, sha256_of(stored), intent.step_key, intent.tool_name,
+                outcome, stored, schema_version, response, remote_resource_id,
+                error_code, evidence, state_hash, intent.step_key, intent.tool_name,
                 intent.idempotency_key, digest, intent.execution_id, intent.request, event_id,
-                intent.event_id, trace.traceparent, trace.tracestate)
+                intent.event_id, trace.traceparent, trace.tracestate, binding.op, binding.digest)
             if row is not None:
                 return row["cp_version"], row, False
-            replay = await self._replay_all(conn, lease.run_id, ((event_id, "checkpoint", "event_id"),
-                                                                 (intent.event_id, "ledger", "next.event_id")))
+            replay = await self._replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),
+                                                                   (intent.event_id, "ledger", "next.event_id")))
             if replay is not None:
                 checkpoint, execution = replay
                 return checkpoint["version"], execution, True
@@ -592,15 +663,17 @@ class Store:
     ) -> tuple[int, str, bool]:
         """Closes the open ledger row NOT_EXECUTED. Returns (version, run status, replayed)."""
         s = self.settings
+        binding = bind_write("CompleteToolCall.NOT_EXECUTED", lease, expected_version=expected_version,
+                             step_key=step_key, error_code=error_code, evidence=evidence, event_id=event_id)
         async with self.pool.acquire() as conn:
             row = await _fenced_write(
                 conn, "tool_not_executed", lease.run_id, lease.worker_id, lease.fencing_token,
                 expected_version, step_key, sources(Op.TOOL_NOT_EXECUTED), s.backoff_base_ms,
                 s.backoff_cap_ms, s.backoff_jitter_ms, error_code, evidence, event_id,
-                trace.traceparent, trace.tracestate)
+                trace.traceparent, trace.tracestate, binding.op, binding.digest)
             if row is not None:
                 return row["version"], row["status"], False
-            replay = await self._replay(conn, event_id, lease.run_id, "run")
+            replay = await self._replay(conn, lease, binding, event_id, "run")
             if replay is not None:
                 return replay["run_version"], replay["payload"].get("status", "QUEUED"), True
             raise await self._tool_refusal(conn, Op.TOOL_NOT_EXECUTED, lease, expected_version, step_key,
@@ -612,14 +685,16 @@ class Store:
         trace: Trace = NO_TRACE,
     ) -> bool:
         """Freeze on an unknown outcome. Returns replayed."""
+        binding = bind_write("MarkToolInDoubt", lease, step_key=step_key, error_code=error_code, detail=detail,
+                             event_id=event_id)
         async with self.pool.acquire() as conn:
             row = await _fenced_write(
                 conn, "mark_tool_in_doubt", lease.run_id, lease.worker_id, lease.fencing_token, step_key,
                 sources(Op.MARK_TOOL_IN_DOUBT), error_code, event_id, detail, trace.traceparent,
-                trace.tracestate)
+                trace.tracestate, binding.op, binding.digest)
             if row is not None:
                 return False
-            if await self._replay(conn, event_id, lease.run_id, "run") is not None:
+            if await self._replay(conn, lease, binding, event_id, "run") is not None:
                 return True
             raise await self._tool_refusal(conn, Op.MARK_TOOL_IN_DOUBT, lease, None, step_key,
                                            close_as=("IN_DOUBT", None, None, error_code))
@@ -640,16 +715,19 @@ class Store:
         }[outcome]
         exhausted = "PAUSED_HUMAN" if pause_when_exhausted else "FAILED"
         s = self.settings
+        binding = bind_write("FinishRun", lease, expected_version=expected_version, outcome=outcome,
+                             reason=reason, result=sha256_of(result).hex(), sleep_ms=sleep_ms,
+                             pause_when_exhausted=pause_when_exhausted, error_class=error_class, event_id=event_id)
         async with self.pool.acquire() as conn:
             row = await _fenced_write(
                 conn, "finish_run", lease.run_id, lease.worker_id, lease.fencing_token, expected_version,
                 sources(op), target, mode, sleep_ms, s.backoff_base_ms, s.backoff_cap_ms,
                 s.backoff_jitter_ms, exhausted, result, reason, event_id, error_class,
-                trace.traceparent, trace.tracestate)
+                trace.traceparent, trace.tracestate, binding.op, binding.digest)
             if row is not None:
                 status = row["status"]
                 return status, row["next_attempt_at"] if status == "QUEUED" else None, False
-            event = await self._replay(conn, event_id, lease.run_id, "run")
+            event = await self._replay(conn, lease, binding, event_id, "run")
             if event is not None:
                 payload = event["payload"]
                 next_at = payload.get("next_attempt_at")
@@ -665,34 +743,44 @@ class Store:
         return run
 
     async def _event(self, conn: asyncpg.Connection, run: Record, event_type: str, payload: dict[str, Any],
-                     trace: Trace, event_id: uuid.UUID | None = None) -> None:
+                     trace: Trace, event_id: uuid.UUID | None = None,
+                     bound: tuple[str, bytes] | None = None) -> None:
         await conn.execute(
             Q["insert_event"], event_id or uuid7(), run["id"], run["tenant_id"], event_type,
             {"status": run["status"], **payload}, run["fencing_token"], run["version"],
-            trace.traceparent, trace.tracestate,
+            trace.traceparent, trace.tracestate, bound[0] if bound else None, bound[1] if bound else None,
         )
 
-    async def _replay(self, conn: asyncpg.Connection, event_id: uuid.UUID, run_id: uuid.UUID,
-                      effect: Effect) -> Record | None:
-        """Commit-unknown recovery (reference 6.1), by the caller's event id.
+    async def _replay(self, conn: asyncpg.Connection, lease: LeaseRef, binding: WriteBinding,
+                      event_id: uuid.UUID, effect: Effect) -> Record | None:
+        """Commit-unknown recovery by the caller's event id (design: commit-unknown recovery).
 
-        Event and its write both committed → the earlier call succeeded: answer
-        from what committed. Neither → None: the caller may run the write.
-        Exactly one → the run is frozen PAUSED_INDOUBT and counted; never guess.
+        The event and its write both committed, bound to this very write → the
+        earlier call succeeded: answer from what committed. Neither → None: the
+        caller may run the write. Otherwise see `_replay_all`.
         """
-        found = await self._replay_all(conn, run_id, ((event_id, effect, "event_id"),))
+        found = await self._replay_all(conn, lease, binding, ((event_id, effect, "event_id"),))
         return found[0] if found is not None else None
 
-    async def _replay_all(self, conn: asyncpg.Connection, run_id: uuid.UUID,
+    async def _replay_all(self, conn: asyncpg.Connection, lease: LeaseRef, binding: WriteBinding,
                           writes: tuple[tuple[uuid.UUID, Effect, str], ...]) -> list[Record] | None:
         """`_replay` for a write made of several (event id, effect, request field) parts committed together.
 
-        Every event and every effect present → the artifacts, in order. None of
-        them → None. Anything in between is half a commit: freeze and count.
+        Every event present and bound to this write (same operation, same hash
+        over lease and request) with every effect present → the artifacts, in
+        order. None of them present → None. An event id bound to another write
+        (another operation, payload, lease, or an operator's or submit's event)
+        is refused and changes nothing: ALREADY_EXISTS for the live holder or the
+        same writer's retry, LEASE_LOST for anyone else. Half a commit freezes
+        the run only when the caller holds its live lease: a stale or forged
+        lease never changes the run (design: event ids).
         """
+        run_id = lease.run_id
         present: list[str] = []
         missing: list[str] = []
         artifacts: list[Record] = []
+        foreign: tuple[str, Record] | None = None
+        fences: set[int] = set()  # the fences that wrote what is present
         for event_id, effect, field_name in writes:
             event = await conn.fetchrow(Q["event_by_id"], event_id)
             if effect == "checkpoint":
@@ -707,14 +795,33 @@ class Store:
             for row in (event, artifact):
                 if row is not None and row["run_id"] != run_id:
                     raise InvalidArgument(field_name, "already used for a write on another run")
+                if row is not None:
+                    fences.add(row["fencing_token"])
+            if event is not None and foreign is None and (
+                    event["write_op"] != binding.op or event["write_hash"] is None
+                    or bytes(event["write_hash"]) != binding.digest):
+                foreign = (field_name, event)
             (present if event is not None else missing).append(f"event {event_id}")
             (present if artifact is not None else missing).append(f"{effect} of event {event_id}")
             if artifact is not None:
                 artifacts.append(artifact)
         if not present:
             return None
+        if foreign is not None:
+            field_name, event = foreign
+            same_writer = event["write_op"] == binding.op and event["fencing_token"] == lease.fencing_token
+            if same_writer or await self._holds_lease(conn, lease):
+                raise AlreadyExists(
+                    f"{field_name} was already used for another write "
+                    f"({'another payload' if event['write_op'] == binding.op else 'another operation'}); "
+                    "nothing was written", field=field_name)
+            raise await self._lease_refusal(conn, lease)
         if not missing:
             return artifacts
+        # Half a commit. Only its writer (the fence that wrote what is present) may
+        # learn of it, and only while that fence is still the run's does it freeze.
+        if fences != {lease.fencing_token}:
+            raise await self._lease_refusal(conn, lease)
         if len(writes) == 1:
             event_id, effect, _ = writes[0]
             has_event = present[0].startswith("event ")
@@ -726,7 +833,8 @@ class Store:
         async with conn.transaction():
             run = await conn.fetchrow(Q["lock_run"], run_id)
             await conn.execute(Q["bump_counter"], COMMIT_UNKNOWN_COUNTER)
-            if run is not None and RunStatus(run["status"]) in LEASED:
+            if (run is not None and RunStatus(run["status"]) in LEASED
+                    and run["fencing_token"] == lease.fencing_token):
                 transition(run["status"], Op.FREEZE)
                 frozen = await conn.fetchrow(Q["freeze_run"], run_id, reason)
                 await self._event(conn, frozen, "agent.run_frozen", {"reason": reason}, NO_TRACE)
@@ -734,19 +842,29 @@ class Store:
         log.error("froze run %s: %s", run_id, reason)
         raise RunFrozen(reason, run_id=run_id, event_id=first)
 
+    @staticmethod
+    async def _holds_lease(conn: asyncpg.Connection, lease: LeaseRef) -> bool:
+        run = await conn.fetchrow(Q["read_run"], lease.run_id)
+        return (run is not None and run["lease_owner"] == lease.worker_id
+                and run["fencing_token"] == lease.fencing_token and bool(run["lease_live"]))
+
+    @staticmethod
+    async def _lease_refusal(conn: asyncpg.Connection, lease: LeaseRef) -> AgentrtError:
+        run = await conn.fetchrow(Q["read_run"], lease.run_id)
+        if run is None:
+            return NotFound(f"run {lease.run_id} not found", run_id=lease.run_id)
+        return LeaseLost(
+            f"lease on run {lease.run_id} is not held by {lease.worker_id} with fence "
+            f"{lease.fencing_token} (current fence {run['fencing_token']}, status {run['status']})",
+            run_id=lease.run_id, fencing_token=run["fencing_token"], status=run["status"])
+
     async def _refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
                        expected_version: int | None) -> AgentrtError:
         """Why a fenced write matched no row. Applies a requested cancel (the holder's write ends it)."""
         run = await conn.fetchrow(Q["read_run"], lease.run_id)
-        if run is None:
-            return NotFound(f"run {lease.run_id} not found", run_id=lease.run_id)
-        if (run["lease_owner"] != lease.worker_id or run["fencing_token"] != lease.fencing_token
+        if (run is None or run["lease_owner"] != lease.worker_id or run["fencing_token"] != lease.fencing_token
                 or not run["lease_live"]):
-            return LeaseLost(
-                f"lease on run {lease.run_id} is not held by {lease.worker_id} with fence "
-                f"{lease.fencing_token} (current fence {run['fencing_token']}, status {run['status']})",
-                run_id=lease.run_id, fencing_token=run["fencing_token"], status=run["status"],
-            )
+            return await self._lease_refusal(conn, lease)
         if run["cancel_requested_at"] is not None:
             return await self._apply_cancel(conn, lease, None, None)
         if run["status"] not in sources(op):

@@ -130,10 +130,10 @@ WITH run AS (
   RETURNING version
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
-                      traceparent, tracestate)
+                      traceparent, tracestate, write_op, write_hash)
   SELECT $10, id, tenant_id, $11,
          $12::jsonb || jsonb_build_object('version', version, 'step_key', $8::text),
-         fencing_token, version, $13, $14
+         fencing_token, version, $13, $14, $15, $16::bytea
   FROM run
 )
 SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id FROM checkpoint;
@@ -165,11 +165,11 @@ WITH run AS (
   RETURNING *
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
-                      traceparent, tracestate)
+                      traceparent, tracestate, write_op, write_hash)
   SELECT $12, id, tenant_id, 'agent.tool_requested',
          jsonb_build_object('step_key', $6::text, 'tool_name', $7::text, 'idempotency_key', $8::text,
                             'execution_id', $11::uuid),
-         fencing_token, version, $13, $14
+         fencing_token, version, $13, $14, $15, $16::bytea
   FROM run
 )
 SELECT execution.*, (SELECT tenant_id FROM run) AS tenant_id FROM execution;
@@ -206,10 +206,10 @@ WITH run AS (
   RETURNING version
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
-                      traceparent, tracestate)
+                      traceparent, tracestate, write_op, write_hash)
   SELECT $16, id, tenant_id, CASE WHEN $7 = 'SUCCEEDED' THEN 'agent.tool_succeeded' ELSE 'agent.tool_failed' END,
          jsonb_build_object('step_key', $5::text, 'version', version, 'error_code', $13::text),
-         fencing_token, version, $17, $18
+         fencing_token, version, $17, $18, $19, $20::bytea
   FROM run
 )
 SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id,
@@ -251,16 +251,16 @@ WITH run AS (
   RETURNING version
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
-                      traceparent, tracestate)
+                      traceparent, tracestate, write_op, write_hash)
   SELECT $16, id, tenant_id, CASE WHEN $7 = 'SUCCEEDED' THEN 'agent.tool_succeeded' ELSE 'agent.tool_failed' END,
          jsonb_build_object('step_key', $5::text, 'version', version, 'error_code', $13::text),
-         fencing_token, version, $17, $18
+         fencing_token, version, $17, $18, $24, $25::bytea
   FROM run
   UNION ALL
   SELECT $23, id, tenant_id, CASE status WHEN 'COMPLETED' THEN 'agent.run_completed' ELSE 'agent.run_failed' END,
          jsonb_build_object('status', status, 'reason', $21::text, 'error_class', $22::text,
                             'next_attempt_at', NULL, 'attempt_count', attempt_count),
-         fencing_token, version, $17, $18
+         fencing_token, version, $17, $18, $24, $25::bytea
   FROM run
 )
 SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id, (SELECT status FROM run) AS status,
@@ -320,16 +320,16 @@ WITH run AS (
   RETURNING *
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
-                      traceparent, tracestate)
+                      traceparent, tracestate, write_op, write_hash)
   SELECT $21, id, tenant_id, CASE WHEN $7 = 'SUCCEEDED' THEN 'agent.tool_succeeded' ELSE 'agent.tool_failed' END,
          jsonb_build_object('step_key', $5::text, 'version', version, 'error_code', $12::text),
-         fencing_token, version, $23, $24
+         fencing_token, version, $23, $24, $25, $26::bytea
   FROM run
   UNION ALL
   SELECT $22, id, tenant_id, 'agent.tool_requested',
          jsonb_build_object('step_key', $15::text, 'tool_name', $16::text, 'idempotency_key', $17::text,
                             'execution_id', $19::uuid),
-         fencing_token, version, $23, $24
+         fencing_token, version, $23, $24, $25, $26::bytea
   FROM run
 )
 SELECT intent.*, checkpoint.version AS cp_version, (SELECT tenant_id FROM run) AS tenant_id,
@@ -368,10 +368,10 @@ WITH run AS (
   RETURNING te.id
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
-                      traceparent, tracestate)
+                      traceparent, tracestate, write_op, write_hash)
   SELECT $12, id, tenant_id, 'agent.tool_not_executed',
          jsonb_build_object('step_key', $5::text, 'evidence', $11::jsonb, 'status', status),
-         fencing_token, version, $13, $14
+         fencing_token, version, $13, $14, $15, $16::bytea
   FROM run
 )
 SELECT run.version, run.status, run.tenant_id,
@@ -400,10 +400,10 @@ WITH run AS (
   RETURNING te.id
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
-                      traceparent, tracestate)
+                      traceparent, tracestate, write_op, write_hash)
   SELECT $7, id, tenant_id, 'agent.tool_in_doubt',
          jsonb_build_object('step_key', $4::text, 'error_code', $6::text, 'detail', $8::text),
-         fencing_token, version, $9, $10
+         fencing_token, version, $9, $10, $11, $12::bytea
   FROM run
 )
 SELECT run.version, run.tenant_id,
@@ -454,7 +454,7 @@ WITH run AS (
             r.attempt_count, r.agent_name
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
-                      traceparent, tracestate)
+                      traceparent, tracestate, write_op, write_hash)
   SELECT $15, id, tenant_id,
          CASE status WHEN 'COMPLETED' THEN 'agent.run_completed'
                      WHEN 'FAILED' THEN 'agent.run_failed'
@@ -464,7 +464,7 @@ WITH run AS (
          jsonb_build_object('status', status, 'reason', $14::text, 'error_class', $16::text,
                             'next_attempt_at', CASE WHEN status = 'QUEUED' THEN next_attempt_at END,
                             'attempt_count', attempt_count),
-         fencing_token, version, $17, $18
+         fencing_token, version, $17, $18, $19, $20::bytea
   FROM run
 )
 SELECT run.status, run.next_attempt_at, run.version, run.tenant_id FROM run;
@@ -483,15 +483,26 @@ FROM agent_runs WHERE id = $1;
 -- name: end_run
 -- Ends a locked run at once (cancel of an unleased run, cancel applied at the
 -- holder's write or at claim, deadline passed at claim, approval rejected).
--- The lease is cleared with the transition (invariant 1).
-UPDATE agent_runs
-SET status = 'FAILED', lease_owner = NULL, lease_expires_at = NULL,
-    terminal_reason = $2, finished_at = clock_timestamp(), updated_at = clock_timestamp(),
-    cancel_requested_at = CASE WHEN $3 THEN COALESCE(cancel_requested_at, clock_timestamp())
-                               ELSE cancel_requested_at END,
-    cancel_reason = CASE WHEN $3 THEN COALESCE(cancel_reason, $4) ELSE cancel_reason END
-WHERE id = $1 AND status NOT IN ('COMPLETED', 'FAILED')
-RETURNING *;
+-- The lease is cleared with the transition (invariant 1). A terminal run holds
+-- no open intent: a tool call still OUTBOUND_INTENT (its holder died or never
+-- reported) becomes IN_DOUBT in the same statement, for reconciliation.
+WITH ended AS (
+  UPDATE agent_runs
+  SET status = 'FAILED', lease_owner = NULL, lease_expires_at = NULL,
+      terminal_reason = $2, finished_at = clock_timestamp(), updated_at = clock_timestamp(),
+      cancel_requested_at = CASE WHEN $3 THEN COALESCE(cancel_requested_at, clock_timestamp())
+                                 ELSE cancel_requested_at END,
+      cancel_reason = CASE WHEN $3 THEN COALESCE(cancel_reason, $4) ELSE cancel_reason END
+  WHERE id = $1 AND status NOT IN ('COMPLETED', 'FAILED')
+  RETURNING *
+), doubted AS (
+  UPDATE tool_executions AS te
+  SET status = 'IN_DOUBT', error_code = COALESCE(te.error_code, 'run_ended_with_open_intent')
+  FROM ended
+  WHERE te.run_id = ended.id AND te.status = 'OUTBOUND_INTENT'
+  RETURNING te.id
+)
+SELECT ended.*, (SELECT count(*) FROM doubted) AS doubted_intents FROM ended;
 
 -- name: request_cancel
 -- A leased run is only flagged; its holder's next write ends it.
@@ -539,9 +550,10 @@ SELECT value FROM runtime_counters WHERE name = $1;
 
 -- name: insert_event
 -- One outbox row, written in the same transaction as the change it announces.
+-- $10/$11 bind a caller-chosen event id to its write (operation, request hash).
 INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
-                    traceparent, tracestate)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+                    traceparent, tracestate, write_op, write_hash)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 
 -- name: insert_checkpoint
 -- A checkpoint written by an operator path (resolution), in the run's transaction.
@@ -582,7 +594,7 @@ RETURNING *;
 
 -- name: run_by_last_event
 -- Commit-unknown recovery: the run half of a write that leaves no other row.
-SELECT id AS run_id FROM agent_runs WHERE id = $1 AND last_event_id = $2;
+SELECT id AS run_id, fencing_token FROM agent_runs WHERE id = $1 AND last_event_id = $2;
 
 -- name: event_by_id
 SELECT * FROM outbox WHERE event_id = $1;

@@ -9,6 +9,7 @@ answers from what committed; half of such a commit freezes the run.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import grpc
@@ -17,6 +18,8 @@ from support import commit_unknown_count as counter
 from support import eid, reason_of, rpc_error, scheduler_stack, snapshot, tool_state
 from test_combined_tool_call import REQ1, S1, TOOL, waiting_on_s1
 
+from scheduler.store import LeaseRef, RunEnd, tx2_binding
+from shared.canonical import sha256_of
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
@@ -99,12 +102,20 @@ async def test_half_of_a_commit_freezes_the_run(db_url, db):
     async with scheduler_stack(db_url) as stack:
         run_id, ref = await waiting_on_s1(stack)
         end_event_id = eid()
+        request = last_tx2(ref, end_event_id=end_event_id)
+        # Half of this very write: its end event, bound to the write as the real statement binds it.
+        binding = tx2_binding(
+            LeaseRef(uuid.UUID(ref.run_id), ref.worker_id, ref.fencing_token), 1, S1, "SUCCEEDED",
+            request.next_step_key, sha256_of(json.loads(request.state_json)), 1, json.loads(request.response_json),
+            "r-1", None, None, uuid.UUID(request.event_id),
+            RunEnd("COMPLETED", "", None, "", uuid.UUID(end_event_id)))
         await db.execute(
-            "INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version) "
-            "SELECT $1::uuid, id, tenant_id, 'agent.run_completed', '{}'::jsonb, fencing_token, version "
-            "FROM agent_runs WHERE id = $2::uuid", end_event_id, run_id)
+            "INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version, "
+            "write_op, write_hash) "
+            "SELECT $1::uuid, id, tenant_id, 'agent.run_completed', '{}'::jsonb, fencing_token, version, $3, $4 "
+            "FROM agent_runs WHERE id = $2::uuid", end_event_id, run_id, binding.op, binding.digest)
         frozen_before = await counter(db)
-        error = await rpc_error(stack.work.CompleteToolCall(last_tx2(ref, end_event_id=end_event_id)))
+        error = await rpc_error(stack.work.CompleteToolCall(request))
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
         assert await counter(db) == frozen_before + 1
         assert (await snapshot(db, run_id))["run"]["status"] == "PAUSED_INDOUBT"

@@ -38,6 +38,7 @@ from shared.canonical import request_hash
 from shared.config import SchedulerSettings
 from shared.errors import (
     AgentrtError,
+    AlreadyExists,
     DecisionNotCheckpointed,
     InvalidArgument,
     InvalidTransition,
@@ -701,6 +702,47 @@ class Runtime(RuleBasedStateMachine):
         assert result == (status, next_at, True)
         assert self.picture(run_id) == before
 
+    @precondition(lambda self: self.leases)
+    @rule(i=LEASE_PICK, j=st.integers(0, 10_000),
+          op=st.sampled_from(["save", "begin", "finish", "in_doubt", "not_executed"]),
+          forged=st.sampled_from([False, False, True]))
+    def reuse_event_id(self, i: int, j: int, op: str, forged: bool) -> None:
+        """An event id already used (any run's, any operation's, a submit's) under a live, stale or forged
+        lease: never a replay of another write, never a freeze; refused with nothing changed anywhere."""
+        events = self.fetch("SELECT event_id, run_id, write_op, fencing_token FROM outbox ORDER BY id")
+        if not events:
+            return
+        event = events[j % len(events)]
+        lease = self.pick_lease(i)
+        if forged:
+            lease = LeaseRef(lease.run_id, "mallory", max(1, lease.fencing_token + j % 3 - 1))
+        run = self.row(lease.run_id)
+        version, step = run["version"], run["current_step_key"] or "step-x"
+        event_id = event["event_id"]
+        write_op, make = {
+            "save": ("SaveCheckpoint", lambda: self.store.save_checkpoint(
+                lease, version, {"reused": True}, 1, None, event_id, "agent.checkpoint", {})),
+            "begin": ("BeginToolCall", lambda: self.store.begin_tool_call(
+                lease, version, step, TOOL, f"reuse-{uuid.uuid4()}", {"reused": True}, uuid.uuid4(), event_id)),
+            "finish": ("FinishRun", lambda: self.store.finish_run(
+                lease, version, "FAILED", "reused", None, 0, False, "", event_id)),
+            "in_doubt": ("MarkToolInDoubt", lambda: self.store.mark_tool_in_doubt(
+                lease, step, "reused", "", event_id)),
+            "not_executed": ("CompleteToolCall.NOT_EXECUTED", lambda: self.store.tool_not_executed(
+                lease, version, step, "reused", {"reused": True}, event_id)),
+        }[op]
+        if event["run_id"] != lease.run_id:
+            expected: Outcome = InvalidArgument
+        elif ((event["write_op"] == write_op and event["fencing_token"] == lease.fencing_token)
+              or self.holds(lease, run)):
+            expected = AlreadyExists
+        else:
+            expected = LeaseLost
+        before = {r["id"]: r["fingerprint"] for r in self.fetch(FINGERPRINT_SQL)}
+        self.call(expected, make)
+        assert {r["id"]: r["fingerprint"] for r in self.fetch(FINGERPRINT_SQL)} == before, \
+            "a reused event id changed something"
+
     # ------------------------------------------------------------------ invariants
 
     @invariant()
@@ -742,6 +784,9 @@ class Runtime(RuleBasedStateMachine):
             WHERE r.status = 'PAUSED_INDOUBT' AND NOT EXISTS (
               SELECT 1 FROM tool_executions te
               WHERE te.run_id = r.id AND te.step_key = r.current_step_key AND te.status = 'IN_DOUBT')""") == []
+        # A terminal run holds no open intent (issue 11): its in-flight call is IN_DOUBT or closed.
+        assert self.fetch("""SELECT te.id FROM tool_executions te JOIN agent_runs r ON r.id = te.run_id
+                             WHERE te.status = 'OUTBOUND_INTENT' AND r.status IN ('COMPLETED', 'FAILED')""") == []
         # No two ledger rows per (run, step_key); a row's fence is one the run had.
         assert self.fetch("SELECT run_id, step_key FROM tool_executions GROUP BY 1, 2 HAVING count(*) > 1") == []
         assert self.fetch("""SELECT te.id FROM tool_executions te JOIN agent_runs r ON r.id = te.run_id
