@@ -25,7 +25,16 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from scheduler import convert
 from scheduler import validate as v
 from scheduler.notifier import WorkNotifier
-from scheduler.store import LeaseRef, ResolveOutcome, RunEnd, Store, SubmitSpec, ToolIntent
+from scheduler.store import (
+    HISTORY_PARTS,
+    HistoryCursor,
+    LeaseRef,
+    ResolveOutcome,
+    RunEnd,
+    Store,
+    SubmitSpec,
+    ToolIntent,
+)
 from shared.canonical import uuid7
 from shared.config import SchedulerSettings
 from shared.errors import AgentrtError, InvalidArgument, status_code_for, to_grpc_status
@@ -48,6 +57,8 @@ _RESOLVE = {rs.RESOLUTION_OUTCOME_SUCCEEDED: "SUCCEEDED", rs.RESOLUTION_OUTCOME_
             rs.RESOLUTION_OUTCOME_UNKNOWN: "UNKNOWN"}
 _TOOL_OUTCOME = {ws.TOOL_OUTCOME_SUCCEEDED: "SUCCEEDED", ws.TOOL_OUTCOME_FAILED: "FAILED",
                  ws.TOOL_OUTCOME_NOT_EXECUTED: "NOT_EXECUTED"}
+_HISTORY_PART = {rs.HISTORY_PART_CHECKPOINTS: "checkpoints", rs.HISTORY_PART_TOOL_EXECUTIONS: "tool_executions",
+                 rs.HISTORY_PART_EVENTS: "events"}
 _DEFINITE_OUTCOME = {ws.TOOL_OUTCOME_SUCCEEDED: "SUCCEEDED", ws.TOOL_OUTCOME_FAILED: "FAILED"}
 _FINISH = {ws.FINISH_OUTCOME_COMPLETED: "COMPLETED", ws.FINISH_OUTCOME_FAILED: "FAILED",
            ws.FINISH_OUTCOME_PAUSED_HUMAN: "PAUSED_HUMAN", ws.FINISH_OUTCOME_RETRY: "RETRY",
@@ -217,12 +228,19 @@ class RunServicer(rs_grpc.RunServiceServicer):
         tenant = self._tenant(context)
         run_id = v.require_uuid("run_id", request.run_id)
         annotate(run_id=str(run_id))
-        history = await self.store.history(tenant, run_id)
+        if request.page_size < 0 or request.page_size > MAX_PAGE_SIZE:
+            raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
+        parts = frozenset(v.require_enum("include", p, _HISTORY_PART) for p in request.include) or frozenset(
+            HISTORY_PARTS)
+        cursor = _decode_history_token(request.page_token, run_id, parts) if request.page_token else HistoryCursor()
+        history, following = await self.store.history(tenant, run_id, parts, cursor, request.page_size or 100,
+                                                      page_bytes=4 * self.limit)
         return rs.RunHistory(
             run=convert.run_to_proto(history.run),
             checkpoints=[convert.checkpoint_to_proto(c) for c in history.checkpoints],
             tool_executions=[convert.execution_to_proto(e) for e in history.executions],
             events=[convert.event_to_proto(e) for e in history.events],
+            next_page_token="" if following.exhausted else _encode_history_token(following, run_id, parts),
         )
 
 
@@ -255,6 +273,32 @@ def _decode_page_token(token: str, filter_key: str) -> tuple[dt.datetime, uuid.U
     if not same_filter:
         raise InvalidArgument("page_token", "was issued for a different filter")
     return created_at, run_id
+
+
+def _encode_history_token(cursor: HistoryCursor, run_id: uuid.UUID, parts: frozenset[str]) -> str:
+    ledger = cursor.tool_executions
+    raw = json.dumps({"r": str(run_id), "p": sorted(parts), "c": cursor.checkpoints, "e": cursor.events,
+                      "l": [ledger[0].isoformat(), str(ledger[1])] if isinstance(ledger, tuple) else ledger})
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _decode_history_token(token: str, run_id: uuid.UUID, parts: frozenset[str]) -> HistoryCursor:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        ledger = data["l"]
+        if isinstance(ledger, list):
+            ledger = (dt.datetime.fromisoformat(ledger[0]), uuid.UUID(ledger[1]))
+        elif ledger not in (None, "start"):
+            raise ValueError("ledger cursor")
+        cursor = HistoryCursor(checkpoints=data["c"], tool_executions=ledger, events=data["e"])
+        if not all(c is None or (isinstance(c, int) and c >= 0) for c in (cursor.checkpoints, cursor.events)):
+            raise ValueError("cursor")
+        same = data["r"] == str(run_id) and data["p"] == sorted(parts)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError):
+        raise InvalidArgument("page_token", "is not a token this server issued") from None
+    if not same:
+        raise InvalidArgument("page_token", "was issued for another run or another include list")
+    return cursor
 
 
 def batch_error(error: AgentrtError) -> ws.WriteBatchError:

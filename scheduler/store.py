@@ -172,6 +172,22 @@ class History:
     events: list[Record] = field(default_factory=list)
 
 
+HISTORY_PARTS = ("checkpoints", "tool_executions", "events")
+
+
+@dataclass(frozen=True)
+class HistoryCursor:
+    """Where each part of a run's history continues; None for a part with nothing left."""
+
+    checkpoints: int | None = 0  # the last version returned
+    tool_executions: tuple[dt.datetime, uuid.UUID] | Literal["start"] | None = "start"
+    events: int | None = 0  # the last outbox id returned
+
+    @property
+    def exhausted(self) -> bool:
+        return self.checkpoints is None and self.tool_executions is None and self.events is None
+
+
 ResolveOutcome = Literal["SUCCEEDED", "NOT_EXECUTED", "UNKNOWN"]
 # What a write leaves besides its outbox event: a checkpoint, a ledger row, or
 # (for writes that leave neither) the run row's last_event_id marker.
@@ -412,17 +428,54 @@ class Store:
             return run, execution
 
     @db_call
-    async def history(self, tenant_id: str, run_id: uuid.UUID) -> History:
+    async def history(self, tenant_id: str, run_id: uuid.UUID, parts: frozenset[str] = frozenset(HISTORY_PARTS),
+                      cursor: HistoryCursor = HistoryCursor(), page_size: int = 100,
+                      page_bytes: int = 4 << 20) -> tuple[History, HistoryCursor]:
+        """One page of a run's history: up to `page_size` items of each part in `parts`, after `cursor`.
+
+        The page stops adding items past `page_bytes` of JSON (one item at least, so
+        every page moves on). Returns the page and the cursor of the next one
+        (`exhausted` when nothing is left). One snapshot for the whole page.
+        """
+        page_rows: dict[str, list[Record]] = {}
         async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
             run = await conn.fetchrow(Q["get_run"], run_id, tenant_id)
             if run is None:
                 raise NotFound(f"run {run_id} not found", run_id=run_id)
-            return History(
-                run=run,
-                checkpoints=await conn.fetch(Q["history_checkpoints"], run_id),
-                executions=await conn.fetch(Q["history_tool_executions"], run_id),
-                events=await conn.fetch(Q["history_events"], run_id),
-            )
+            if "checkpoints" in parts and cursor.checkpoints is not None:
+                page_rows["checkpoints"] = await conn.fetch(Q["history_checkpoints"], run_id, cursor.checkpoints,
+                                                            page_size + 1)
+            after = cursor.tool_executions
+            if "tool_executions" in parts and after is not None:
+                start = after if isinstance(after, tuple) else (None, None)
+                page_rows["tool_executions"] = await conn.fetch(Q["history_tool_executions"], run_id, *start,
+                                                                page_size + 1)
+            if "events" in parts and cursor.events is not None:
+                page_rows["events"] = await conn.fetch(Q["history_events"], run_id, cursor.events, page_size + 1)
+        taken: dict[str, list[Record]] = {part: [] for part in HISTORY_PARTS}
+        used = 0
+        more: dict[str, bool] = {}
+        for part in HISTORY_PARTS:
+            rows = page_rows.get(part, [])
+            for row in rows[:page_size]:
+                size = row["page_bytes"] or 0
+                if used and used + size > page_bytes:
+                    break
+                taken[part].append(row)
+                used += size
+            more[part] = len(taken[part]) < len(rows)
+        last = {part: taken[part][-1] if taken[part] else None for part in HISTORY_PARTS}
+        checkpoints, executions, events = last["checkpoints"], last["tool_executions"], last["events"]
+        next_cursor = HistoryCursor(
+            checkpoints=None if "checkpoints" not in page_rows or not more["checkpoints"] else (
+                checkpoints["version"] if checkpoints else cursor.checkpoints),
+            tool_executions=None if "tool_executions" not in page_rows or not more["tool_executions"] else (
+                (executions["outbound_intent_at"], executions["id"]) if executions else cursor.tool_executions),
+            events=None if "events" not in page_rows or not more["events"] else (
+                events["id"] if events else cursor.events),
+        )
+        return History(run=run, checkpoints=taken["checkpoints"], executions=taken["tool_executions"],
+                       events=taken["events"]), next_cursor
 
     @db_call
     async def global_stats(self) -> Record:

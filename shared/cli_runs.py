@@ -14,7 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from shared.client import AgentrtClient, RunInfo
+from shared.client import AgentrtClient, History, RunInfo
 from shared.errors import InvalidArgument
 
 RUN_COLUMNS = ("run_id", "agent_name", "status", "version", "fencing_token", "attempt_count", "current_step_key")
@@ -119,21 +119,43 @@ async def _resume(args: argparse.Namespace, client: AgentrtClient) -> None:
 
 
 async def _history(args: argparse.Namespace, client: AgentrtClient) -> None:
-    history = await client.history(args.run_id)
-    if args.json:
-        _print_json({"run": history.run.as_dict(), "checkpoints": history.checkpoints,
-                     "tool_executions": history.tool_executions, "events": history.events})
-        return
-    _print_run(history.run)
-    print(f"\ncheckpoints ({len(history.checkpoints)}):")
+    """One page (--page-size, --page-token), or with --all every page as it arrives (bounded memory)."""
+    if not 0 < args.page_size <= 500:
+        raise InvalidArgument("--page-size", "must be between 1 and 500")
+    first = True
+    async for page, token in client.history_pages(args.run_id, page_size=args.page_size,
+                                                  page_token=args.page_token or "", include=args.include or ()):
+        if args.json:
+            document = {"run": page.run.as_dict(), "checkpoints": page.checkpoints,
+                        "tool_executions": page.tool_executions, "events": page.events, "next_page_token": token}
+            if args.all:  # one JSON document per line, a page each
+                print(json.dumps(document, sort_keys=True, default=str), flush=True)
+            else:
+                _print_json(document)
+        else:
+            _print_history_page(page, show_run=first)
+            if token and not args.all:
+                print(f"\nmore: agentrt runs history {args.run_id} --page-token {token}  (or --all)")
+        first = False
+        if not args.all:
+            return
+
+
+def _print_history_page(history: History, *, show_run: bool) -> None:
+    if show_run:
+        _print_run(history.run)
+    if history.checkpoints:
+        print(f"\ncheckpoints ({len(history.checkpoints)}):")
     for cp in history.checkpoints:
         print(f"  v{cp.get('version')} fence {cp.get('fencing_token', 0)} schema {cp.get('schema_version')} "
               f"{cp.get('created_at', '')}")
-    print(f"\ntool executions ({len(history.tool_executions)}):")
+    if history.tool_executions:
+        print(f"\ntool executions ({len(history.tool_executions)}):")
     for te in history.tool_executions:
         status = te.get("status", "").removeprefix("TOOL_EXECUTION_STATUS_")
         print(f"  {te.get('step_key')}  {te.get('tool_name')}  {status}  key {te.get('idempotency_key')}")
-    print(f"\nevents ({len(history.events)}):")
+    if history.events:
+        print(f"\nevents ({len(history.events)}):")
     for event in history.events:
         print(f"  #{event.get('id')} {event.get('event_type')} v{event.get('run_version', 0)} "
               f"{'published' if event.get('published_at') else 'pending'}")
@@ -222,11 +244,20 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--label", action="append", help="key=value (repeatable)")
     p.set_defaults(func=_runner(_submit))
 
-    for name, handler, text in (("get", _get, "show one run"), ("history", _history, "checkpoints, ledger, events")):
-        p = runs.add_parser(name, help=text)
-        _common(p)
-        p.add_argument("run_id")
-        p.set_defaults(func=_runner(handler))
+    p = runs.add_parser("get", help="show one run")
+    _common(p)
+    p.add_argument("run_id")
+    p.set_defaults(func=_runner(_get))
+
+    p = runs.add_parser("history", help="checkpoints, ledger, events, a page at a time")
+    _common(p)
+    p.add_argument("run_id")
+    p.add_argument("--page-size", type=int, default=100, help="items of each part per page (1-500)")
+    p.add_argument("--page-token", help="continue from a previous page")
+    p.add_argument("--all", action="store_true", help="stream every page")
+    p.add_argument("--include", action="append", choices=["checkpoints", "tool_executions", "events"],
+                   help="only these parts (repeatable; default all)")
+    p.set_defaults(func=_runner(_history))
 
     p = runs.add_parser("list", help="list runs, newest first")
     _common(p)

@@ -214,12 +214,31 @@ class AgentrtClient:
         reply = await self._call(self._stub.ResolveToolExecution, request)
         return RunInfo.from_proto(reply.run), _message_dict(reply.execution)
 
-    async def history(self, run_id: str) -> History:
-        reply = await self._call(self._stub.GetRunHistory, rs.GetRunHistoryRequest(run_id=run_id))
-        return History(run=RunInfo.from_proto(reply.run),
-                       checkpoints=[_message_dict(c) for c in reply.checkpoints],
-                       tool_executions=[_message_dict(t) for t in reply.tool_executions],
-                       events=[_message_dict(e) for e in reply.events])
+    async def history_pages(self, run_id: str, *, page_size: int = 100, page_token: str = "",
+                            include: Iterable[str] = ()) -> AsyncIterator[tuple[History, str]]:
+        """A run's history page by page, with each page's next token ("" after the last).
+
+        `include` names parts: checkpoints, tool_executions, events (default all).
+        """
+        parts = [getattr(rs, f"HISTORY_PART_{name.upper()}") for name in include]
+        token = page_token
+        while True:
+            reply = await self._call(self._stub.GetRunHistory, rs.GetRunHistoryRequest(
+                run_id=run_id, page_size=page_size, page_token=token, include=parts))
+            token = reply.next_page_token
+            yield History(run=RunInfo.from_proto(reply.run),
+                          checkpoints=[_message_dict(c) for c in reply.checkpoints],
+                          tool_executions=[_message_dict(t) for t in reply.tool_executions],
+                          events=[_message_dict(e) for e in reply.events]), token
+            if not token:
+                return
+
+    async def history(self, run_id: str, *, include: Iterable[str] = ()) -> History:
+        """The whole history (every page, in memory); use history_pages for long runs."""
+        pages = [page async for page, _ in self.history_pages(run_id, page_size=500, include=include)]
+        return History(run=pages[-1].run, checkpoints=[c for p in pages for c in p.checkpoints],
+                       tool_executions=[t for p in pages for t in p.tool_executions],
+                       events=[e for p in pages for e in p.events])
 
     async def stats(self) -> dict[str, Any]:
         """Runs by status, oldest due queued run, in-doubt count and age, outbox lag (database time)."""

@@ -64,7 +64,20 @@ async def wait_status(stack: Stack, run_id: str, *statuses: int, within: float =
 
 
 async def history(stack: Stack, run_id: str, tenant: str = "tenant-a") -> rs.RunHistory:
-    return await stack.runs.GetRunHistory(rs.GetRunHistoryRequest(run_id=run_id), metadata=stack.md(tenant))
+    """The whole history, every page of it merged."""
+    merged = rs.RunHistory()
+    token = ""
+    for _ in range(10_000):
+        page = await stack.runs.GetRunHistory(rs.GetRunHistoryRequest(run_id=run_id, page_size=500, page_token=token),
+                                              metadata=stack.md(tenant))
+        merged.run.CopyFrom(page.run)
+        merged.checkpoints.extend(page.checkpoints)
+        merged.tool_executions.extend(page.tool_executions)
+        merged.events.extend(page.events)
+        token = page.next_page_token
+        if not token:
+            return merged
+    raise AssertionError("history did not end within 10,000 pages")
 
 
 def latest_state(hist: rs.RunHistory) -> dict[str, Any]:

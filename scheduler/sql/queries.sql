@@ -606,13 +606,21 @@ SELECT * FROM agent_checkpoints WHERE event_id = $1;
 SELECT * FROM tool_executions WHERE intent_event_id = $1;
 
 -- name: history_checkpoints
-SELECT * FROM agent_checkpoints WHERE run_id = $1 ORDER BY version;
+-- One page of a run's checkpoints after version $2 (primary key order).
+SELECT *, octet_length(state_json::text) AS page_bytes
+FROM agent_checkpoints WHERE run_id = $1 AND version > $2 ORDER BY version LIMIT $3;
 
 -- name: history_tool_executions
-SELECT * FROM tool_executions WHERE run_id = $1 ORDER BY outbound_intent_at, step_key;
+-- One page of a run's ledger rows after ($2, $3) in intent order (tool_executions_run_intent_idx).
+SELECT *, octet_length(request_json::text) + coalesce(octet_length(response_json::text), 0)
+         + coalesce(octet_length(reconciliation_evidence::text), 0) AS page_bytes
+FROM tool_executions
+WHERE run_id = $1 AND ($2::timestamptz IS NULL OR (outbound_intent_at, id) > ($2, $3::uuid))
+ORDER BY outbound_intent_at, id LIMIT $4;
 
 -- name: history_events
-SELECT * FROM outbox WHERE run_id = $1 ORDER BY id;
+-- One page of a run's outbox events after id $2 (outbox_run_idx).
+SELECT *, octet_length(payload::text) AS page_bytes FROM outbox WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3;
 
 -- name: tenant_stats
 -- Operator view (agentrt status): counts and ages by database time, one tenant.

@@ -52,8 +52,21 @@ class Api:
         return await self.runs.GetRun(rs.GetRunRequest(run_id=run_id), metadata=self.md(tenant), timeout=15)
 
     async def history(self, tenant: str, run_id: str) -> rs.RunHistory:
-        return await self.runs.GetRunHistory(rs.GetRunHistoryRequest(run_id=run_id), metadata=self.md(tenant),
-                                             timeout=15)
+        """The whole history, every page of it merged."""
+        merged = rs.RunHistory()
+        token = ""
+        for _ in range(10_000):
+            page = await self.runs.GetRunHistory(rs.GetRunHistoryRequest(run_id=run_id, page_size=500,
+                                                                         page_token=token),
+                                                 metadata=self.md(tenant), timeout=15)
+            merged.run.CopyFrom(page.run)
+            merged.checkpoints.extend(page.checkpoints)
+            merged.tool_executions.extend(page.tool_executions)
+            merged.events.extend(page.events)
+            token = page.next_page_token
+            if not token:
+                return merged
+        raise RuntimeError(f"history of run {run_id} did not end within 10,000 pages")
 
     async def resume(self, tenant: str, run_id: str, decision: rs.ResumeDecision = rs.RESUME_DECISION_INPUT,
                      payload: Any = None, operator: str = "acceptance") -> pb.Run:

@@ -24,6 +24,13 @@ class ResolutionOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESOLUTION_OUTCOME_SUCCEEDED: _ClassVar[ResolutionOutcome]
     RESOLUTION_OUTCOME_NOT_EXECUTED: _ClassVar[ResolutionOutcome]
     RESOLUTION_OUTCOME_UNKNOWN: _ClassVar[ResolutionOutcome]
+
+class HistoryPart(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HISTORY_PART_UNSPECIFIED: _ClassVar[HistoryPart]
+    HISTORY_PART_CHECKPOINTS: _ClassVar[HistoryPart]
+    HISTORY_PART_TOOL_EXECUTIONS: _ClassVar[HistoryPart]
+    HISTORY_PART_EVENTS: _ClassVar[HistoryPart]
 RESUME_DECISION_UNSPECIFIED: ResumeDecision
 RESUME_DECISION_APPROVE: ResumeDecision
 RESUME_DECISION_REJECT: ResumeDecision
@@ -32,6 +39,10 @@ RESOLUTION_OUTCOME_UNSPECIFIED: ResolutionOutcome
 RESOLUTION_OUTCOME_SUCCEEDED: ResolutionOutcome
 RESOLUTION_OUTCOME_NOT_EXECUTED: ResolutionOutcome
 RESOLUTION_OUTCOME_UNKNOWN: ResolutionOutcome
+HISTORY_PART_UNSPECIFIED: HistoryPart
+HISTORY_PART_CHECKPOINTS: HistoryPart
+HISTORY_PART_TOOL_EXECUTIONS: HistoryPart
+HISTORY_PART_EVENTS: HistoryPart
 
 class SubmitRunRequest(_message.Message):
     __slots__ = ("agent_name", "agent_version", "input_json", "client_request_id", "max_attempts", "budget", "labels")
@@ -145,22 +156,30 @@ class ResolveToolExecutionResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ...) -> None: ...
 
 class GetRunHistoryRequest(_message.Message):
-    __slots__ = ("run_id",)
+    __slots__ = ("run_id", "page_size", "page_token", "include")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
-    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    include: _containers.RepeatedScalarFieldContainer[HistoryPart]
+    def __init__(self, run_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include: _Optional[_Iterable[_Union[HistoryPart, str]]] = ...) -> None: ...
 
 class RunHistory(_message.Message):
-    __slots__ = ("run", "checkpoints", "tool_executions", "events")
+    __slots__ = ("run", "checkpoints", "tool_executions", "events", "next_page_token")
     RUN_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     TOOL_EXECUTIONS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     run: _common_pb2.Run
     checkpoints: _containers.RepeatedCompositeFieldContainer[_common_pb2.Checkpoint]
     tool_executions: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolExecution]
     events: _containers.RepeatedCompositeFieldContainer[_common_pb2.OutboxEvent]
-    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., checkpoints: _Optional[_Iterable[_Union[_common_pb2.Checkpoint, _Mapping]]] = ..., tool_executions: _Optional[_Iterable[_Union[_common_pb2.ToolExecution, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.OutboxEvent, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., checkpoints: _Optional[_Iterable[_Union[_common_pb2.Checkpoint, _Mapping]]] = ..., tool_executions: _Optional[_Iterable[_Union[_common_pb2.ToolExecution, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.OutboxEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
