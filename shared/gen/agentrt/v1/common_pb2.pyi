@@ -206,3 +206,23 @@ class OutboxEvent(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     published_at: _timestamp_pb2.Timestamp
     def __init__(self, id: _Optional[int] = ..., event_id: _Optional[str] = ..., run_id: _Optional[str] = ..., event_type: _Optional[str] = ..., payload_json: _Optional[str] = ..., fencing_token: _Optional[int] = ..., run_version: _Optional[int] = ..., traceparent: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class JournalEntry(_message.Message):
+    __slots__ = ("seq", "kind", "step_key", "node", "tool", "detail_json", "run_version", "created_at")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_JSON_FIELD_NUMBER: _ClassVar[int]
+    RUN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    kind: str
+    step_key: str
+    node: str
+    tool: str
+    detail_json: str
+    run_version: int
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, seq: _Optional[int] = ..., kind: _Optional[str] = ..., step_key: _Optional[str] = ..., node: _Optional[str] = ..., tool: _Optional[str] = ..., detail_json: _Optional[str] = ..., run_version: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -31,6 +31,7 @@ class HistoryPart(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HISTORY_PART_CHECKPOINTS: _ClassVar[HistoryPart]
     HISTORY_PART_TOOL_EXECUTIONS: _ClassVar[HistoryPart]
     HISTORY_PART_EVENTS: _ClassVar[HistoryPart]
+    HISTORY_PART_JOURNAL: _ClassVar[HistoryPart]
 RESUME_DECISION_UNSPECIFIED: ResumeDecision
 RESUME_DECISION_APPROVE: ResumeDecision
 RESUME_DECISION_REJECT: ResumeDecision
@@ -43,6 +44,7 @@ HISTORY_PART_UNSPECIFIED: HistoryPart
 HISTORY_PART_CHECKPOINTS: HistoryPart
 HISTORY_PART_TOOL_EXECUTIONS: HistoryPart
 HISTORY_PART_EVENTS: HistoryPart
+HISTORY_PART_JOURNAL: HistoryPart
 
 class SubmitRunRequest(_message.Message):
     __slots__ = ("agent_name", "agent_version", "input_json", "client_request_id", "max_attempts", "budget", "labels")
@@ -168,18 +170,20 @@ class GetRunHistoryRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include: _Optional[_Iterable[_Union[HistoryPart, str]]] = ...) -> None: ...
 
 class RunHistory(_message.Message):
-    __slots__ = ("run", "checkpoints", "tool_executions", "events", "next_page_token")
+    __slots__ = ("run", "checkpoints", "tool_executions", "events", "next_page_token", "journal")
     RUN_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     TOOL_EXECUTIONS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_FIELD_NUMBER: _ClassVar[int]
     run: _common_pb2.Run
     checkpoints: _containers.RepeatedCompositeFieldContainer[_common_pb2.Checkpoint]
     tool_executions: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolExecution]
     events: _containers.RepeatedCompositeFieldContainer[_common_pb2.OutboxEvent]
     next_page_token: str
-    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., checkpoints: _Optional[_Iterable[_Union[_common_pb2.Checkpoint, _Mapping]]] = ..., tool_executions: _Optional[_Iterable[_Union[_common_pb2.ToolExecution, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.OutboxEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    journal: _containers.RepeatedCompositeFieldContainer[_common_pb2.JournalEntry]
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., checkpoints: _Optional[_Iterable[_Union[_common_pb2.Checkpoint, _Mapping]]] = ..., tool_executions: _Optional[_Iterable[_Union[_common_pb2.ToolExecution, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.OutboxEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., journal: _Optional[_Iterable[_Union[_common_pb2.JournalEntry, _Mapping]]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()

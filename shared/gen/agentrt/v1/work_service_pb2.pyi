@@ -58,7 +58,7 @@ class ClaimWorkRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., agents: _Optional[_Iterable[str]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("run", "lease_expires_at", "lease_duration_ms", "checkpoint", "pending_tool", "current_step_execution", "heartbeat_interval_ms")
+    __slots__ = ("run", "lease_expires_at", "lease_duration_ms", "checkpoint", "pending_tool", "current_step_execution", "heartbeat_interval_ms", "limits", "journal_length")
     RUN_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     LEASE_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,8 @@ class Lease(_message.Message):
     PENDING_TOOL_FIELD_NUMBER: _ClassVar[int]
     CURRENT_STEP_EXECUTION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_LENGTH_FIELD_NUMBER: _ClassVar[int]
     run: _common_pb2.Run
     lease_expires_at: _timestamp_pb2.Timestamp
     lease_duration_ms: int
@@ -73,7 +75,23 @@ class Lease(_message.Message):
     pending_tool: _common_pb2.ToolExecution
     current_step_execution: _common_pb2.ToolExecution
     heartbeat_interval_ms: int
-    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_duration_ms: _Optional[int] = ..., checkpoint: _Optional[_Union[_common_pb2.Checkpoint, _Mapping]] = ..., pending_tool: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., current_step_execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+    limits: PayloadLimits
+    journal_length: int
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_duration_ms: _Optional[int] = ..., checkpoint: _Optional[_Union[_common_pb2.Checkpoint, _Mapping]] = ..., pending_tool: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., current_step_execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., heartbeat_interval_ms: _Optional[int] = ..., limits: _Optional[_Union[PayloadLimits, _Mapping]] = ..., journal_length: _Optional[int] = ...) -> None: ...
+
+class PayloadLimits(_message.Message):
+    __slots__ = ("max_tool_request_bytes", "max_tool_response_bytes", "max_checkpoint_bytes", "max_journal_entry_bytes", "max_payload_bytes")
+    MAX_TOOL_REQUEST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHECKPOINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_JOURNAL_ENTRY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    max_tool_request_bytes: int
+    max_tool_response_bytes: int
+    max_checkpoint_bytes: int
+    max_journal_entry_bytes: int
+    max_payload_bytes: int
+    def __init__(self, max_tool_request_bytes: _Optional[int] = ..., max_tool_response_bytes: _Optional[int] = ..., max_checkpoint_bytes: _Optional[int] = ..., max_journal_entry_bytes: _Optional[int] = ..., max_payload_bytes: _Optional[int] = ...) -> None: ...
 
 class ClaimWorkResponse(_message.Message):
     __slots__ = ("lease",)
@@ -94,7 +112,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
-    __slots__ = ("lease", "expected_version", "state_json", "schema_version", "step_key", "event_id", "event_type", "event_payload_json")
+    __slots__ = ("lease", "expected_version", "state_json", "schema_version", "step_key", "event_id", "event_type", "event_payload_json", "journal")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +121,7 @@ class SaveCheckpointRequest(_message.Message):
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     EVENT_PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_FIELD_NUMBER: _ClassVar[int]
     lease: LeaseRef
     expected_version: int
     state_json: str
@@ -111,7 +130,8 @@ class SaveCheckpointRequest(_message.Message):
     event_id: str
     event_type: str
     event_payload_json: str
-    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., step_key: _Optional[str] = ..., event_id: _Optional[str] = ..., event_type: _Optional[str] = ..., event_payload_json: _Optional[str] = ...) -> None: ...
+    journal: _containers.RepeatedCompositeFieldContainer[_common_pb2.JournalEntry]
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., step_key: _Optional[str] = ..., event_id: _Optional[str] = ..., event_type: _Optional[str] = ..., event_payload_json: _Optional[str] = ..., journal: _Optional[_Iterable[_Union[_common_pb2.JournalEntry, _Mapping]]] = ...) -> None: ...
 
 class SaveCheckpointResponse(_message.Message):
     __slots__ = ("version", "replayed")
@@ -152,7 +172,7 @@ class BeginToolCallResponse(_message.Message):
     def __init__(self, execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., existing: _Optional[bool] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class CompleteToolCallRequest(_message.Message):
-    __slots__ = ("lease", "expected_version", "step_key", "outcome", "response_json", "remote_resource_id", "error_code", "state_json", "schema_version", "next_step_key", "evidence_json", "event_id", "end")
+    __slots__ = ("lease", "expected_version", "step_key", "outcome", "response_json", "remote_resource_id", "error_code", "state_json", "schema_version", "next_step_key", "evidence_json", "event_id", "end", "journal")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +186,7 @@ class CompleteToolCallRequest(_message.Message):
     EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_FIELD_NUMBER: _ClassVar[int]
     lease: LeaseRef
     expected_version: int
     step_key: str
@@ -179,7 +200,8 @@ class CompleteToolCallRequest(_message.Message):
     evidence_json: str
     event_id: str
     end: RunEnd
-    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ToolOutcome, str]] = ..., response_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., error_code: _Optional[str] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., next_step_key: _Optional[str] = ..., evidence_json: _Optional[str] = ..., event_id: _Optional[str] = ..., end: _Optional[_Union[RunEnd, _Mapping]] = ...) -> None: ...
+    journal: _containers.RepeatedCompositeFieldContainer[_common_pb2.JournalEntry]
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ToolOutcome, str]] = ..., response_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., error_code: _Optional[str] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., next_step_key: _Optional[str] = ..., evidence_json: _Optional[str] = ..., event_id: _Optional[str] = ..., end: _Optional[_Union[RunEnd, _Mapping]] = ..., journal: _Optional[_Iterable[_Union[_common_pb2.JournalEntry, _Mapping]]] = ...) -> None: ...
 
 class RunEnd(_message.Message):
     __slots__ = ("outcome", "reason", "result_json", "error_class", "event_id")
@@ -222,7 +244,7 @@ class NextToolCall(_message.Message):
     def __init__(self, step_key: _Optional[str] = ..., tool_name: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., request_json: _Optional[str] = ..., execution_id: _Optional[str] = ..., event_id: _Optional[str] = ...) -> None: ...
 
 class CompleteAndBeginToolCallRequest(_message.Message):
-    __slots__ = ("lease", "expected_version", "step_key", "outcome", "response_json", "remote_resource_id", "error_code", "state_json", "schema_version", "evidence_json", "event_id", "next")
+    __slots__ = ("lease", "expected_version", "step_key", "outcome", "response_json", "remote_resource_id", "error_code", "state_json", "schema_version", "evidence_json", "event_id", "next", "journal")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +257,7 @@ class CompleteAndBeginToolCallRequest(_message.Message):
     EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     NEXT_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_FIELD_NUMBER: _ClassVar[int]
     lease: LeaseRef
     expected_version: int
     step_key: str
@@ -247,7 +270,8 @@ class CompleteAndBeginToolCallRequest(_message.Message):
     evidence_json: str
     event_id: str
     next: NextToolCall
-    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ToolOutcome, str]] = ..., response_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., error_code: _Optional[str] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., evidence_json: _Optional[str] = ..., event_id: _Optional[str] = ..., next: _Optional[_Union[NextToolCall, _Mapping]] = ...) -> None: ...
+    journal: _containers.RepeatedCompositeFieldContainer[_common_pb2.JournalEntry]
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ToolOutcome, str]] = ..., response_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., error_code: _Optional[str] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., evidence_json: _Optional[str] = ..., event_id: _Optional[str] = ..., next: _Optional[_Union[NextToolCall, _Mapping]] = ..., journal: _Optional[_Iterable[_Union[_common_pb2.JournalEntry, _Mapping]]] = ...) -> None: ...
 
 class CompleteAndBeginToolCallResponse(_message.Message):
     __slots__ = ("version", "status", "execution", "replayed")
@@ -387,3 +411,35 @@ class WriteBatchResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[WriteBatchResult]
     def __init__(self, results: _Optional[_Iterable[_Union[WriteBatchResult, _Mapping]]] = ...) -> None: ...
+
+class ReadJournalRequest(_message.Message):
+    __slots__ = ("lease", "after_seq", "page_size")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    lease: LeaseRef
+    after_seq: int
+    page_size: int
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., after_seq: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class ReadJournalResponse(_message.Message):
+    __slots__ = ("entries", "more")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[_common_pb2.JournalEntry]
+    more: bool
+    def __init__(self, entries: _Optional[_Iterable[_Union[_common_pb2.JournalEntry, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class GetToolResultsRequest(_message.Message):
+    __slots__ = ("lease", "step_keys")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEYS_FIELD_NUMBER: _ClassVar[int]
+    lease: LeaseRef
+    step_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., step_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetToolResultsResponse(_message.Message):
+    __slots__ = ("executions",)
+    EXECUTIONS_FIELD_NUMBER: _ClassVar[int]
+    executions: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolExecution]
+    def __init__(self, executions: _Optional[_Iterable[_Union[_common_pb2.ToolExecution, _Mapping]]] = ...) -> None: ...

@@ -83,6 +83,16 @@ class WorkServiceStub:
                 request_serializer=agentrt_dot_v1_dot_work__service__pb2.WriteBatchRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_work__service__pb2.WriteBatchResponse.FromString,
                 _registered_method=True)
+        self.ReadJournal = channel.unary_unary(
+                '/agentrt.v1.WorkService/ReadJournal',
+                request_serializer=agentrt_dot_v1_dot_work__service__pb2.ReadJournalRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_work__service__pb2.ReadJournalResponse.FromString,
+                _registered_method=True)
+        self.GetToolResults = channel.unary_unary(
+                '/agentrt.v1.WorkService/GetToolResults',
+                request_serializer=agentrt_dot_v1_dot_work__service__pb2.GetToolResultsRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_work__service__pb2.GetToolResultsResponse.FromString,
+                _registered_method=True)
 
 
 class WorkServiceServicer:
@@ -154,6 +164,21 @@ class WorkServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadJournal(self, request, context):
+        """A run's journal (append-only history entries), a page at a time, for its
+        live lease holder: an executor reads it once when it claims a run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetToolResults(self, request, context):
+        """The ledger rows of the named steps of the holder's run (tool answers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +226,16 @@ def add_WorkServiceServicer_to_server(servicer, server):
                     servicer.WriteBatch,
                     request_deserializer=agentrt_dot_v1_dot_work__service__pb2.WriteBatchRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_work__service__pb2.WriteBatchResponse.SerializeToString,
+            ),
+            'ReadJournal': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadJournal,
+                    request_deserializer=agentrt_dot_v1_dot_work__service__pb2.ReadJournalRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_work__service__pb2.ReadJournalResponse.SerializeToString,
+            ),
+            'GetToolResults': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetToolResults,
+                    request_deserializer=agentrt_dot_v1_dot_work__service__pb2.GetToolResultsRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_work__service__pb2.GetToolResultsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -450,6 +485,60 @@ class WorkService:
             '/agentrt.v1.WorkService/WriteBatch',
             agentrt_dot_v1_dot_work__service__pb2.WriteBatchRequest.SerializeToString,
             agentrt_dot_v1_dot_work__service__pb2.WriteBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadJournal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.WorkService/ReadJournal',
+            agentrt_dot_v1_dot_work__service__pb2.ReadJournalRequest.SerializeToString,
+            agentrt_dot_v1_dot_work__service__pb2.ReadJournalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetToolResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.WorkService/GetToolResults',
+            agentrt_dot_v1_dot_work__service__pb2.GetToolResultsRequest.SerializeToString,
+            agentrt_dot_v1_dot_work__service__pb2.GetToolResultsResponse.FromString,
             options,
             channel_credentials,
             insecure,
