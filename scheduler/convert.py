@@ -115,3 +115,17 @@ def event_to_proto(row: Any) -> pb.OutboxEvent:
     set_time(event, "created_at", row["created_at"])
     set_time(event, "published_at", row["published_at"])
     return event
+
+
+def journal_to_proto(row: Any) -> pb.JournalEntry:
+    entry = pb.JournalEntry(
+        seq=row["seq"],
+        kind=row["kind"],
+        step_key=row["step_key"],
+        node=row["node"],
+        tool=row["tool"],
+        detail_json=json_text(row["detail"]),
+        run_version=row["run_version"],
+    )
+    set_time(entry, "created_at", row["created_at"])
+    return entry

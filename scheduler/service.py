@@ -27,7 +27,9 @@ from scheduler import validate as v
 from scheduler.notifier import WorkNotifier
 from scheduler.store import (
     HISTORY_PARTS,
+    NO_JOURNAL,
     HistoryCursor,
+    Journal,
     LeaseRef,
     ResolveOutcome,
     RunEnd,
@@ -44,7 +46,7 @@ from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
 from shared.tracing import annotate, continued, current_trace, extract_context
-from shared.writes import MAX_BATCH_ITEMS, WRITE_OPS
+from shared.writes import MAX_BATCH_ITEMS, MAX_JOURNAL_ENTRIES, WRITE_OPS
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -58,12 +60,15 @@ _RESOLVE = {rs.RESOLUTION_OUTCOME_SUCCEEDED: "SUCCEEDED", rs.RESOLUTION_OUTCOME_
 _TOOL_OUTCOME = {ws.TOOL_OUTCOME_SUCCEEDED: "SUCCEEDED", ws.TOOL_OUTCOME_FAILED: "FAILED",
                  ws.TOOL_OUTCOME_NOT_EXECUTED: "NOT_EXECUTED"}
 _HISTORY_PART = {rs.HISTORY_PART_CHECKPOINTS: "checkpoints", rs.HISTORY_PART_TOOL_EXECUTIONS: "tool_executions",
-                 rs.HISTORY_PART_EVENTS: "events"}
+                 rs.HISTORY_PART_EVENTS: "events", rs.HISTORY_PART_JOURNAL: "journal"}
 _DEFINITE_OUTCOME = {ws.TOOL_OUTCOME_SUCCEEDED: "SUCCEEDED", ws.TOOL_OUTCOME_FAILED: "FAILED"}
 _FINISH = {ws.FINISH_OUTCOME_COMPLETED: "COMPLETED", ws.FINISH_OUTCOME_FAILED: "FAILED",
            ws.FINISH_OUTCOME_PAUSED_HUMAN: "PAUSED_HUMAN", ws.FINISH_OUTCOME_RETRY: "RETRY",
            ws.FINISH_OUTCOME_SLEEP: "SLEEP"}
 MAX_PAGE_SIZE = 500
+MAX_JOURNAL_PAGE_SIZE = 5000  # ReadJournal
+DEFAULT_JOURNAL_PAGE_SIZE = 1000
+MAX_TOOL_RESULT_STEPS = 500  # GetToolResults
 MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
 
 
@@ -208,7 +213,9 @@ class RunServicer(rs_grpc.RunServiceServicer):
         annotate(run_id=str(run_id))
         step_key = v.require_step_key("step_key", request.step_key)
         outcome = v.require_enum("outcome", request.outcome, _RESOLVE)
-        result = v.parse_json("result_json", request.result_json, self.limit, required=outcome == "SUCCEEDED",
+        tool_response = self.settings.limits.tool_response
+        v.require_size("result_json", request.result_json, tool_response, "max_tool_response_bytes")
+        result = v.parse_json("result_json", request.result_json, tool_response, required=outcome == "SUCCEEDED",
                               object_only=False)
         evidence = v.parse_json("evidence_json", request.evidence_json, self.limit, required=True)
         resolved_by = v.require_text("resolved_by", request.resolved_by)
@@ -240,6 +247,7 @@ class RunServicer(rs_grpc.RunServiceServicer):
             checkpoints=[convert.checkpoint_to_proto(c) for c in history.checkpoints],
             tool_executions=[convert.execution_to_proto(e) for e in history.executions],
             events=[convert.event_to_proto(e) for e in history.events],
+            journal=[convert.journal_to_proto(j) for j in history.journal],
             next_page_token="" if following.exhausted else _encode_history_token(following, run_id, parts),
         )
 
@@ -278,6 +286,7 @@ def _decode_page_token(token: str, filter_key: str) -> tuple[dt.datetime, uuid.U
 def _encode_history_token(cursor: HistoryCursor, run_id: uuid.UUID, parts: frozenset[str]) -> str:
     ledger = cursor.tool_executions
     raw = json.dumps({"r": str(run_id), "p": sorted(parts), "c": cursor.checkpoints, "e": cursor.events,
+                      "j": cursor.journal,
                       "l": [ledger[0].isoformat(), str(ledger[1])] if isinstance(ledger, tuple) else ledger})
     return base64.urlsafe_b64encode(raw.encode()).decode()
 
@@ -290,8 +299,10 @@ def _decode_history_token(token: str, run_id: uuid.UUID, parts: frozenset[str]) 
             ledger = (dt.datetime.fromisoformat(ledger[0]), uuid.UUID(ledger[1]))
         elif ledger not in (None, "start"):
             raise ValueError("ledger cursor")
-        cursor = HistoryCursor(checkpoints=data["c"], tool_executions=ledger, events=data["e"])
-        if not all(c is None or (isinstance(c, int) and c >= 0) for c in (cursor.checkpoints, cursor.events)):
+        cursor = HistoryCursor(checkpoints=data["c"], tool_executions=ledger, events=data["e"],
+                               journal=data.get("j"))
+        if not all(c is None or (isinstance(c, int) and not isinstance(c, bool) and c >= 0)
+                   for c in (cursor.checkpoints, cursor.events, cursor.journal)):
             raise ValueError("cursor")
         same = data["r"] == str(run_id) and data["p"] == sorted(parts)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError):
@@ -315,6 +326,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         self.settings = settings
         self.notifier = notifier
         self.limit = settings.max_payload_bytes
+        self.limits = settings.limits
         self._tracer = tracer or trace.get_tracer("agentrt.grpc.server")
         self._observe = observe
         self._recording = recording  # False: no spans of our own, only the caller's context carried on
@@ -400,8 +412,14 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         run = claimed.run
         annotate(run_id=str(run["id"]), tenant_id=run["tenant_id"], fencing_token=run["fencing_token"],
                  run_version=run["version"], agent=run["agent_name"])
+        limits = self.limits
         lease = ws.Lease(run=convert.run_to_proto(run), lease_duration_ms=claimed.lease_duration_ms,
-                         heartbeat_interval_ms=self.settings.heartbeat_interval_ms)
+                         heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
+                         limits=ws.PayloadLimits(
+                             max_tool_request_bytes=limits.tool_request, max_tool_response_bytes=limits.tool_response,
+                             max_checkpoint_bytes=limits.checkpoint, max_journal_entry_bytes=limits.journal_entry,
+                             max_payload_bytes=limits.payload),
+                         journal_length=run["journal_length"])
         convert.set_time(lease, "lease_expires_at", run["lease_expires_at"])
         if claimed.checkpoint is not None:
             lease.checkpoint.CopyFrom(convert.checkpoint_to_proto(claimed.checkpoint, run_id=run["id"]))
@@ -425,15 +443,16 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                              context: grpc.aio.ServicerContext) -> ws.SaveCheckpointResponse:
         lease = _lease(request)
         expected = _expected_version(request.expected_version)
-        state, state_text = v.parse_json_canonical("state_json", request.state_json, self.limit, required=True)
+        state, state_text = self._state(request.state_json)
         schema_version = v.require_positive("schema_version", request.schema_version)
         step_key = v.require_step_key("step_key", request.step_key) if request.step_key else None
         event_id = _event_id(request.event_id)
         event_type = v.require_name("event_type", request.event_type) if request.event_type else "agent.checkpoint"
         payload = v.parse_json("event_payload_json", request.event_payload_json, self.limit, default={})
+        journal = self._journal(request.journal)
         version, replayed = await self.store.save_checkpoint(
             lease, expected, state, schema_version, step_key, event_id, event_type, payload, current_trace(),
-            state_text=state_text)
+            state_text=state_text, journal=journal)
         annotate(run_version=version, replayed=replayed)
         return ws.SaveCheckpointResponse(version=version, replayed=replayed)
 
@@ -445,7 +464,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         step_key = v.require_step_key("step_key", request.step_key)
         tool = v.require_name("tool_name", request.tool_name)
         key = v.require_text("idempotency_key", request.idempotency_key, max_len=400)
-        payload = v.parse_json("request_json", request.request_json, self.limit, required=True)
+        payload = self._tool_request("request_json", request.request_json)
         execution_id = v.require_uuid("execution_id", request.execution_id)
         event_id = _event_id(request.event_id)
         annotate(step_key=step_key, tool=tool)
@@ -470,21 +489,44 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                 raise InvalidArgument("end", "is not allowed with NOT_EXECUTED (the run goes back to QUEUED)")
             if evidence is None:
                 raise InvalidArgument("evidence_json", "is required for NOT_EXECUTED")
+            if request.journal:
+                raise InvalidArgument("journal", "is not allowed with NOT_EXECUTED (it writes no checkpoint)")
             version, status, replayed = await self.store.tool_not_executed(
                 lease, expected, step_key, error_code, evidence, event_id, current_trace())
             return ws.CompleteToolCallResponse(version=version, status=convert.RUN_STATUS[status],
                                                replayed=replayed)
-        response = v.parse_json("response_json", request.response_json, self.limit, object_only=False)
-        state, state_text = v.parse_json_canonical("state_json", request.state_json, self.limit, required=True)
+        response = self._tool_response(request.response_json)
+        state, state_text = self._state(request.state_json)
         schema_version = v.require_positive("schema_version", request.schema_version)
         next_step = v.require_step_key("next_step_key", request.next_step_key) if request.next_step_key else None
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
         end = self._run_end(request.end, event_id) if request.HasField("end") else None
+        journal = self._journal(request.journal)
         version, status, replayed = await self.store.complete_tool_call(
             lease, expected, step_key, outcome == "SUCCEEDED", response, remote_id, error_code, state,
-            schema_version, next_step, evidence, event_id, current_trace(), state_text=state_text, end=end)
+            schema_version, next_step, evidence, event_id, current_trace(), state_text=state_text, end=end,
+            journal=journal)
         annotate(run_version=version, replayed=replayed)
         return ws.CompleteToolCallResponse(version=version, status=convert.RUN_STATUS[status], replayed=replayed)
+
+    def _state(self, text: str) -> tuple[Any, Any]:
+        """A checkpoint's state_json (max_checkpoint_bytes): the value and its canonical text."""
+        v.require_size("state_json", text, self.limits.checkpoint, "max_checkpoint_bytes")
+        return v.parse_json_canonical("state_json", text, self.limits.checkpoint, required=True)
+
+    def _tool_request(self, field: str, text: str) -> Any:
+        v.require_size(field, text, self.limits.tool_request, "max_tool_request_bytes")
+        return v.parse_json(field, text, self.limits.tool_request, required=True)
+
+    def _tool_response(self, text: str) -> Any:
+        v.require_size("response_json", text, self.limits.tool_response, "max_tool_response_bytes")
+        return v.parse_json("response_json", text, self.limits.tool_response, object_only=False)
+
+    def _journal(self, entries: Any) -> Journal:
+        """The journal entries a checkpoint-writing call appends (none on the schema-1 path: no work)."""
+        if not entries:
+            return NO_JOURNAL
+        return Journal.of(v.require_journal(entries, self.limits.journal_entry, MAX_JOURNAL_ENTRIES))
 
     def _run_end(self, end: ws.RunEnd, event_id: uuid.UUID) -> RunEnd:
         outcome = v.require_enum("end.outcome", end.outcome, _FINISH)
@@ -511,8 +553,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         event_id = _event_id(request.event_id)
         error_code = v.optional_text("error_code", request.error_code, max_len=200)
         evidence = v.parse_json("evidence_json", request.evidence_json, self.limit, default=None)
-        response = v.parse_json("response_json", request.response_json, self.limit, object_only=False)
-        state, state_text = v.parse_json_canonical("state_json", request.state_json, self.limit, required=True)
+        response = self._tool_response(request.response_json)
+        state, state_text = self._state(request.state_json)
         schema_version = v.require_positive("schema_version", request.schema_version)
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
         nxt = request.next
@@ -523,16 +565,17 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             step_key=next_step,
             tool_name=v.require_name("next.tool_name", nxt.tool_name),
             idempotency_key=v.require_text("next.idempotency_key", nxt.idempotency_key, max_len=400),
-            request=v.parse_json("next.request_json", nxt.request_json, self.limit, required=True),
+            request=self._tool_request("next.request_json", nxt.request_json),
             execution_id=v.require_uuid("next.execution_id", nxt.execution_id),
             event_id=v.require_uuid("next.event_id", nxt.event_id),
         )
         if intent.event_id == event_id:
             raise InvalidArgument("next.event_id", "must differ from event_id (each half has its own event)")
+        journal = self._journal(request.journal)
         annotate(step_key=step_key, tool=intent.tool_name)
         version, row, replayed = await self.store.complete_and_begin_tool_call(
             lease, expected, step_key, outcome == "SUCCEEDED", response, remote_id, error_code, state,
-            schema_version, evidence, event_id, intent, current_trace(), state_text=state_text)
+            schema_version, evidence, event_id, intent, current_trace(), state_text=state_text, journal=journal)
         annotate(run_version=version, replayed=replayed)
         return ws.CompleteAndBeginToolCallResponse(version=version, status=pb.RUN_STATUS_WAITING_TOOL,
                                                    execution=convert.execution_to_proto(row), replayed=replayed)
@@ -570,6 +613,30 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if next_at is not None:
             convert.set_time(response, "next_attempt_at", next_at)
         return response
+
+    @rpc
+    async def ReadJournal(self, request: ws.ReadJournalRequest,
+                          context: grpc.aio.ServicerContext) -> ws.ReadJournalResponse:
+        lease = _lease(request)
+        if request.after_seq < 0:
+            raise InvalidArgument("after_seq", "must not be negative")
+        if not 0 <= request.page_size <= MAX_JOURNAL_PAGE_SIZE:
+            raise InvalidArgument("page_size", f"must be between 0 ({DEFAULT_JOURNAL_PAGE_SIZE}) and "
+                                               f"{MAX_JOURNAL_PAGE_SIZE}")
+        rows, more = await self.store.read_journal(lease, request.after_seq,
+                                                   request.page_size or DEFAULT_JOURNAL_PAGE_SIZE,
+                                                   page_bytes=4 * self.limit)
+        return ws.ReadJournalResponse(entries=[convert.journal_to_proto(row) for row in rows], more=more)
+
+    @rpc
+    async def GetToolResults(self, request: ws.GetToolResultsRequest,
+                             context: grpc.aio.ServicerContext) -> ws.GetToolResultsResponse:
+        lease = _lease(request)
+        if not 1 <= len(request.step_keys) <= MAX_TOOL_RESULT_STEPS:
+            raise InvalidArgument("step_keys", f"name 1 to {MAX_TOOL_RESULT_STEPS} step keys")
+        step_keys = sorted({v.require_step_key("step_keys", key) for key in request.step_keys})
+        rows = await self.store.tool_results(lease, step_keys, answer_bytes=4 * self.limit)
+        return ws.GetToolResultsResponse(executions=[convert.execution_to_proto(row) for row in rows])
 
 
 def new_event_id() -> str:

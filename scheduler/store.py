@@ -20,7 +20,7 @@ import functools
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, ParamSpec, TypeVar
 
@@ -115,10 +115,49 @@ class RunEnd:
     event_id: uuid.UUID
 
 
+@dataclass(frozen=True)
+class Journal:
+    """The journal entries one write appends, as the parallel arrays its statement unnests.
+
+    `details` are canonical JSON object texts (stored as jsonb). Empty: the
+    write appends nothing (every schema-1 write).
+    """
+
+    seqs: tuple[int, ...] = ()
+    kinds: tuple[str, ...] = ()
+    step_keys: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    details: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, entries: Iterable[tuple[int, str, str, str, str, str]]) -> Journal:
+        columns = tuple(zip(*entries, strict=True))
+        return cls(*columns) if columns else NO_JOURNAL  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def args(self) -> list[list[Any]]:
+        return [list(self.seqs), list(self.kinds), list(self.step_keys), list(self.nodes), list(self.tools),
+                list(self.details)]
+
+    def binding_fields(self) -> dict[str, Any]:
+        """What the write binding adds for these entries: nothing when there are none (hashes of
+        writes without entries stay what they were before the journal existed)."""
+        if not self.seqs:
+            return {}
+        return {"journal": sha256_of([list(entry) for entry in zip(*self.args, strict=True)]).hex()}
+
+
+NO_JOURNAL = Journal()
+
+
 def tx2_binding(lease: LeaseRef, expected_version: int, step_key: str, outcome: str, next_step_key: str | None,
                 state_hash: bytes, schema_version: int, response: Any, remote_resource_id: str | None,
                 error_code: str | None, evidence: dict[str, Any] | None, event_id: uuid.UUID,
-                end: RunEnd | None) -> WriteBinding:
+                end: RunEnd | None, journal: Journal = NO_JOURNAL) -> WriteBinding:
     """The binding of a definite Tx2 (CompleteToolCall), with or without the run's end."""
     return bind_write(
         "CompleteToolCall", lease, expected_version=expected_version, step_key=step_key, outcome=outcome,
@@ -126,7 +165,7 @@ def tx2_binding(lease: LeaseRef, expected_version: int, step_key: str, outcome: 
         response=sha256_of(response).hex(), remote_resource_id=remote_resource_id, error_code=error_code,
         evidence=evidence, event_id=event_id,
         end=None if end is None else [end.outcome, end.reason, sha256_of(end.result).hex(), end.error_class,
-                                      str(end.event_id)])
+                                      str(end.event_id)], **journal.binding_fields())
 
 
 @dataclass(frozen=True)
@@ -170,9 +209,10 @@ class History:
     checkpoints: list[Record] = field(default_factory=list)
     executions: list[Record] = field(default_factory=list)
     events: list[Record] = field(default_factory=list)
+    journal: list[Record] = field(default_factory=list)
 
 
-HISTORY_PARTS = ("checkpoints", "tool_executions", "events")
+HISTORY_PARTS = ("checkpoints", "tool_executions", "events", "journal")
 
 
 @dataclass(frozen=True)
@@ -182,10 +222,12 @@ class HistoryCursor:
     checkpoints: int | None = 0  # the last version returned
     tool_executions: tuple[dt.datetime, uuid.UUID] | Literal["start"] | None = "start"
     events: int | None = 0  # the last outbox id returned
+    journal: int | None = 0  # the last seq returned
 
     @property
     def exhausted(self) -> bool:
-        return self.checkpoints is None and self.tool_executions is None and self.events is None
+        return (self.checkpoints is None and self.tool_executions is None and self.events is None
+                and self.journal is None)
 
 
 ResolveOutcome = Literal["SUCCEEDED", "NOT_EXECUTED", "UNKNOWN"]
@@ -372,6 +414,12 @@ class Store:
         the result recorded under tool_results[step_key] and pending_tool cleared),
         like Tx2, and re-queues the run. NOT_EXECUTED closes the row (kept, with
         evidence) and re-queues. UNKNOWN records the evidence and keeps the pause.
+
+        A run on checkpoint schema 2 or later keeps tool answers in the ledger
+        only: SUCCEEDED's checkpoint is the latest state without pending_tool and
+        with journal_len counting a "result" journal entry appended with it;
+        NOT_EXECUTED appends that entry without a checkpoint (the next holder
+        learns of it through the lease's journal_length).
         """
         event_id = event_id or uuid7()
         op = {"SUCCEEDED": Op.RESOLVE_SUCCEEDED, "NOT_EXECUTED": Op.RESOLVE_NOT_EXECUTED,
@@ -406,20 +454,30 @@ class Store:
                 result if outcome == "SUCCEEDED" else None, remote_resource_id, evidence, resolved_by,
             )
             version = run["version"]
+            latest = await conn.fetchrow(Q["latest_checkpoint"], run_id) if outcome != "UNKNOWN" else None
+            schema_version = latest["schema_version"] if latest else run["checkpoint_schema_version"]
+            journaled = outcome != "UNKNOWN" and schema_version >= 2
             if outcome == "SUCCEEDED":
-                latest = await conn.fetchrow(Q["latest_checkpoint"], run_id)
                 state = dict(latest["state_json"]) if latest else {}
-                schema_version = latest["schema_version"] if latest else run["checkpoint_schema_version"]
                 state.pop("pending_tool", None)
-                results = dict(state.get("tool_results") or {})
-                results[step_key] = {"status": "SUCCEEDED", "response": result,
-                                     "remote_resource_id": remote_resource_id, "resolved_by": resolved_by}
-                state["tool_results"] = results
+                if journaled:
+                    state["journal_len"] = run["journal_length"] + 1
+                else:
+                    results = dict(state.get("tool_results") or {})
+                    results[step_key] = {"status": "SUCCEEDED", "response": result,
+                                         "remote_resource_id": remote_resource_id, "resolved_by": resolved_by}
+                    state["tool_results"] = results
                 version += 1
                 await conn.execute(Q["insert_checkpoint"], run_id, version, state, sha256_of(state),
                                    schema_version, run["fencing_token"], event_id)
+            if journaled:
+                detail: dict[str, Any] = {"status": outcome, "resolved_by": resolved_by}
+                if outcome == "SUCCEEDED":
+                    detail["remote_resource_id"] = remote_resource_id
+                await conn.execute(Q["append_journal_entry"], run_id, run["journal_length"] + 1, "result", step_key,
+                                   "", execution["tool_name"], detail, run["fencing_token"], version)
             if outcome != "UNKNOWN":
-                run = await conn.fetchrow(Q["requeue_resolved"], run_id, version)
+                run = await conn.fetchrow(Q["requeue_resolved"], run_id, version, 1 if journaled else 0)
                 await conn.execute(Q["notify_work"], run["agent_name"])
             await self._event(conn, run, "agent.tool_resolved",
                               {"step_key": step_key, "outcome": outcome, "resolved_by": resolved_by,
@@ -452,6 +510,9 @@ class Store:
                                                                 page_size + 1)
             if "events" in parts and cursor.events is not None:
                 page_rows["events"] = await conn.fetch(Q["history_events"], run_id, cursor.events, page_size + 1)
+            if "journal" in parts and cursor.journal is not None:
+                page_rows["journal"] = await conn.fetch(Q["history_journal"], run_id, cursor.journal,
+                                                        page_size + 1)
         taken: dict[str, list[Record]] = {part: [] for part in HISTORY_PARTS}
         used = 0
         more: dict[str, bool] = {}
@@ -466,6 +527,7 @@ class Store:
             more[part] = len(taken[part]) < len(rows)
         last = {part: taken[part][-1] if taken[part] else None for part in HISTORY_PARTS}
         checkpoints, executions, events = last["checkpoints"], last["tool_executions"], last["events"]
+        entry = last["journal"]
         next_cursor = HistoryCursor(
             checkpoints=None if "checkpoints" not in page_rows or not more["checkpoints"] else (
                 checkpoints["version"] if checkpoints else cursor.checkpoints),
@@ -473,9 +535,11 @@ class Store:
                 (executions["outbound_intent_at"], executions["id"]) if executions else cursor.tool_executions),
             events=None if "events" not in page_rows or not more["events"] else (
                 events["id"] if events else cursor.events),
+            journal=None if "journal" not in page_rows or not more["journal"] else (
+                entry["seq"] if entry else cursor.journal),
         )
         return History(run=run, checkpoints=taken["checkpoints"], executions=taken["tool_executions"],
-                       events=taken["events"]), next_cursor
+                       events=taken["events"], journal=taken["journal"]), next_cursor
 
     @db_call
     async def global_stats(self) -> Record:
@@ -534,26 +598,29 @@ class Store:
     async def save_checkpoint(
         self, lease: LeaseRef, expected_version: int, state: dict[str, Any], schema_version: int,
         step_key: str | None, event_id: uuid.UUID, event_type: str, event_payload: dict[str, Any],
-        trace: Trace = NO_TRACE, state_text: CanonicalJson | None = None,
+        trace: Trace = NO_TRACE, state_text: CanonicalJson | None = None, journal: Journal = NO_JOURNAL,
     ) -> tuple[int, bool]:
-        """`state_text`, when given, is canonical_json(state): stored and hashed without encoding again."""
+        """`state_text`, when given, is canonical_json(state): stored and hashed without encoding again.
+
+        `journal`: the entries this checkpoint records, appended in the same statement.
+        """
         stored = state if state_text is None else state_text
         state_hash = sha256_of(stored)
         binding = bind_write("SaveCheckpoint", lease, expected_version=expected_version, state=state_hash,
                              schema_version=schema_version, step_key=step_key, event_id=event_id,
-                             event_type=event_type, event_payload=event_payload)
+                             event_type=event_type, event_payload=event_payload, **journal.binding_fields())
         async with self.pool.acquire() as conn:
             written = await _fenced_write(
                 conn, "save_checkpoint", lease.run_id, lease.worker_id, lease.fencing_token,
                 expected_version, sources(Op.SAVE_CHECKPOINT), schema_version, stored, step_key,
                 state_hash, event_id, event_type, event_payload, trace.traceparent,
-                trace.tracestate, binding.op, binding.digest)
+                trace.tracestate, binding.op, binding.digest, *journal.args)
             if written is not None:
                 return written["version"], False
             replay = await self._replay(conn, lease, binding, event_id, "checkpoint")
             if replay is not None:
                 return replay["version"], True
-            raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, expected_version)
+            raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, expected_version, journal)
 
     @db_call
     async def begin_tool_call(
@@ -604,6 +671,7 @@ class Store:
         remote_resource_id: str | None, error_code: str | None, state: dict[str, Any], schema_version: int,
         next_step_key: str | None, evidence: dict[str, Any] | None, event_id: uuid.UUID,
         trace: Trace = NO_TRACE, state_text: CanonicalJson | None = None, end: RunEnd | None = None,
+        journal: Journal = NO_JOURNAL,
     ) -> tuple[int, str, bool]:
         """Tx2 with a definite outcome; with `end`, the run ends in the same statement.
 
@@ -615,13 +683,14 @@ class Store:
             Op.COMPLETE_TOOL_CALL_AND_COMPLETE if end.outcome == "COMPLETED" else Op.COMPLETE_TOOL_CALL_AND_FAIL)
         state_hash = sha256_of(stored)
         binding = tx2_binding(lease, expected_version, step_key, outcome, next_step_key, state_hash, schema_version,
-                              response, remote_resource_id, error_code, evidence, event_id, end)
+                              response, remote_resource_id, error_code, evidence, event_id, end, journal)
         args = [lease.run_id, lease.worker_id, lease.fencing_token, expected_version, step_key, sources(op),
                 outcome, next_step_key, stored, schema_version, response, remote_resource_id, error_code,
                 evidence, state_hash, event_id, trace.traceparent, trace.tracestate]
         async with self.pool.acquire() as conn:
             if end is None:
-                written = await _fenced_write(conn, "complete_tool_call", *args, binding.op, binding.digest)
+                written = await _fenced_write(conn, "complete_tool_call", *args, binding.op, binding.digest,
+                                              *journal.args)
                 if written is not None:
                     return written["version"], "RUNNING", False
                 replay = await self._replay(conn, lease, binding, event_id, "checkpoint")
@@ -630,7 +699,7 @@ class Store:
             else:
                 written = await _fenced_write(conn, "complete_tool_call_and_end", *args, end.outcome, end.result,
                                               end.reason, end.error_class, end.event_id, binding.op,
-                                              binding.digest)
+                                              binding.digest, *journal.args)
                 if written is not None:
                     return written["version"], written["status"], False
                 found = await self._replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),
@@ -638,14 +707,15 @@ class Store:
                 if found is not None:
                     return found[0]["version"], end.outcome, True
             raise await self._tool_refusal(conn, op, lease, expected_version, step_key,
-                                           close_as=(outcome, response, remote_resource_id, error_code))
+                                           close_as=(outcome, response, remote_resource_id, error_code),
+                                           journal=journal)
 
     @db_call
     async def complete_and_begin_tool_call(
         self, lease: LeaseRef, expected_version: int, step_key: str, succeeded: bool, response: Any,
         remote_resource_id: str | None, error_code: str | None, state: dict[str, Any], schema_version: int,
         evidence: dict[str, Any] | None, event_id: uuid.UUID, intent: ToolIntent, trace: Trace = NO_TRACE,
-        state_text: CanonicalJson | None = None,
+        state_text: CanonicalJson | None = None, journal: Journal = NO_JOURNAL,
     ) -> tuple[int, Record, bool]:
         """Tx2 of `step_key` and Tx1 of `intent` in one statement. Returns (new version, new ledger row, replayed).
 
@@ -665,7 +735,7 @@ class Store:
             outcome=outcome, state=state_hash, schema_version=schema_version, response=sha256_of(response).hex(),
             remote_resource_id=remote_resource_id, error_code=error_code, evidence=evidence, event_id=event_id,
             next=[intent.step_key, intent.tool_name, intent.idempotency_key, digest.hex(),
-                  str(intent.execution_id), str(intent.event_id)])
+                  str(intent.execution_id), str(intent.event_id)], **journal.binding_fields())
         async with self.pool.acquire() as conn:
             row = await _fenced_write(
                 conn, "complete_and_begin_tool_call", lease.run_id, lease.worker_id, lease.fencing_token,
@@ -673,7 +743,8 @@ class Store:
                 outcome, stored, schema_version, response, remote_resource_id,
                 error_code, evidence, state_hash, intent.step_key, intent.tool_name,
                 intent.idempotency_key, digest, intent.execution_id, intent.request, event_id,
-                intent.event_id, trace.traceparent, trace.tracestate, binding.op, binding.digest)
+                intent.event_id, trace.traceparent, trace.tracestate, binding.op, binding.digest,
+                *journal.args)
             if row is not None:
                 return row["cp_version"], row, False
             replay = await self._replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),
@@ -684,6 +755,7 @@ class Store:
             refusal = await self._tool_refusal(
                 conn, Op.COMPLETE_AND_BEGIN_TOOL_CALL, lease, expected_version, step_key,
                 close_as=("SUCCEEDED" if succeeded else "FAILED", response, remote_resource_id, error_code),
+                journal=journal,
             )
             # The last resort is a VersionConflict at the expected version: with the run and the
             # completed step in order, the Tx1 half is what did not match. Say which part.
@@ -787,6 +859,58 @@ class Store:
                 return payload["status"], dt.datetime.fromisoformat(next_at) if next_at else None, True
             raise await self._refusal(conn, op, lease, expected_version)
 
+    @db_call
+    async def read_journal(self, lease: LeaseRef, after_seq: int, page_size: int,
+                           page_bytes: int) -> tuple[list[Record], bool]:
+        """The holder's journal entries after `after_seq`, in seq order: (entries, more).
+
+        Up to `page_size` entries and `page_bytes` of detail JSON (one entry at
+        least). Not the live holder → LEASE_LOST (or NOT_FOUND), nothing written.
+        """
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(Q["read_journal"], lease.run_id, lease.worker_id, lease.fencing_token,
+                                    after_seq, page_size + 1)
+            if not rows and not await self._holds_lease(conn, lease):
+                raise await self._lease_refusal(conn, lease)
+        taken: list[Record] = []
+        used = 0
+        for row in rows[:page_size]:
+            if taken and used + row["page_bytes"] > page_bytes:
+                break
+            taken.append(row)
+            used += row["page_bytes"]
+        return taken, len(taken) < len(rows)
+
+    @db_call
+    async def tool_results(self, lease: LeaseRef, step_keys: list[str], answer_bytes: int) -> list[Record]:
+        """The holder's ledger rows of `step_keys` (those that exist); LEASE_LOST for anyone else.
+
+        More than `answer_bytes` of JSON in more than one row is refused (ask for
+        fewer steps): an answer never silently leaves a row out.
+        """
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(Q["tool_results_for_steps"], lease.run_id, lease.worker_id,
+                                    lease.fencing_token, step_keys)
+            if not rows and not await self._holds_lease(conn, lease):
+                raise await self._lease_refusal(conn, lease)
+        size = sum(row["page_bytes"] for row in rows)
+        if len(rows) > 1 and size > answer_bytes:
+            raise InvalidArgument("step_keys", f"the {len(rows)} results hold {size} bytes of JSON, more than one "
+                                               f"answer carries ({answer_bytes}); ask for fewer steps at a time")
+        return rows
+
+    @db_call
+    async def prune_checkpoints(self, after: uuid.UUID, batch_runs: int, keep_last: int,
+                                max_versions_per_run: int) -> tuple[uuid.UUID | None, int, int, int]:
+        """One pruning statement over the runs after `after`: (last run id, runs looked at, deleted, behind).
+
+        `behind` counts runs with more to prune than this statement took.
+        """
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(Q["prune_checkpoints"], after, batch_runs, keep_last, max_versions_per_run)
+        assert row is not None
+        return row["last_id"], row["runs"], row["deleted"], row["behind"]
+
     # ------------------------------------------------------------------ helpers
 
     async def _lock_tenant_run(self, conn: asyncpg.Connection, tenant_id: str, run_id: uuid.UUID) -> Record:
@@ -838,6 +962,8 @@ class Store:
             event = await conn.fetchrow(Q["event_by_id"], event_id)
             if effect == "checkpoint":
                 artifact = await conn.fetchrow(Q["checkpoint_by_event"], event_id)
+                if artifact is None and event is not None and event["run_id"] == run_id:
+                    artifact = await self._pruned_checkpoint(conn, event)
             elif effect == "ledger":
                 artifact = await conn.fetchrow(Q["tool_execution_by_intent_event"], event_id)
             else:
@@ -896,6 +1022,21 @@ class Store:
         raise RunFrozen(reason, run_id=run_id, event_id=first)
 
     @staticmethod
+    async def _pruned_checkpoint(conn: asyncpg.Connection, event: Record) -> dict[str, Any] | None:
+        """The checkpoint an event announced, when pruning deleted it: its version and fence.
+
+        Pruning records its horizon on the run row in the statement that deletes,
+        so this read (after the checkpoint's) sees the horizon of any delete it
+        missed the row to. A checkpoint missing above the horizon was never
+        pruned: None, and the caller sees half a commit.
+        """
+        run = await conn.fetchrow(Q["read_run"], event["run_id"])
+        if run is None or event["run_version"] > run["checkpoints_pruned_through"]:
+            return None
+        return {"run_id": event["run_id"], "version": event["run_version"],
+                "fencing_token": event["fencing_token"], "event_id": event["event_id"], "pruned": True}
+
+    @staticmethod
     async def _holds_lease(conn: asyncpg.Connection, lease: LeaseRef) -> bool:
         run = await conn.fetchrow(Q["read_run"], lease.run_id)
         return (run is not None and run["lease_owner"] == lease.worker_id
@@ -912,7 +1053,7 @@ class Store:
             run_id=lease.run_id, fencing_token=run["fencing_token"], status=run["status"])
 
     async def _refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
-                       expected_version: int | None) -> AgentrtError:
+                       expected_version: int | None, journal: Journal = NO_JOURNAL) -> AgentrtError:
         """Why a fenced write matched no row. Applies a requested cancel (the holder's write ends it)."""
         run = await conn.fetchrow(Q["read_run"], lease.run_id)
         if (run is None or run["lease_owner"] != lease.worker_id or run["fencing_token"] != lease.fencing_token
@@ -930,17 +1071,21 @@ class Store:
                 f"run {lease.run_id} is at version {run['version']}, not {expected_version}",
                 run_id=lease.run_id, version=run["version"],
             )
+        length = run["journal_length"]
+        if journal and journal.seqs[0] != length + 1:
+            return InvalidArgument("journal[0].seq", f"must be {length + 1}, the run's journal has {length} entries")
         return VersionConflict(f"run {lease.run_id} changed concurrently; re-read and retry",
                                run_id=lease.run_id, version=run["version"])
 
     async def _tool_refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
                             expected_version: int | None, step_key: str,
-                            close_as: tuple[str, Any, str | None, str | None] | None) -> AgentrtError:
+                            close_as: tuple[str, Any, str | None, str | None] | None,
+                            journal: Journal = NO_JOURNAL) -> AgentrtError:
         run = await conn.fetchrow(Q["read_run"], lease.run_id)
         if (run is not None and run["cancel_requested_at"] is not None and run["lease_live"]
                 and run["lease_owner"] == lease.worker_id and run["fencing_token"] == lease.fencing_token):
             return await self._apply_cancel(conn, lease, step_key, close_as)
-        refusal = await self._refusal(conn, op, lease, expected_version)
+        refusal = await self._refusal(conn, op, lease, expected_version, journal)
         if not isinstance(refusal, VersionConflict) or run is None:
             return refusal
         if run["current_step_key"] != step_key:
@@ -979,5 +1124,5 @@ class Store:
         return int(value or 0)
 
 
-__all__ = ["TERMINAL", "Claimed", "History", "LeaseRef", "Store", "SubmitSpec", "ToolIntent", "Trace",
-           "connect_pool"]
+__all__ = ["NO_JOURNAL", "TERMINAL", "Claimed", "History", "Journal", "LeaseRef", "Store", "SubmitSpec",
+           "ToolIntent", "Trace", "connect_pool"]

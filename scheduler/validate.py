@@ -151,3 +151,49 @@ def require_lease(lease: Any) -> tuple[uuid.UUID, str, int]:
     if lease.fencing_token <= 0:
         raise InvalidArgument("lease.fencing_token", "must be positive (from ClaimWork)")
     return run_id, worker, lease.fencing_token
+
+
+# ---------------------------------------------------------------------- journal entries and per-field limits
+
+JOURNAL_KINDS = ("tool", "sleep", "input", "approval", "finish", "fail", "exception", "result", "answer", "retry")
+_JOURNAL_KINDS = frozenset(JOURNAL_KINDS)
+_EMPTY_OBJECT = CanonicalJson("{}")
+
+
+def require_size(field: str, text: str, limit: int, setting: str) -> None:
+    """Refuses JSON text over a per-field limit, naming the field, the setting and both sizes."""
+    # At most 4 UTF-8 bytes per character: short text needs no encoding to be measured.
+    if len(text) > limit // 4:
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise InvalidArgument(field, f"is {size} bytes, over the {limit}-byte limit ({setting})")
+
+
+def require_journal(entries: Any, limit: int, max_entries: int,
+                    setting: str = "max_journal_entry_bytes") -> list[tuple[int, str, str, str, str, CanonicalJson]]:
+    """A request's journal entries, checked: (seq, kind, step_key, node, tool, canonical detail) each.
+
+    At most `max_entries`; seqs positive and consecutive (whether they continue the
+    run's journal is the write's own check); kind one of JOURNAL_KINDS; step_key a
+    step key when given; node and tool short text; detail_json a JSON object of at
+    most `limit` bytes (empty = {}). The read-only fields (run_version, created_at)
+    are ignored.
+    """
+    if len(entries) > max_entries:
+        raise InvalidArgument("journal", f"at most {max_entries} entries per call, not {len(entries)}")
+    checked: list[tuple[int, str, str, str, str, CanonicalJson]] = []
+    for index, entry in enumerate(entries):
+        name = f"journal[{index}]"
+        if entry.seq <= 0:
+            raise InvalidArgument(f"{name}.seq", "must be positive")
+        if checked and entry.seq != checked[-1][0] + 1:
+            raise InvalidArgument(f"{name}.seq", f"must be {checked[-1][0] + 1}: the entries' seqs are consecutive")
+        if entry.kind not in _JOURNAL_KINDS:
+            raise InvalidArgument(f"{name}.kind", f"must be one of {', '.join(JOURNAL_KINDS)}")
+        step_key = require_step_key(f"{name}.step_key", entry.step_key) if entry.step_key else ""
+        node = optional_text(f"{name}.node", entry.node, max_len=200) or ""
+        tool = optional_text(f"{name}.tool", entry.tool, max_len=200) or ""
+        require_size(f"{name}.detail_json", entry.detail_json, limit, setting)
+        _, detail = parse_json_canonical(f"{name}.detail_json", entry.detail_json, limit)
+        checked.append((entry.seq, entry.kind, step_key, node, tool, detail or _EMPTY_OBJECT))
+    return checked

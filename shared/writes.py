@@ -15,3 +15,4 @@ WRITE_OPS: dict[str, str] = {
 }
 
 MAX_BATCH_ITEMS = 256  # writes per WriteBatch call, enforced by the scheduler
+MAX_JOURNAL_ENTRIES = 64  # journal entries one checkpoint-writing call may append, enforced by the scheduler

@@ -109,6 +109,8 @@ async def snapshot(db: Any, run_id: str) -> dict[str, Any]:
             "SELECT * FROM tool_executions WHERE run_id = $1::uuid ORDER BY step_key", run_id)],
         "events": [dict(r) for r in await db.fetch(
             "SELECT * FROM outbox WHERE run_id = $1::uuid ORDER BY id", run_id)],
+        "journal": [dict(r) for r in await db.fetch(
+            "SELECT * FROM run_journal WHERE run_id = $1::uuid ORDER BY seq", run_id)],
     }
 
 

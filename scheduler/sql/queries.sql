@@ -111,18 +111,28 @@ RETURNING lease_expires_at, tenant_id;
 
 -- name: save_checkpoint
 -- CAS on (run, owner, fence, version) under a live lease; the version bump,
--- the checkpoint row and its outbox event commit in this one statement.
+-- the checkpoint row, the journal entries it records ($17..$22, parallel
+-- arrays, possibly empty) and its outbox event commit in this one statement.
+-- The entries must continue the run's journal (first seq = journal_length + 1,
+-- consecutive: checked by the service), else nothing matches and nothing is written.
 WITH run AS (
   UPDATE agent_runs
   SET version = version + 1,
       checkpoint_schema_version = $6,
       current_step_key = COALESCE($8, current_step_key),
+      journal_length = journal_length + cardinality($17::bigint[]),
       updated_at = clock_timestamp()
   WHERE id = $1 AND lease_owner = $2 AND fencing_token = $3 AND version = $4
     AND status = ANY($5::text[])
     AND lease_expires_at > clock_timestamp()
     AND cancel_requested_at IS NULL
+    AND (cardinality($17::bigint[]) = 0 OR ($17::bigint[])[1] = journal_length + 1)
   RETURNING id, tenant_id, version, fencing_token
+), journal AS (
+  INSERT INTO run_journal (run_id, seq, kind, step_key, node, tool, detail, fencing_token, run_version)
+  SELECT run.id, e.seq, e.kind, e.step_key, e.node, e.tool, e.detail::jsonb, run.fencing_token, run.version
+  FROM run, unnest($17::bigint[], $18::text[], $19::text[], $20::text[], $21::text[],
+                   $22::text[]) AS e(seq, kind, step_key, node, tool, detail)
 ), checkpoint AS (
   INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version,
                                  fencing_token, event_id)
@@ -179,17 +189,26 @@ SELECT execution.*, (SELECT tenant_id FROM run) AS tenant_id FROM execution;
 -- return to RUNNING and the event commit together, or nothing does. The run
 -- must be WAITING_TOOL on this step under a live lease with this fence, and
 -- the ledger row must still be OUTBOUND_INTENT (asserted: exactly one row).
+-- The journal entries the checkpoint records ($21..$26) are appended as in
+-- save_checkpoint.
 WITH run AS (
   UPDATE agent_runs AS r
   SET status = 'RUNNING', version = r.version + 1, current_step_key = $8,
-      checkpoint_schema_version = $10, updated_at = clock_timestamp()
+      checkpoint_schema_version = $10, journal_length = r.journal_length + cardinality($21::bigint[]),
+      updated_at = clock_timestamp()
   WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3 AND r.version = $4
     AND r.status = ANY($6::text[]) AND r.current_step_key = $5
     AND r.lease_expires_at > clock_timestamp()
     AND r.cancel_requested_at IS NULL
     AND EXISTS (SELECT 1 FROM tool_executions AS te
                 WHERE te.run_id = r.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT')
+    AND (cardinality($21::bigint[]) = 0 OR ($21::bigint[])[1] = r.journal_length + 1)
   RETURNING r.id, r.tenant_id, r.version, r.fencing_token
+), journal AS (
+  INSERT INTO run_journal (run_id, seq, kind, step_key, node, tool, detail, fencing_token, run_version)
+  SELECT run.id, e.seq, e.kind, e.step_key, e.node, e.tool, e.detail::jsonb, run.fencing_token, run.version
+  FROM run, unnest($21::bigint[], $22::text[], $23::text[], $24::text[], $25::text[],
+                   $26::text[]) AS e(seq, kind, step_key, node, tool, detail)
 ), execution AS (
   UPDATE tool_executions AS te
   SET status = $7, response_json = $11, remote_resource_id = $12, error_code = $13,
@@ -220,11 +239,13 @@ FROM checkpoint;
 -- Tx2 whose checkpoint records the run's end (the next decision is to finish
 -- or fail): the definite result, the checkpoint, the end of the run
 -- ($19 = COMPLETED | FAILED, with result, reason and finished_at, the lease
--- cleared) and both events commit together. Guards as complete_tool_call.
+-- cleared) and both events commit together. Guards as complete_tool_call;
+-- the journal entries are $26..$31.
 WITH run AS (
   UPDATE agent_runs AS r
   SET status = $19, version = r.version + 1, current_step_key = $8,
       checkpoint_schema_version = $10, lease_owner = NULL, lease_expires_at = NULL,
+      journal_length = r.journal_length + cardinality($26::bigint[]),
       result = CASE WHEN $19 = 'COMPLETED' THEN $20::jsonb ELSE r.result END,
       terminal_reason = $21, finished_at = clock_timestamp(), last_event_id = $23,
       updated_at = clock_timestamp()
@@ -234,7 +255,13 @@ WITH run AS (
     AND r.cancel_requested_at IS NULL
     AND EXISTS (SELECT 1 FROM tool_executions AS te
                 WHERE te.run_id = r.id AND te.step_key = $5 AND te.status = 'OUTBOUND_INTENT')
+    AND (cardinality($26::bigint[]) = 0 OR ($26::bigint[])[1] = r.journal_length + 1)
   RETURNING r.id, r.tenant_id, r.version, r.fencing_token, r.status, r.attempt_count
+), journal AS (
+  INSERT INTO run_journal (run_id, seq, kind, step_key, node, tool, detail, fencing_token, run_version)
+  SELECT run.id, e.seq, e.kind, e.step_key, e.node, e.tool, e.detail::jsonb, run.fencing_token, run.version
+  FROM run, unnest($26::bigint[], $27::text[], $28::text[], $29::text[], $30::text[],
+                   $31::text[]) AS e(seq, kind, step_key, node, tool, detail)
 ), execution AS (
   UPDATE tool_executions AS te
   SET status = $7, response_json = $11, remote_resource_id = $12, error_code = $13,
@@ -283,10 +310,13 @@ FROM checkpoint;
 --     before any network I/O);
 --   * no ledger row exists yet for step $15 (a row is never a licence to
 --     resend); its OUTBOUND_INTENT row and agent.tool_requested event commit
---     with the rest (invariant 3), and the run stays WAITING_TOOL on $15.
+--     with the rest (invariant 3), and the run stays WAITING_TOOL on $15;
+--   * the journal entries the checkpoint records ($27..$32) continue the
+--     run's journal and are appended with it, as in save_checkpoint.
 WITH run AS (
   UPDATE agent_runs AS r
   SET version = r.version + 1, current_step_key = $15, checkpoint_schema_version = $9,
+      journal_length = r.journal_length + cardinality($27::bigint[]),
       updated_at = clock_timestamp()
   WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3 AND r.version = $4
     AND r.status = ANY($6::text[]) AND r.current_step_key = $5
@@ -298,7 +328,13 @@ WITH run AS (
     AND $8::jsonb -> 'pending_tool' ->> 'step_key' = $15
     AND $8::jsonb -> 'pending_tool' ->> 'tool_name' = $16
     AND $8::jsonb -> 'pending_tool' ->> 'request_hash' = encode($18, 'hex')
+    AND (cardinality($27::bigint[]) = 0 OR ($27::bigint[])[1] = r.journal_length + 1)
   RETURNING r.id, r.tenant_id, r.version, r.fencing_token
+), journal AS (
+  INSERT INTO run_journal (run_id, seq, kind, step_key, node, tool, detail, fencing_token, run_version)
+  SELECT run.id, e.seq, e.kind, e.step_key, e.node, e.tool, e.detail::jsonb, run.fencing_token, run.version
+  FROM run, unnest($27::bigint[], $28::text[], $29::text[], $30::text[], $31::text[],
+                   $32::text[]) AS e(seq, kind, step_key, node, tool, detail)
 ), execution AS (
   UPDATE tool_executions AS te
   SET status = $7, response_json = $10, remote_resource_id = $11, error_code = $12,
@@ -529,12 +565,21 @@ RETURNING *;
 
 -- name: requeue_resolved
 -- A resolved in-doubt run goes back to QUEUED; with a new checkpoint when the
--- resolution carried a result ($2 = new version, else the version is kept).
+-- resolution carried a result ($2 = new version, else the version is kept),
+-- and $3 journal entries appended in the same (locked) transaction.
 UPDATE agent_runs
 SET status = 'QUEUED', version = $2, pause_reason = NULL, attempt_count = 0,
+    journal_length = journal_length + $3,
     next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE id = $1 AND status = 'PAUSED_INDOUBT'
 RETURNING *;
+
+-- name: append_journal_entry
+-- One journal entry written by an operator path (resolution), in the locked
+-- run's transaction: $2 is the run's journal_length + 1, so the journal stays
+-- gapless, and the primary key refuses a seq already written.
+INSERT INTO run_journal (run_id, seq, kind, step_key, node, tool, detail, fencing_token, run_version)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: notify_work
 -- Wakes long-polling claimers (delivered at commit).
@@ -617,6 +662,63 @@ SELECT *, octet_length(request_json::text) + coalesce(octet_length(response_json
 FROM tool_executions
 WHERE run_id = $1 AND ($2::timestamptz IS NULL OR (outbound_intent_at, id) > ($2, $3::uuid))
 ORDER BY outbound_intent_at, id LIMIT $4;
+
+-- name: history_journal
+-- One page of a run's journal entries after seq $2 (primary key order).
+SELECT *, octet_length(detail::text) AS page_bytes
+FROM run_journal WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3;
+
+-- name: read_journal
+-- ReadJournal: entries after seq $4, only while ($2, $3) holds the run's lease,
+-- live by database time. A read: it never writes, and an empty answer is
+-- explained by the caller (no entries, or not the holder).
+SELECT j.*, octet_length(j.detail::text) AS page_bytes
+FROM run_journal AS j
+WHERE j.run_id = $1 AND j.seq > $4
+  AND EXISTS (SELECT 1 FROM agent_runs AS r
+              WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3
+                AND r.lease_expires_at > clock_timestamp())
+ORDER BY j.seq LIMIT $5;
+
+-- name: tool_results_for_steps
+-- GetToolResults: the holder's ledger rows of steps $4 (the (run_id, step_key)
+-- unique index), under the same live-lease condition as read_journal.
+SELECT te.*, octet_length(te.request_json::text) + coalesce(octet_length(te.response_json::text), 0)
+         + coalesce(octet_length(te.reconciliation_evidence::text), 0) AS page_bytes
+FROM tool_executions AS te
+WHERE te.run_id = $1 AND te.step_key = ANY($4::text[])
+  AND EXISTS (SELECT 1 FROM agent_runs AS r
+              WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3
+                AND r.lease_expires_at > clock_timestamp());
+
+-- name: prune_checkpoints
+-- Checkpoint pruning (checkpoint_keep_last = $3 > 0), one short statement:
+-- up to $2 runs after id $1 in primary-key order; of each, the checkpoints
+-- older than its latest $3 versions, at most $4 versions per run. A run whose
+-- row is locked (a write in flight) is skipped until the next pass. Every
+-- version has a checkpoint, so versions above version - $3 are never touched;
+-- the horizon is recorded on the run row in the same statement, so
+-- commit-unknown recovery reads a checkpoint missing at or below it as pruned
+-- (checkpoints_pruned_through is not indexed: the update stays HOT).
+WITH batch AS (
+  SELECT id FROM agent_runs WHERE id > $1 ORDER BY id LIMIT $2
+), due AS (
+  SELECT r.id, r.checkpoints_pruned_through AS previous,
+         least(r.version - $3, r.checkpoints_pruned_through + $4) AS horizon,
+         r.version - $3 > r.checkpoints_pruned_through + $4 AS behind
+  FROM agent_runs AS r JOIN batch ON batch.id = r.id
+  WHERE r.version - $3 > r.checkpoints_pruned_through
+  FOR NO KEY UPDATE OF r SKIP LOCKED
+), marked AS (
+  UPDATE agent_runs AS r SET checkpoints_pruned_through = due.horizon
+  FROM due WHERE r.id = due.id
+), deleted AS (
+  DELETE FROM agent_checkpoints AS cp USING due
+  WHERE cp.run_id = due.id AND cp.version > due.previous AND cp.version <= due.horizon
+  RETURNING 1
+)
+SELECT (SELECT max(id) FROM batch) AS last_id, (SELECT count(*) FROM batch) AS runs,
+       (SELECT count(*) FROM deleted) AS deleted, (SELECT count(*) FROM due WHERE behind) AS behind;
 
 -- name: history_events
 -- One page of a run's outbox events after id $2 (outbox_run_idx).
