@@ -154,6 +154,13 @@ class ScriptedDecider(_Strict):
     plan: list[PlanNode] = Field(min_length=1)
 
 
+class ContextPolicy(_Strict):
+    """What of a long run's history goes to the model: the last turns, each tool answer capped."""
+
+    last_turns: int = Field(default=40, ge=1, le=64)  # tool/sleep/input turns (64 answers stay loaded)
+    max_tool_answer_chars: int = Field(default=4000, ge=100)
+
+
 class OpenAIDecider(_Strict):
     kind: Literal["openai"]
     base_url: str = Field(pattern=r"^https?://")
@@ -166,6 +173,7 @@ class OpenAIDecider(_Strict):
     usd_per_1k_output_tokens: float = Field(default=0.0, ge=0)
     allow_sleep: bool = True
     allow_wait_for_input: bool = True
+    context: ContextPolicy = Field(default_factory=ContextPolicy)
 
 
 DeciderDefinition = Annotated[ScriptedDecider | OpenAIDecider, Field(discriminator="kind")]

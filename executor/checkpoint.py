@@ -13,16 +13,30 @@ scheduler's ResolveToolExecution record a step's outcome.
 Reading a checkpoint of another schema version goes through a registered
 migration or is refused (`UnsupportedCheckpoint`); it is never parsed into
 zero values.
+
+Schema 2 (long runs at flat cost): the checkpoint holds only what is current
+(cursor, step index, pending or retried decision, waiting, finished, usage,
+versions, invalid streak, a small agent-owned state) and `journal_len`, the
+number of history entries the run's journal holds. The history, tool results,
+operator inputs and exceptions are append-only journal entries (executor/journal.py)
+written with the checkpoint that records them; tool answers stay in the ledger.
+In memory a State still carries those collections, rebuilt from the journal at
+claim (`pending_journal` holds the entries not yet written).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-SCHEMA_VERSION = 1
+log = logging.getLogger(__name__)
+SCHEMA_VERSION = 2
+# Fields a schema-2 checkpoint never stores: they live in the run's journal (and the ledger).
+JOURNALED = frozenset({"history", "tool_results", "inputs", "exceptions", "pending_journal"})
+MAX_AGENT_STATE_BYTES = 16 * 1024
 
 # from-version -> function turning that version's state into the next version's.
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
@@ -99,6 +113,17 @@ class Versions(_Model):
     tool_schemas: str = ""
 
 
+class JournalRecord(_Model):
+    """One journal entry as the executor writes it (seq is the run's journal position)."""
+
+    seq: int = Field(ge=1)
+    kind: Literal["tool", "sleep", "input", "approval", "finish", "fail", "exception", "result", "answer", "retry"]
+    step_key: str = ""
+    node: str = ""
+    tool: str = ""
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
 class State(_Model):
     cursor: str = ""  # the step key being worked on (or last finished)
     step_index: int = 0  # decisions taken so far
@@ -113,9 +138,27 @@ class State(_Model):
     usage: Usage = Usage()
     exceptions: list[dict[str, Any]] = Field(default_factory=list)
     invalid_streak: int = 0  # consecutive invalid decisions
+    agent_state: dict[str, Any] = Field(default_factory=dict)  # the decider's own small state
+    journal_len: int = 0  # journal entries of the run, the pending ones included
+    pending_journal: list[JournalRecord] = Field(default_factory=list)  # not yet written
 
     def to_json_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude_none=True)
+        """The schema-2 checkpoint: current state only, never the history or tool answers."""
+        return self.model_dump(mode="json", exclude_none=True, exclude=set(JOURNALED))
+
+
+def _from_schema_1(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 kept the history inline: it becomes the run's first journal entries, written with the
+    next checkpoint (the run's journal is empty until then), and the checkpoint keeps only what is current."""
+    from executor.journal import records_from_schema_1  # the journal module builds on this one
+
+    records = records_from_schema_1(data)
+    log.warning("checkpoint migrated from schema 1 to 2 (cursor %s): %d history entries move to the journal",
+                data.get("cursor"), len(records))
+    return {**data, "journal_len": len(records), "pending_journal": records}
+
+
+MIGRATIONS[1] = _from_schema_1
 
 
 def load_state(state_json: dict[str, Any], schema_version: int) -> State:

@@ -24,6 +24,7 @@ import grpc
 
 from shared.canonical import canonical_json, uuid7
 from shared.errors import AgentrtError, Unavailable, from_batch_error, from_rpc_error
+from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
 from shared.tracing import current_trace, inject_metadata
@@ -199,11 +200,37 @@ class WorkClient:
 
     async def save_checkpoint(self, lease: ws.LeaseRef, expected_version: int, state: dict[str, Any],
                               schema_version: int, step_key: str, give_up_at: float | None,
-                              ) -> ws.SaveCheckpointResponse:
+                              journal: list[pb.JournalEntry] | None = None) -> ws.SaveCheckpointResponse:
         request = ws.SaveCheckpointRequest(
             lease=lease, expected_version=expected_version, state_json=canonical_json(state),
-            schema_version=schema_version, step_key=step_key, event_id=new_event_id())
+            schema_version=schema_version, step_key=step_key, event_id=new_event_id(), journal=journal or [])
         return await self._call("save_checkpoint", request, give_up_at)
+
+    async def read_journal(self, lease: ws.LeaseRef, after_seq: int, page_size: int = 1000,
+                           ) -> ws.ReadJournalResponse:
+        """A page of the run's journal (reads: retried like any call whose answer was lost)."""
+        request = ws.ReadJournalRequest(lease=lease, after_seq=after_seq, page_size=page_size)
+        return await self._read(self.stub.ReadJournal, request)
+
+    async def tool_results(self, lease: ws.LeaseRef, step_keys: list[str]) -> list[pb.ToolExecution]:
+        out: list[pb.ToolExecution] = []
+        for start in range(0, len(step_keys), 500):
+            request = ws.GetToolResultsRequest(lease=lease, step_keys=step_keys[start:start + 500])
+            reply = await self._read(self.stub.GetToolResults, request)
+            out.extend(reply.executions)
+        return out
+
+    async def _read(self, method: Any, request: Any) -> Any:
+        delay = 0.05
+        for attempt in range(5):
+            try:
+                return await method(request, timeout=self.rpc_timeout_s, metadata=inject_metadata(self._auth))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in _UNKNOWN_OUTCOME or attempt == 4:
+                    raise from_rpc_error(exc) from None
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
 
     async def begin_tool_call(self, lease: ws.LeaseRef, expected_version: int, step_key: str, tool_name: str,
                               idempotency_key: str, request_body: dict[str, Any], give_up_at: float | None,

@@ -16,6 +16,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from executor import journal
 from executor.advance import Action, Advancer, DecideAgain, EndRun, ExecuteTool, Limits, Park, tighter
 from executor.agents import AgentCatalog, AgentDefinition
 from executor.checkpoint import SCHEMA_VERSION, Finished, State, UnsupportedCheckpoint, Waiting, load_state
@@ -36,6 +37,7 @@ from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
 log = logging.getLogger(__name__)
 MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
+ANSWER_WINDOW = 64  # tool answers kept readable for deciders beyond each node's latest
 
 
 @dataclass
@@ -67,6 +69,7 @@ class RunDriver:
         claimed_db = _ts(lease.lease_expires_at) - dt.timedelta(milliseconds=lease.lease_duration_ms)
         self._clock = (claimed_db, received_at)
         self.sleep_from: dt.datetime | None = None  # a re-issued sleep counts from its checkpoint
+        self.journal_written = 0  # the run's journal entries written (by anyone) as far as this holder knows
         self.open_step = ""  # the step whose intent (Tx1) this holder recorded and has not closed
 
     # ------------------------------------------------------------------ clocks and writes
@@ -85,14 +88,48 @@ class RunDriver:
                 tracing.TENANT: self.run.tenant_id, tracing.FENCING_TOKEN: self.held.fencing_token,
                 tracing.RUN_VERSION: self.version, tracing.WORKER: self.s.worker_id}
 
-    async def persist(self, state: State) -> None:
+    def unwritten(self, state: State) -> list[pb.JournalEntry]:
+        """The journal entries `state` records that this holder has not written yet."""
+        return journal.to_proto(r for r in state.pending_journal if r.seq > self.journal_written)
+
+    def written(self, state: State) -> State:
+        """After a write that carried `state`'s entries: they are the run's now."""
+        self.journal_written = state.journal_len
+        return state.model_copy(update={"pending_journal": []}) if state.pending_journal else state
+
+    async def persist(self, state: State) -> State:
         data = state.to_json_dict()
-        if data == self.saved:
-            return
+        entries = self.unwritten(state)
+        if data == self.saved and not entries:
+            return state
         reply = await self.s.client.save_checkpoint(self.held.ref, self.version, data, SCHEMA_VERSION,
-                                                    state.cursor, self.give_up_at)
+                                                    state.cursor, self.give_up_at, journal=entries)
         self.version, self.saved = reply.version, data
         self.s.faults.hit("after_checkpoint_commit", self.run.run_id)
+        return self.written(state)
+
+    async def load_journal(self, state: State) -> State:
+        """A schema-2 run's history, tool results, inputs and exceptions, rebuilt from its journal.
+
+        Read once at claim, a page at a time; only the answers a decider may read
+        (each node's latest, the last ANSWER_WINDOW) are fetched from the ledger.
+        """
+        known = max(state.journal_len, self.lease.journal_length)
+        if known == 0:
+            return state
+        rebuilt = journal.Rebuilt()
+        for _ in range(known // 1000 + 2):  # bounded: the journal had `known` entries at claim
+            page = await self.s.client.read_journal(self.held.ref, rebuilt.last_seq, 1000)
+            for entry in page.entries:
+                rebuilt.add(entry)
+            if not page.more:
+                break
+        wanted = rebuilt.answers_needed(ANSWER_WINDOW)
+        if wanted:
+            rebuilt.set_answers(await self.s.client.tool_results(self.held.ref, wanted))
+        loaded = rebuilt.apply(state)
+        self.journal_written = loaded.journal_len
+        return loaded
 
     @staticmethod
     def run_end(finished: Finished) -> ws.RunEnd:
@@ -155,6 +192,8 @@ class RunDriver:
                               "is not served by this executor")
             return
         current: State = state or initial_state(agent)
+        if state is not None and self.lease.checkpoint.schema_version >= 2:
+            current = await self.load_journal(current)
         if current.versions.agent_version != agent.version:  # an explicit run version wins; say so
             log.warning("run %s: checkpoint written by agent version %s, continuing with %s",
                         self.run.run_id, current.versions.agent_version, agent.version)
@@ -191,7 +230,7 @@ class RunDriver:
                                           error_class="retryable_transient:model_unavailable",
                                           pause_when_exhausted=advancer.agent.policy.pause_when_attempts_exhausted)
                         return
-                    await self.persist(state)
+                    state = await self.persist(state)
                 span.set_attribute(tracing.STEP_KEY, state.cursor)
                 span.set_attribute(tracing.RUN_VERSION, self.version)
                 if isinstance(action, ExecuteTool):

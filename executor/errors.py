@@ -46,6 +46,9 @@ ERROR_CODES: dict[str, ErrorClass] = {
     "refused": E.DEFINITE_NO_EFFECT,  # HTTP 4xx (not 408/429): the downstream did nothing
     "stale_fence": E.DEFINITE_NO_EFFECT,  # a fenced downstream refused an older fencing token
     "tool_refused": E.DEFINITE_NO_EFFECT,  # a python tool raised ToolRefused
+    # The tool answered, but its answer is over the scheduler's max_tool_response_bytes: the step is
+    # recorded as a definite failure (the decider sees why; never in doubt, never a stuck run).
+    "response_too_large": E.DEFINITE_NO_EFFECT,
     # Retryable transient: nothing was accepted; try again later with backoff.
     "rate_limited": E.RETRYABLE_TRANSIENT,  # HTTP 429 before acceptance
     "connect_failed": E.RETRYABLE_TRANSIENT,  # no connection, so no byte of the request was sent

@@ -20,6 +20,7 @@ from executor.checkpoint import (
     Waiting,
 )
 from executor.deciders.base import Invalid, Proposal, ToolCall
+from executor.journal import exception_record, history_record, journaled, result_record, retry_record
 from shared.canonical import idempotency_key, request_hash
 
 
@@ -77,26 +78,26 @@ def decided_tool(state: State, proposal: Proposal, decision: ToolDecision, *, ne
                                     tool=decision)
     else:
         update["pending_tool"] = decision
-    return state.model_copy(update=update)
+    return journaled(state, update, lambda seq: history_record(seq, entry))
 
 
 def decided_wait(state: State, proposal: Proposal, waiting: Waiting) -> State:
     entry = _entry(state, proposal, waiting.step_key, waiting.kind, prompt=waiting.prompt,
                    sleep_ms=waiting.sleep_ms)
-    return state.model_copy(update={
+    return journaled(state, {
         "cursor": waiting.step_key, "step_index": state.step_index + 1, "usage": _used(state, proposal),
         "history": [*state.history, entry], "waiting": waiting, "invalid_streak": 0,
-    })
+    }, lambda seq: history_record(seq, entry))
 
 
 def decided_finish(state: State, proposal: Proposal, finished: Finished) -> State:
     key = step_key_for(proposal.node, 1)
     kind = "finish" if finished.outcome == "COMPLETED" else "fail"
     entry = _entry(state, proposal, key, kind, reason=finished.reason or None)
-    return state.model_copy(update={
+    return journaled(state, {
         "cursor": key, "step_index": state.step_index + 1, "usage": _used(state, proposal),
         "history": [*state.history, entry], "finished": finished, "invalid_streak": 0,
-    })
+    }, lambda seq: history_record(seq, entry))
 
 
 def decided_invalid(state: State, proposal: Proposal, invalid: Invalid) -> State:
@@ -106,11 +107,11 @@ def decided_invalid(state: State, proposal: Proposal, invalid: Invalid) -> State
               "raw": proposal.raw, "model": proposal.model}
     entry = _entry(state, proposal, key, "exception", kind=invalid.kind, detail=invalid.detail[:2000],
                    raw=proposal.raw)
-    return state.model_copy(update={
+    return journaled(state, {
         "step_index": state.step_index + 1, "usage": _used(state, proposal),
         "history": [*state.history, entry], "exceptions": [*state.exceptions, record],
         "invalid_streak": state.invalid_streak + 1,
-    })
+    }, lambda seq: history_record(seq, entry), lambda seq: exception_record(seq, record))
 
 
 def finished_without_decision(state: State, finished: Finished) -> State:
@@ -137,10 +138,10 @@ def tool_result(state: State, decision: ToolDecision, status: str, *, response: 
         result.update(error_code=error_code, error_class=error_class, detail=detail)
     if evidence:
         result["evidence"] = evidence
-    return state.model_copy(update={
+    return journaled(state, {
         "pending_tool": None, "retry_tool": decision if retry else None, "cursor": decision.step_key,
         "tool_results": {**state.tool_results, decision.step_key: result},
-    })
+    }, lambda seq: result_record(seq, decision.step_key, result))
 
 
 def next_attempt(state: State, decision: ToolDecision, ids: RunIds) -> tuple[State, ToolDecision]:
@@ -152,6 +153,7 @@ def next_attempt(state: State, decision: ToolDecision, ids: RunIds) -> tuple[Sta
         "idempotency_key": idempotency_key(ids.tenant_id, ids.run_id, decision.tool_name, key),
     })
     history = list(state.history)
+    attempts = [decision.step_key, key]
     for index in range(len(history) - 1, -1, -1):
         if history[index].step_key == decision.step_key:
             entry = history[index]
@@ -159,8 +161,9 @@ def next_attempt(state: State, decision: ToolDecision, ids: RunIds) -> tuple[Sta
             history[index] = entry.model_copy(update={"step_key": key,
                                                       "detail": {**entry.detail, "attempts": attempts}})
             break
-    return state.model_copy(update={"pending_tool": following, "retry_tool": None, "cursor": key,
-                                    "history": history}), following
+    # In memory the decision moves to its new step key; in the journal a retry entry says so.
+    return journaled(state, {"pending_tool": following, "retry_tool": None, "cursor": key, "history": history},
+                     lambda seq: retry_record(seq, decision.step_key, key, attempts)), following
 
 
 def operator_response(state: State, human: dict[str, Any]) -> dict[str, Any]:

@@ -54,8 +54,7 @@ class ToolCalls:
                 reason = (f"a ledger row for step {decision.step_key} already exists "
                           f"({pb.ToolExecutionStatus.Name(began.execution.status)}); not sending again")
                 paused, action = self.advancer.end(state, "policy_refused", reason, policy_pause=True)
-                await d.persist(paused)
-                return paused, action
+                return await d.persist(paused), action
         # replayed: our own intent, whose commit we had not heard of; nothing was sent yet.
         # intent_recorded: this holder's CompleteAndBeginToolCall wrote the row; nothing was sent yet either.
         d.status, d.open_step = pb.RUN_STATUS_WAITING_TOOL, decision.step_key
@@ -71,7 +70,20 @@ class ToolCalls:
         s.faults.hit("after_tool_response_before_tx2_commit", d.run.run_id)
         return await self.complete(state, decision, outcome)
 
+    def _over_limit(self, outcome: ToolOutcome) -> ToolOutcome:
+        """A successful answer larger than the scheduler's per-step limit becomes a definite failure."""
+        limit = self.d.lease.limits.max_tool_response_bytes if self.d.lease.HasField("limits") else 0
+        if not (outcome.ok and limit and outcome.response is not None):
+            return outcome
+        size = len(canonical_json(outcome.response).encode("utf-8"))
+        if size <= limit:
+            return outcome
+        return ToolOutcome.failure(
+            "response_too_large", f"the tool's answer is {size} bytes, over the {limit}-byte limit "
+            "(max_tool_response_bytes); it was not stored")
+
     async def complete(self, state: State, decision: ToolDecision, outcome: ToolOutcome) -> Next | None:
+        outcome = self._over_limit(outcome)
         if outcome.ok:
             after = tool_result(state, decision, "SUCCEEDED", response=outcome.response,
                                 remote_resource_id=outcome.remote_resource_id)
@@ -124,13 +136,14 @@ class ToolCalls:
             response_json=canonical_json(response) if response is not None else "",
             remote_resource_id=remote_resource_id or "", error_code=error_code, state_json=canonical_json(data),
             schema_version=SCHEMA_VERSION, next_step_key=after.cursor,
-            evidence_json=canonical_json(evidence) if evidence else "")
+            evidence_json=canonical_json(evidence) if evidence else "", journal=self.d.unwritten(after))
         if isinstance(action, EndRun):
             # The checkpoint records the end, which has no side effect: the run ends in this transaction.
             request.end.CopyFrom(self.d.run_end(action.finished))
         reply = await self.d.s.client.complete_tool_call(request, self.d.give_up_at)
         self.d.version, self.d.saved, self.d.status = reply.version, data, reply.status
         self.d.open_step = ""
+        after = self.d.written(after)
         if isinstance(action, EndRun):
             log.info("run %s -> %s %s", self.d.run.run_id, pb.RunStatus.Name(reply.status),
                      action.finished.reason[:200])
@@ -151,7 +164,8 @@ class ToolCalls:
             schema_version=SCHEMA_VERSION, evidence_json=canonical_json(evidence) if evidence else "",
             next=ws.NextToolCall(step_key=following.step_key, tool_name=following.tool_name,
                                  idempotency_key=following.idempotency_key,
-                                 request_json=canonical_json(following.request)))
+                                 request_json=canonical_json(following.request)),
+            journal=d.unwritten(after))
         try:
             reply = await d.s.client.complete_and_begin_tool_call(request, d.give_up_at)
         except (AlreadyExists, DecisionNotCheckpointed) as exc:
@@ -160,7 +174,7 @@ class ToolCalls:
             return None
         d.version, d.saved, d.status = reply.version, data, pb.RUN_STATUS_WAITING_TOOL
         d.open_step = following.step_key
-        return after, ExecuteTool(following, intent_recorded=True)
+        return d.written(after), ExecuteTool(following, intent_recorded=True)
 
     async def freeze(self, step_key: str, code: str, detail: str) -> None:
         await self.d.s.client.mark_tool_in_doubt(self.d.held.ref, step_key, code, detail, self.d.give_up_at)

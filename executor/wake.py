@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from executor.checkpoint import Finished, State
 from executor.deciders.base import ToolCall
 from executor.errors import ErrorClass
+from executor.journal import answer_record, exception_record, journaled, result_record
 from executor.steps import operator_response
 from shared.canonical import request_hash
 
@@ -28,8 +29,8 @@ def _rejected(state: State, what: str, human: dict[str, Any], advancer: Advancer
         waiting = state.waiting
         result = {"status": "REJECTED", "tool": waiting.tool.tool_name if waiting.tool else None,
                   "response": None, "operator": human.get("operator"), "comment": human.get("comment")}
-        return state.model_copy(update={"waiting": None,
-                                        "tool_results": {**state.tool_results, waiting.step_key: result}})
+        return journaled(state, {"waiting": None, "tool_results": {**state.tool_results, waiting.step_key: result}},
+                         lambda seq: result_record(seq, waiting.step_key, result))
     finished = Finished(outcome="FAILED", reason=reason, error_class=f"{ErrorClass.PERMANENT.value}:approval_rejected")
     return state.model_copy(update={"waiting": None, "finished": finished})
 
@@ -40,7 +41,9 @@ def wake(state: State, human: dict[str, Any], advancer: Advancer) -> State:
     if waiting.kind == "sleep":
         return state.model_copy(update={"waiting": None})
     decision = str(human.get("decision") or "").upper()
-    recorded = state.model_copy(update={"exceptions": [*state.exceptions, operator_response(state, human)]})
+    response = operator_response(state, human)
+    recorded = journaled(state, {"exceptions": [*state.exceptions, response]},
+                         lambda seq: exception_record(seq, response))
     if waiting.kind == "resume":
         if decision == "REJECT":
             return _rejected(recorded, "continuing", human, advancer)
@@ -48,8 +51,8 @@ def wake(state: State, human: dict[str, Any], advancer: Advancer) -> State:
     if waiting.kind == "input":
         if decision == "REJECT":
             return _rejected(recorded, "input request", human, advancer)
-        return recorded.model_copy(update={"waiting": None,
-                                           "inputs": {**state.inputs, waiting.step_key: human.get("input")}})
+        return journaled(recorded, {"waiting": None, "inputs": {**state.inputs, waiting.step_key: human.get("input")}},
+                         lambda seq: answer_record(seq, waiting.step_key, human.get("input")))
     # approval
     if decision == "REJECT":
         return _rejected(recorded, "approval", human, advancer)
@@ -62,10 +65,12 @@ def wake(state: State, human: dict[str, Any], advancer: Advancer) -> State:
         invalid = advancer.validate(ToolCall(tool.tool_name, edit["args"]))
         if invalid is not None:
             note = {"index": state.step_index, "kind": "operator_edit_invalid", "detail": invalid.detail}
-            return recorded.model_copy(update={"exceptions": [*recorded.exceptions, note]})
+            return journaled(recorded, {"exceptions": [*recorded.exceptions, note]},
+                             lambda seq: exception_record(seq, note))
         tool = tool.model_copy(update={"request": edit["args"],
                                        "request_hash": request_hash(tool.tool_name, edit["args"]).hex()})
         note = {"index": state.step_index, "kind": "operator_edit", "operator": human.get("operator"),
                 "args": edit["args"]}
-        recorded = recorded.model_copy(update={"exceptions": [*recorded.exceptions, note]})
+        recorded = journaled(recorded, {"exceptions": [*recorded.exceptions, note]},
+                             lambda seq, note=note: exception_record(seq, note))
     return recorded.model_copy(update={"waiting": None, "pending_tool": tool.model_copy(update={"approval": approval})})

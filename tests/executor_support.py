@@ -15,6 +15,7 @@ import grpc
 import yaml
 from support import Stack
 
+from executor import journal
 from executor.agents import AgentCatalog
 from executor.client import WorkClient
 from executor.config import ExecutorSettings
@@ -74,6 +75,7 @@ async def history(stack: Stack, run_id: str, tenant: str = "tenant-a") -> rs.Run
         merged.checkpoints.extend(page.checkpoints)
         merged.tool_executions.extend(page.tool_executions)
         merged.events.extend(page.events)
+        merged.journal.extend(page.journal)
         token = page.next_page_token
         if not token:
             return merged
@@ -81,7 +83,20 @@ async def history(stack: Stack, run_id: str, tenant: str = "tenant-a") -> rs.Run
 
 
 def latest_state(hist: rs.RunHistory) -> dict[str, Any]:
-    return json.loads(hist.checkpoints[-1].state_json) if hist.checkpoints else {}
+    """The run's state as its executor sees it: the latest checkpoint (schema 2 holds only what is
+    current) with the history, tool results, inputs and exceptions rebuilt from the run's journal and
+    the answers from its ledger rows."""
+    if not hist.checkpoints:
+        return {}
+    state = json.loads(hist.checkpoints[-1].state_json)
+    if hist.checkpoints[-1].schema_version != 2:  # schema 1 kept it inline; others are not ours to read
+        return state
+    rebuilt = journal.Rebuilt()
+    for entry in hist.journal:
+        rebuilt.add(entry)
+    rebuilt.set_answers(hist.tool_executions)
+    return {**state, "history": [e.model_dump(mode="json", exclude_none=True) for e in rebuilt.history],
+            "tool_results": rebuilt.tool_results, "inputs": rebuilt.inputs, "exceptions": rebuilt.exceptions}
 
 
 def write_agent(directory: Path, definition: dict[str, Any], filename: str | None = None) -> Path:

@@ -54,6 +54,13 @@ def call_id(step_key: str) -> str:
     return "call_" + hashlib.sha256(step_key.encode()).hexdigest()[:24]
 
 
+def capped(text: str, limit: int) -> str:
+    """At most `limit` characters, with a marker saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"… [cut {len(text) - limit} of {len(text)} characters]"
+
+
 class OpenAIDeciderImpl:
     pure = False
 
@@ -77,7 +84,14 @@ class OpenAIDeciderImpl:
             {"role": "system", "content": self.agent.prompt.system or DEFAULT_SYSTEM},
             {"role": "user", "content": json.dumps(ctx.input, sort_keys=True)},
         ]
-        for entry in state.history:
+        policy = self.config.context
+        turns = [e for e in state.history[-4 * policy.last_turns:] if e.kind not in ("finish", "fail")]
+        kept = turns[-policy.last_turns:]
+        if len(kept) < len(state.history):
+            earlier = sum(1 for e in state.history if e.kind not in ("finish", "fail")) - len(kept)
+            if earlier > 0:
+                out.append({"role": "user", "content": f"({earlier} earlier steps of this run are not shown.)"})
+        for entry in kept:
             if entry.kind == "exception":
                 out.append({"role": "user", "content": f"Your previous reply could not be used "
                             f"({entry.detail.get('kind')}: {entry.detail.get('detail')}). Reply again."})
@@ -88,7 +102,8 @@ class OpenAIDeciderImpl:
             cid = call_id(entry.step_key)
             out.append({"role": "assistant", "content": None, "tool_calls": [
                 {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]})
-            out.append({"role": "tool", "tool_call_id": cid, "content": json.dumps(result, sort_keys=True)})
+            out.append({"role": "tool", "tool_call_id": cid,
+                        "content": capped(json.dumps(result, sort_keys=True), policy.max_tool_answer_chars)})
         return out
 
     @staticmethod

@@ -10,6 +10,7 @@ else skipped as if absent; that too depends on the checkpoint (and the input) on
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from typing import Any
 
 from executor.agents import Condition, PlanNode, ScriptedDecider
@@ -29,6 +30,7 @@ from executor.deciders.base import (
 _WHOLE = re.compile(r"^\$\{([^}]+)\}$")
 _PART = re.compile(r"\$\{([^}]+)\}")
 FAILED_STATUSES = frozenset({"FAILED", "REJECTED"})
+MAX_INDEXED_RUNS = 4096
 
 
 class TemplateError(Exception):
@@ -76,14 +78,44 @@ def holds(condition: Condition, scope: dict[str, Any]) -> bool:
             "le": value <= reference}[operator]
 
 
-def _scope(ctx: DecisionContext) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    inputs: dict[str, Any] = {}
-    for entry in ctx.state.history:
-        if entry.kind == "tool" and entry.step_key in ctx.state.tool_results:
-            results[node_id(entry.node)] = ctx.state.tool_results[entry.step_key]
-        elif entry.kind == "input" and entry.step_key in ctx.state.inputs:
-            inputs[node_id(entry.node)] = ctx.state.inputs[entry.step_key]
+class HistoryIndex:
+    """What the plan reads of a run's history, kept up to date as entries are appended (O(new entries)
+    per decision, not O(history)): visits per node, each node's latest tool and input step, and the
+    trailing run of the last node. Rebuilt only when an entry it has seen was replaced (a retry)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last_seen: HistoryEntry | None = None
+        self.visits: dict[str, int] = {}
+        self.latest_tool: dict[str, str] = {}
+        self.latest_input: dict[str, str] = {}
+        self.last: HistoryEntry | None = None  # the last entry that is not an exception
+        self.trailing = 0
+
+    def update(self, history: list[HistoryEntry]) -> HistoryIndex:
+        if self.count > len(history) or (self.count and history[self.count - 1] is not self.last_seen):
+            return HistoryIndex().update(history)
+        for entry in history[self.count:]:
+            if entry.kind == "exception":
+                continue
+            node = node_id(entry.node)
+            self.visits[node] = self.visits.get(node, 0) + 1
+            if entry.kind == "tool":
+                self.latest_tool[node] = entry.step_key
+            elif entry.kind == "input":
+                self.latest_input[node] = entry.step_key
+            same = self.last is not None and node_id(self.last.node) == node
+            self.trailing = self.trailing + 1 if same else 1
+            self.last = entry
+        self.count = len(history)
+        self.last_seen = history[-1] if history else None
+        return self
+
+
+def _scope(ctx: DecisionContext, index: HistoryIndex) -> dict[str, Any]:
+    state = ctx.state
+    results = {node: state.tool_results[key] for node, key in index.latest_tool.items() if key in state.tool_results}
+    inputs = {node: state.inputs[key] for node, key in index.latest_input.items() if key in state.inputs}
     return {"input": ctx.input, "results": results, "inputs": inputs, "run": {"id": ctx.run_id}}
 
 
@@ -94,18 +126,27 @@ class ScriptedDeciderImpl:
         self.plan = definition.plan
         self.by_id = {node.id: node for node in self.plan}
         self.order = {node.id: index for index, node in enumerate(self.plan)}
+        self._indexes: OrderedDict[str, HistoryIndex] = OrderedDict()  # by run id, most recent last
+
+    def index(self, ctx: DecisionContext) -> HistoryIndex:
+        index = self._indexes.pop(ctx.run_id, None) or HistoryIndex()
+        self._indexes[ctx.run_id] = index = index.update(ctx.state.history)
+        while len(self._indexes) > MAX_INDEXED_RUNS:
+            self._indexes.popitem(last=False)
+        return index
 
     async def decide(self, ctx: DecisionContext) -> Proposal:
-        scope = _scope(ctx)
+        index = self.index(ctx)
+        scope = _scope(ctx, index)
         try:
-            target = self._next(ctx.state, scope)
+            target = self._next(ctx.state, scope, index)
         except TemplateError as exc:
             return Proposal(Fail(f"plan: {exc}"), node="end")
         if isinstance(target, Fail):
             return Proposal(target, node="end")
         if target is None:
             return Proposal(Finish(None), node="end")
-        visits = sum(1 for e in ctx.state.history if e.kind != "exception" and node_id(e.node) == target.id)
+        visits = index.visits.get(target.id, 0)
         key = target.id if visits == 0 else f"{target.id}@{visits + 1}"
         try:
             decision = self._decision(target, scope)
@@ -140,11 +181,10 @@ class ScriptedDeciderImpl:
             node = self._following(node)
         return node
 
-    def _next(self, state: State, scope: dict[str, Any]) -> PlanNode | Fail | None:
-        entries: list[HistoryEntry] = [e for e in state.history if e.kind != "exception"]
-        if not entries:
+    def _next(self, state: State, scope: dict[str, Any], index: HistoryIndex) -> PlanNode | Fail | None:
+        last = index.last
+        if last is None:
             return self._enter(self.plan[0], scope)
-        last = entries[-1]
         node = self.by_id.get(node_id(last.node))
         if node is None:
             return Fail(f"checkpoint names plan node {last.node!r}, which this plan does not have")
@@ -156,12 +196,7 @@ class ScriptedDeciderImpl:
                             .strip())
             if node.on_failure != "continue":
                 return self._enter(self.by_id[node.on_failure], scope)
-        trailing = 0
-        for entry in reversed(entries):
-            if node_id(entry.node) != node.id:
-                break
-            trailing += 1
-        if trailing < node.repeat:
+        if index.trailing < node.repeat:
             return node
         return self._enter(self._following(node), scope)
 

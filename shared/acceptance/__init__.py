@@ -14,5 +14,5 @@ and the consumer's table.
 Modules: procs (processes by pid), evidence (records, versions, summary),
 lab (one experiment's stack), api (gRPC client), agents (definitions),
 invariants (SQL checks), experiments_* (1-9), runner, chaos, and the process
-entry points consumer_app, probe, newer_executor.
+entry points consumer_app, probe, older_executor.
 """

@@ -217,7 +217,7 @@ async def checkpoint_schema_upgrade(lab: Lab) -> None:
                                 {"id": "done", "finish": {"b": "${results.b.response.id}"}}],
                      [http_tool(mock.url, "acc-e5.a", LOOKUP), http_tool(mock.url, "acc-e5.b", LOOKUP)])
     agents = write_agents(lab.dir / "agents", agent)
-    lab.ev.method = {"kind": "executor images: schema 1 (as built) and schema 2 (shared.acceptance.newer_executor)"}
+    lab.ev.method = {"kind": "executor images: schema 1 (shared.acceptance.older_executor) and schema 2 (as built)"}
     assert lab.api is not None
     # (c) a legacy layout labelled schema 1, written by an older writer, then retried.
     legacy_run = await lab.submit("acc-e5", {"case": "legacy"})
@@ -233,11 +233,11 @@ async def checkpoint_schema_upgrade(lab: Lab) -> None:
     lab.commands.add(f"grpc ClaimWork/SaveCheckpoint(schema 1, legacy layout)/FinishRun RETRY on run {legacy_run}")
     # (a) a run parked at a v1 checkpoint by the executor as built.
     old_run = await lab.submit("acc-e5", {"case": "upgrade"})
-    v1 = await lab.executor("executor-v1", agents)
+    v1 = await lab.executor("executor-v1", agents, module="shared.acceptance.older_executor")
     legacy = await lab.wait_settled(legacy_run, 60)
     parked = await lab.wait_settled(old_run, 60, {pb.RUN_STATUS_PAUSED_HUMAN})
     v1.stop()
-    v2 = await lab.executor("executor-v2", agents, module="shared.acceptance.newer_executor")
+    v2 = await lab.executor("executor-v2", agents)
     await lab.api.resume(TENANT, old_run, payload={"ok": True})
     upgraded = await lab.wait_settled(old_run, 60)
     # (b) rollback drill: a v2 checkpoint read by the v1 executor.
@@ -245,15 +245,18 @@ async def checkpoint_schema_upgrade(lab: Lab) -> None:
     await lab.wait_settled(new_run, 60, {pb.RUN_STATUS_PAUSED_HUMAN})
     v2.stop()
     before_rollback = await lab.snapshot(new_run, "rollback drill: before the v1 executor reads the v2 checkpoint")
-    await lab.executor("executor-v1-rollback", agents)
+    await lab.executor("executor-v1-rollback", agents, module="shared.acceptance.older_executor")
     await lab.api.resume(TENANT, new_run, payload={"ok": True})
     rolled = await wait_until(lambda: _refused(lab, new_run), 30, "the v1 executor to refuse the v2 checkpoint")
     legacy_snap = await lab.snapshot(legacy_run, "legacy layout after the executor read it")
     upgraded_snap = await lab.snapshot(old_run, "upgraded run")
     rolled_snap = await lab.snapshot(new_run, "rollback drill after the refusal")
-    migrated = await lab.sql("SELECT version, schema_version, state_json->'exceptions' AS exceptions FROM "
-                             "agent_checkpoints WHERE run_id = $1 ORDER BY version", uuid.UUID(old_run),
-                             note="schema versions along the upgraded run")
+    migrated = await lab.sql("SELECT version, schema_version, state_json ? 'history' AS inline_history, "
+                             "octet_length(state_json::text) AS bytes FROM agent_checkpoints WHERE run_id = $1 "
+                             "ORDER BY version", uuid.UUID(old_run),
+                             note="schema versions along the upgraded run (schema 1 keeps its history inline)")
+    journal = await lab.sql("SELECT seq, kind, step_key FROM run_journal WHERE run_id = $1 ORDER BY seq",
+                            uuid.UUID(old_run), note="the upgraded run's journal")
     lab.record_mock(mock)
     calls = {tool: mock.calls_by_key(tool) for tool in ("acc-e5.a", "acc-e5.b")}
     lab.ev.observe(legacy=(STATUS(legacy.status), legacy.pause_reason), parked=STATUS(parked.status),
@@ -261,14 +264,17 @@ async def checkpoint_schema_upgrade(lab: Lab) -> None:
                    rollback=(rolled["status"], rolled["pause_reason"]), mock_calls=calls,
                    v2_migration_log=[line for line in v2.log().splitlines() if "migrated" in line][:5])
     schema_by_version = [(r["version"], r["schema_version"]) for r in migrated]
-    marked = [r for r in migrated if r["exceptions"] and any(e.get("kind") == "schema_migration"
-                                                              for e in r["exceptions"])]
+    inline = {r["schema_version"]: r["inline_history"] for r in migrated}
     lab.ev.check("legacy layout refused, naming the field, with the checkpoint untouched",
                  legacy.status == pb.RUN_STATUS_PAUSED_HUMAN and "does not match schema version" in legacy.pause_reason
                  and len(legacy_snap["checkpoints"]) == 1, legacy.pause_reason)
     lab.ev.check("upgrade: the v2 executor migrated the v1 checkpoint and completed the run",
-                 upgraded.status == pb.RUN_STATUS_COMPLETED and bool(marked)
+                 upgraded.status == pb.RUN_STATUS_COMPLETED and inline == {1: True, 2: False}
                  and "checkpoint migrated from schema 1 to 2" in v2.log(), schema_by_version)
+    lab.ev.check("upgrade: the schema-1 history became the run's first journal entries, each once, in order",
+                 [r["seq"] for r in journal] == list(range(1, len(journal) + 1))
+                 and [r["kind"] for r in journal][:2] == ["tool", "input"]
+                 and sum(1 for r in journal if r["kind"] == "tool") == 2, journal)
     lab.ev.check("upgrade: checkpoints before the resume are schema 1, after it schema 2, no gaps",
                  [s for _, s in schema_by_version] == sorted(s for _, s in schema_by_version)
                  and {s for _, s in schema_by_version} == {1, 2}

@@ -10,6 +10,7 @@ from executor_support import (
     executor,
     history,
     http_tool,
+    latest_state,
     mock_tool,
     scripted_agent,
     wait_status,
@@ -71,7 +72,7 @@ async def test_multi_step_runs_complete_and_each_request_reaches_the_mock_once(d
             assert all(e.status == pb.TOOL_EXECUTION_STATUS_SUCCEEDED for e in hist.tool_executions)
             label = json.loads(hist.tool_executions[1].response_json)["id"]
             assert json.loads(run.result_json) == {"label": label}
-            state = json.loads(hist.checkpoints[-1].state_json)
+            state = latest_state(hist)  # the checkpoint, with results from the journal and the ledger
             assert "pending_tool" not in state and state["usage"]["steps"] == 4
             assert set(state["tool_results"]) == {"read_order/attempt-1", "create_label/attempt-1",
                                                   "audit/attempt-1"}
