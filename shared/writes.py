@@ -15,4 +15,8 @@ WRITE_OPS: dict[str, str] = {
 }
 
 MAX_BATCH_ITEMS = 256  # writes per WriteBatch call, enforced by the scheduler
-MAX_JOURNAL_ENTRIES = 64  # journal entries one checkpoint-writing call may append, enforced by the scheduler
+# Journal entries one checkpoint-writing call may append, enforced by the scheduler. A step appends a
+# few; the first write after a schema-1 checkpoint appends that run's whole inline history at once
+# (it must commit with the checkpoint that drops it), so the bound is generous; the gRPC message
+# size bounds the bytes.
+MAX_JOURNAL_ENTRIES = 20_000
