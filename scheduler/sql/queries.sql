@@ -656,11 +656,14 @@ SELECT *, octet_length(state_json::text) AS page_bytes
 FROM agent_checkpoints WHERE run_id = $1 AND version > $2 ORDER BY version LIMIT $3;
 
 -- name: history_tool_executions
--- One page of a run's ledger rows after ($2, $3) in intent order (tool_executions_run_intent_idx).
+-- One page of a run's ledger rows after ($2, $3) in intent order. The
+-- '-infinity' condition (true of every row) selects the partial index
+-- tool_executions_run_intent_idx, which no ledger write can use.
 SELECT *, octet_length(request_json::text) + coalesce(octet_length(response_json::text), 0)
          + coalesce(octet_length(reconciliation_evidence::text), 0) AS page_bytes
 FROM tool_executions
-WHERE run_id = $1 AND ($2::timestamptz IS NULL OR (outbound_intent_at, id) > ($2, $3::uuid))
+WHERE run_id = $1 AND outbound_intent_at > '-infinity'::timestamptz
+  AND ($2::timestamptz IS NULL OR (outbound_intent_at, id) > ($2, $3::uuid))
 ORDER BY outbound_intent_at, id LIMIT $4;
 
 -- name: history_journal

@@ -73,3 +73,31 @@ async def check_plan(db: asyncpg.Connection, name: str) -> None:
     for node_type, _, index in ledger:
         assert node_type in ("Index Scan", "Index Only Scan"), (name, ledger)
         assert index == "tool_executions_run_id_step_key_key", (name, ledger)
+
+
+async def test_history_pages_of_the_ledger_use_the_intent_order_index(db_url):
+    """A page of a long run's ledger is read in index order, never by sorting every row of the run."""
+    db = await asyncpg.connect(db_url)
+    try:
+        await db.execute("SET plan_cache_mode = force_generic_plan")
+        await db.execute(
+            """
+            INSERT INTO agent_runs (id, tenant_id, agent_name, status) VALUES (gen_random_uuid(), 't', 'a', 'QUEUED')
+            """)
+        await db.execute(
+            """
+            INSERT INTO tool_executions (id, run_id, step_key, tool_name, idempotency_key, request_json, request_hash,
+                                         status, fencing_token, intent_event_id, completed_at, response_json)
+            SELECT gen_random_uuid(), r.id, 's/' || n, 'tool', 'k-' || n, '{}'::jsonb, sha256(n::text::bytea),
+                   'SUCCEEDED', 1, gen_random_uuid(), clock_timestamp(), '{}'
+            FROM agent_runs AS r, generate_series(1, 2000) AS n""")
+        await db.execute("ANALYZE tool_executions")
+        await db.execute(f"PREPARE history_page AS {Q['history_tool_executions']}")
+        run_id = await db.fetchval("SELECT id FROM agent_runs")
+        plan = json.loads(await db.fetchval(
+            f"EXPLAIN (FORMAT JSON) EXECUTE history_page('{run_id}', NULL, NULL, 50)"))
+        ledger = [scan for scan in scans(plan) if scan[1] == "tool_executions"]
+        assert ledger == [("Index Scan", "tool_executions", "tool_executions_run_intent_idx")], ledger
+        assert "Sort" not in json.dumps(plan), json.dumps(plan)[:2000]
+    finally:
+        await db.close()
