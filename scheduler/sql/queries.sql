@@ -195,6 +195,9 @@ WITH run AS (
   UPDATE agent_runs AS r
   SET status = 'RUNNING', version = r.version + 1, current_step_key = $8,
       checkpoint_schema_version = $10, journal_length = r.journal_length + cardinality($21::bigint[]),
+      -- A succeeded step is progress: from here the claim in hand is the next step's first
+      -- attempt, so a long run's retries over thousands of steps never add up to max_attempts.
+      attempt_count = CASE WHEN $7 = 'SUCCEEDED' THEN 1 ELSE r.attempt_count END,
       updated_at = clock_timestamp()
   WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3 AND r.version = $4
     AND r.status = ANY($6::text[]) AND r.current_step_key = $5
@@ -317,6 +320,7 @@ WITH run AS (
   UPDATE agent_runs AS r
   SET version = r.version + 1, current_step_key = $15, checkpoint_schema_version = $9,
       journal_length = r.journal_length + cardinality($27::bigint[]),
+      attempt_count = CASE WHEN $7 = 'SUCCEEDED' THEN 1 ELSE r.attempt_count END,  -- progress (as above)
       updated_at = clock_timestamp()
   WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3 AND r.version = $4
     AND r.status = ANY($6::text[]) AND r.current_step_key = $5
