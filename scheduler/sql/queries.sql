@@ -724,7 +724,7 @@ WITH batch AS (
   WHERE cp.run_id = due.id AND cp.version > due.previous AND cp.version <= due.horizon
   RETURNING 1
 )
-SELECT (SELECT max(id) FROM batch) AS last_id, (SELECT count(*) FROM batch) AS runs,
+SELECT (SELECT id FROM batch ORDER BY id DESC LIMIT 1) AS last_id, (SELECT count(*) FROM batch) AS runs,
        (SELECT count(*) FROM deleted) AS deleted, (SELECT count(*) FROM due WHERE behind) AS behind;
 
 -- name: history_events
