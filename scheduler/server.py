@@ -22,20 +22,24 @@ from scheduler.migrate import require_current_schema
 from scheduler.notifier import WorkNotifier
 from scheduler.service import RunServicer, WorkServicer
 from scheduler.store import Store, connect_pool
+from scheduler.wire import add_service
 from shared.config import SchedulerSettings
-from shared.gen.agentrt.v1 import (
-    run_service_pb2,
-    run_service_pb2_grpc,
-    work_service_pb2,
-    work_service_pb2_grpc,
-)
+from shared.gen.agentrt.v1 import run_service_pb2, work_service_pb2
 from shared.tracing import ServerSpans, records_spans, setup_tracing
 
 log = logging.getLogger(__name__)
-SERVICE_NAMES = (
-    run_service_pb2.DESCRIPTOR.services_by_name["RunService"].full_name,
-    work_service_pb2.DESCRIPTOR.services_by_name["WorkService"].full_name,
-)
+RUN_SERVICE = run_service_pb2.DESCRIPTOR.services_by_name["RunService"]
+WORK_SERVICE = work_service_pb2.DESCRIPTOR.services_by_name["WorkService"]
+SERVICE_NAMES = (RUN_SERVICE.full_name, WORK_SERVICE.full_name)
+
+
+def max_receive_bytes(settings: SchedulerSettings) -> int:
+    """gRPC's receive limit: a bigger message is answered RESOURCE_EXHAUSTED before any handler runs.
+
+    Room for a request carrying several JSON fields at their size limit, plus 1 MiB; within it,
+    an oversized field is refused INVALID_ARGUMENT by name (README, error table).
+    """
+    return settings.max_payload_bytes * 4 + (1 << 20)
 
 
 class SchedulerServer:
@@ -69,7 +73,7 @@ class SchedulerServer:
         self.store = Store(pool, s)
         self._notifier = WorkNotifier(s.database_url)
         await self._notifier.start(pool)
-        limit = s.max_payload_bytes * 4 + (1 << 20)
+        limit = max_receive_bytes(s)
         self.metrics = SchedulerMetrics() if s.metrics_addr else None
         server = grpc.aio.server(
             interceptors=[
@@ -79,11 +83,11 @@ class SchedulerServer:
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit * 4),
                      ("grpc.so_reuseport", 0)],
         )
-        run_service_pb2_grpc.add_RunServiceServicer_to_server(RunServicer(self.store, s, self._notifier), server)
-        work_service_pb2_grpc.add_WorkServiceServicer_to_server(
-            WorkServicer(self.store, s, self._notifier, tracer=provider.get_tracer("agentrt.grpc.server"),
-                         observe=self.metrics.observe_rpc if self.metrics else None,
-                         recording=records_spans(provider)), server)
+        # Not the generated add_*_to_server: bytes that are no message answer INVALID_ARGUMENT (wire.py).
+        add_service(server, RUN_SERVICE, RunServicer(self.store, s, self._notifier))
+        add_service(server, WORK_SERVICE, WorkServicer(
+            self.store, s, self._notifier, tracer=provider.get_tracer("agentrt.grpc.server"),
+            observe=self.metrics.observe_rpc if self.metrics else None, recording=records_spans(provider)))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -37,6 +37,7 @@ from scheduler.store import (
     SubmitSpec,
     ToolIntent,
 )
+from scheduler.wire import MalformedRequest
 from shared.canonical import uuid7
 from shared.config import SchedulerSettings
 from shared.errors import AgentrtError, InvalidArgument, status_code_for, to_grpc_status
@@ -73,11 +74,17 @@ MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
 
 
 def rpc(handler: Handler[R]) -> Handler[R]:
-    """Maps typed errors to statuses; nothing else (and no stack trace) reaches the client."""
+    """Maps typed errors to statuses; nothing else (and no stack trace) reaches the client.
+
+    Bytes that did not decode as the request message arrive as a MalformedRequest (wire.py)
+    and are answered INVALID_ARGUMENT before the handler runs.
+    """
 
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         try:
+            if isinstance(request, MalformedRequest):
+                raise request.error()
             return await handler(self, request, context)
         except AgentrtError as error:
             annotate(error_reason=error.reason)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 import uuid
 from collections.abc import Mapping
+from itertools import accumulate, count
 from typing import Any
 
 from shared.canonical import CanonicalJson, canonical_json
@@ -16,13 +18,21 @@ _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 _STEP_KEY = re.compile(r"^[^\x00-\x1f]{1,400}$")
 TENANT_HEADER = "x-tenant-id"
+# Deepest nesting of arrays and objects a *_json field may have. Far below the interpreter's
+# recursion limit (~1000), which the C JSON encoder and decoder recurse against: deeper text
+# would fail as RecursionError (INTERNAL) instead of being refused.
+MAX_JSON_DEPTH = 128
+_NOT_STRUCTURE = bytes(byte for byte in range(256) if byte not in b'[]{}"')
+_ONE_BRACKET_KIND = bytes.maketrans(b"{}", b"[]")
 
 
 def tenant_from_metadata(metadata: Any) -> str:
     values = [value for key, value in (metadata or ()) if key == TENANT_HEADER]
     if not values:
         raise Unauthenticated(f"call metadata must name the tenant in {TENANT_HEADER}")
-    tenant = values[-1]
+    if len(values) > 1:  # picking one would let a proxy and the scheduler disagree on the tenant
+        raise InvalidArgument(TENANT_HEADER, f"must be given once, not {len(values)} times")
+    tenant = values[0]
     if isinstance(tenant, bytes) or not _TENANT.match(tenant):
         raise InvalidArgument(TENANT_HEADER, "must be 1-128 characters of letters, digits, . _ : -")
     return tenant
@@ -99,6 +109,8 @@ def parse_json_canonical(field: str, text: str, limit: int, *, required: bool = 
     # At most 4 UTF-8 bytes per character: short text needs no encoding to be measured.
     if len(text) > limit // 4 and len(text.encode("utf-8")) > limit:
         raise InvalidArgument(field, f"is larger than the {limit}-byte payload limit")
+    if _nests_deeper_than(text, MAX_JSON_DEPTH):
+        raise InvalidArgument(field, f"nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         value = _DECODER.decode(text)
     except (ValueError, RecursionError) as exc:
@@ -111,19 +123,61 @@ def parse_json_canonical(field: str, text: str, limit: int, *, required: bool = 
         raise InvalidArgument(field, "must not contain NUL characters (PostgreSQL jsonb refuses them)")
     try:  # 1e400 parses as inf and "\ud800" as a lone surrogate: neither can be stored or hashed
         canonical = canonical_json(value)
-        canonical.encode("utf-8")
+        size = len(canonical.encode("utf-8"))
     except ValueError:
         raise InvalidArgument(field, "must hold finite numbers and valid Unicode text only") from None
+    if size > limit:  # numbers are written out as jsonb writes them: 1e300 is 301 digits
+        raise InvalidArgument(field, f"is larger than the {limit}-byte payload limit once its numbers are "
+                                     "written out in full, as stored")
     return value, CanonicalJson(canonical)
 
 
+def _nests_deeper_than(text: str, limit: int) -> bool:
+    """Whether arrays and objects in JSON text nest deeper than `limit`, found without recursion.
+
+    Brackets inside strings do not count. Only C-level passes over the text run, no loop per
+    character: escapes out, all but brackets and quotes out (text with few brackets stops
+    there), strings out, innermost pairs out a few times, then a running maximum over what
+    is left. Exact for valid JSON. Up to its first syntax error text is read here as the
+    decoder reads it, so the decoder never nests deeper than measured; beyond an error the
+    depth may be overestimated, which only changes the words of the refusal.
+    """
+    if len(text) <= limit:
+        return False
+    data = text.encode("ascii", "ignore")  # structure is ASCII; anything else is string content
+    if b"\\" in data:  # escaped backslashes and quotes: string content that would end strings below
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    data = data.translate(_ONE_BRACKET_KIND, _NOT_STRUCTURE)
+    if data.count(b"[") <= limit:  # every opener, those in strings too: a bound from above
+        return False
+    data = data.replace(b'""', b"")  # strings without brackets
+    if b'"' in data:
+        data = b"".join(data.split(b'"')[::2])  # quotes pair up: the odd parts are inside strings
+    # One pass takes every innermost pair away, and with them one level: most of a large
+    # document's brackets go in the first passes, in C, before the running maximum below.
+    levels = 0
+    while levels < 4 and b"[]" in data:
+        data = data.replace(b"[]", b"")
+        levels += 1
+    if levels + data.count(b"[") <= limit:
+        return False
+    # Depth just before the k-th "]" is the number of "[" up to it less k.
+    return levels + max(map(operator.sub, accumulate(map(len, data.split(b"]"))), count())) > limit
+
+
 def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any("\x00" in k or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
+    pending = [value]  # a work list, not recursion: depth is bounded, but need not be trusted
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            if any("\x00" in key for key in item):
+                return True
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
     return False
 
 

@@ -4,9 +4,9 @@ Each case starts from a request that the scheduler would accept (the control
 tests below send each one unmodified to prove it) and breaks exactly one
 thing: a missing field, a non-UUID id, invalid JSON, JSON that is not an
 object, NaN, a number JSON can carry but JSON-the-spec cannot (1e400), a lone
-surrogate, NUL characters PostgreSQL refuses, an unknown enum number, a value
-out of range, a payload over the configured size limit, a bad page token, or
-a missing x-tenant-id header. The answer must be INVALID_ARGUMENT with an
+surrogate, NUL characters PostgreSQL refuses, JSON nested too deep, an unknown
+enum number, a value out of range, a payload over the configured size limit, a
+bad page token, or a missing x-tenant-id header. The answer must be INVALID_ARGUMENT with an
 ErrorInfo naming the field (UNAUTHENTICATED for the header), no stack trace
 anywhere in the status, and no row changed in any table.
 
@@ -37,7 +37,7 @@ from shared.errors import error_info
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
-from shared.writes import WRITE_OPS
+from shared.writes import MAX_JOURNAL_ENTRIES, WRITE_OPS
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ SETTINGS = {"max_payload_bytes": LIMIT, "lease_duration_ms": 3_600_000}
 S1, S2, TOOL = "refund.create/attempt-1", "refund.notify/attempt-1", "payments.refund"
 REQ2 = {"order": 7, "notify": True}
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
-TABLES = ("agent_runs", "agent_checkpoints", "tool_executions", "outbox", "runtime_counters")
+TABLES = ("agent_runs", "agent_checkpoints", "tool_executions", "outbox", "runtime_counters", "run_journal")
 
 
 # ---------------------------------------------------------------------- the runs every request refers to
@@ -161,14 +161,19 @@ def base_request(rpc: str, w: World) -> Message:
                                    event_id=eid(), error_class="none")
     if rpc == "WriteBatch":
         return ws.WriteBatchRequest(items=[ws.WriteBatchItem(heartbeat=ws.HeartbeatRequest(lease=w.running))])
+    if rpc == "ReadJournal":
+        return ws.ReadJournalRequest(lease=w.running, after_seq=0, page_size=10)
+    if rpc == "GetToolResults":
+        return ws.GetToolResultsRequest(lease=w.waiting, step_keys=[S1, S2])
     raise AssertionError(rpc)
 
 
 RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "ResumeRun", "ResolveToolExecution", "GetRunHistory",
             "GetStats")
 WORK_RPCS = ("ClaimWork", "Heartbeat", "SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "MarkToolInDoubt",
-             "FinishRun", "CompleteAndBeginToolCall", "WriteBatch")
-WRITES = WORK_RPCS[1:-1]  # the fenced ones
+             "FinishRun", "CompleteAndBeginToolCall", "WriteBatch", "ReadJournal", "GetToolResults")
+WRITES = WORK_RPCS[1:-3]  # the fenced ones
+HOLDER_READS = ("ReadJournal", "GetToolResults")  # reads for the live lease holder only
 # A fenced write's single call -> its WriteBatchItem field.
 ITEM_OPS = {method: op for op, method in WRITE_OPS.items()}
 MISSING = object()  # header absent
@@ -233,6 +238,10 @@ BROKEN_JSON = [
     ("lone surrogate", '{"a": "\\ud800"}'),
     ("NUL", '{"a": "x\\u0000y"}'),
     ("oversized", OVERSIZED),
+    # Nested past validate.MAX_JSON_DEPTH (128): refused before decoding, never a RecursionError.
+    ("nested 129 deep", '{"a": ' + "[" * 128 + "]" * 128 + "}"),
+    ("nested 980 deep", '{"a": ' + "[" * 979 + "]" * 979 + "}"),
+    ("NUL 400 deep", '{"a": ' + "[" * 399 + '"\\u0000"' + "]" * 399 + "}"),
 ]
 
 
@@ -265,6 +274,33 @@ def enum_cases(rpc: str, field: str) -> list[Bad]:
     key = field.replace(".", "__")
     return [Bad(rpc, f"{field} unknown number", put(**{key: 99}), field),
             Bad(rpc, f"{field} unspecified", put(**{key: 0}), field)]
+
+
+def journal_cases(rpc: str) -> list[Bad]:
+    """Bad journal entries on a checkpoint-writing call (the request is valid without them)."""
+    valid = {"seq": 1, "kind": "tool", "step_key": "s/1", "detail_json": '{"n": 1}'}
+
+    def entries(*changes: dict[str, Any]) -> Callable[[Message], None]:
+        return put(journal=[pb.JournalEntry(**{**valid, **change}) for change in changes])
+
+    return [
+        Bad(rpc, "journal seq zero", entries({"seq": 0}), "journal[0].seq"),
+        Bad(rpc, "journal seq negative", entries({"seq": -4}), "journal[0].seq"),
+        Bad(rpc, "journal seqs not consecutive", entries({}, {"seq": 3}), "journal[1].seq"),
+        Bad(rpc, "journal seq repeated", entries({}, {}), "journal[1].seq"),
+        Bad(rpc, "journal not continuing the run's", entries({"seq": 2}), "journal[0].seq"),
+        Bad(rpc, "journal kind unknown", entries({"kind": "nope"}), "journal[0].kind"),
+        Bad(rpc, "journal kind missing", entries({"kind": ""}), "journal[0].kind"),
+        Bad(rpc, "journal step_key with newline", entries({}, {"seq": 2, "step_key": "a\nb"}), "journal[1].step_key"),
+        Bad(rpc, "journal step_key too long", entries({"step_key": "s" * 401}), "journal[0].step_key"),
+        Bad(rpc, "journal node too long", entries({"node": "n" * 201}), "journal[0].node"),
+        Bad(rpc, "journal tool with NUL", entries({"tool": "a\x00b"}), "journal[0].tool"),
+        Bad(rpc, "journal too many entries",
+            put(journal=[pb.JournalEntry(seq=n, kind="tool") for n in range(1, MAX_JOURNAL_ENTRIES + 2)]),
+            "journal"),
+        *[Bad(rpc, f"journal detail_json {label}", entries({"detail_json": text}), "journal[0].detail_json")
+          for label, text in [*BROKEN_JSON, ("array", "[1]"), ("string", '"text"'), ("null", "null")]],
+    ]
 
 
 def with_end(case: Bad) -> Bad:
@@ -365,7 +401,7 @@ CASES: list[Bad] = [
     Bad("ClaimWork", "agent name with spaces", put(agents=["bi-queued", "my agent"]), "agents"),
     Bad("ClaimWork", "wait_ms negative", put(wait_ms=-1), "wait_ms"),
     # ---- every fenced write: the lease
-    *[case for rpc in WRITES for case in [
+    *[case for rpc in WRITES + HOLDER_READS for case in [
         Bad(rpc, "lease missing", put(lease=CLEAR), "lease.run_id"),
         *uuid_cases(rpc, "lease.run_id"),
         Bad(rpc, "lease.worker_id missing", put(lease__worker_id=CLEAR), "lease.worker_id"),
@@ -466,6 +502,20 @@ CASES: list[Bad] = [
         Bad("CompleteToolCall", "end with NOT_EXECUTED",
             put(outcome=ws.TOOL_OUTCOME_NOT_EXECUTED, evidence_json='{"lookup": "not_found"}'), "end"),
     ]],
+    # ---- journal entries on the checkpoint-writing calls
+    *[case for rpc in ("SaveCheckpoint", "CompleteToolCall", "CompleteAndBeginToolCall")
+      for case in journal_cases(rpc)],
+    Bad("CompleteToolCall", "journal with NOT_EXECUTED",
+        put(outcome=ws.TOOL_OUTCOME_NOT_EXECUTED, evidence_json='{"lookup": "not_found"}',
+            journal=[pb.JournalEntry(seq=1, kind="result")]), "journal"),
+    # ---- ReadJournal and GetToolResults
+    Bad("ReadJournal", "after_seq negative", put(after_seq=-1), "after_seq"),
+    Bad("ReadJournal", "page_size negative", put(page_size=-1), "page_size"),
+    Bad("ReadJournal", "page_size too large", put(page_size=5001), "page_size"),
+    Bad("GetToolResults", "step_keys empty", put(step_keys=[]), "step_keys"),
+    Bad("GetToolResults", "too many step_keys", put(step_keys=[f"s/{n}" for n in range(501)]), "step_keys"),
+    Bad("GetToolResults", "step key with newline", put(step_keys=[S1, "a\nb"]), "step_keys"),
+    Bad("GetToolResults", "step key empty", put(step_keys=[""]), "step_keys"),
     # ---- WriteBatch (the call itself; its items are refused one by one: test_bad_batch_items_...)
     Bad("WriteBatch", "items empty", put(items=[]), "items"),
     Bad("WriteBatch", "too many items",
@@ -660,10 +710,11 @@ async def test_corrupt_message_changes_nothing_and_leaks_no_trace(shared):
             assert await snapshot(url) == before
 
 
-@pytest.mark.xfail(strict=True, reason="grpcio parses the request before any servicer code runs and answers a "
-                   "protobuf DecodeError with UNKNOWN 'Unexpected <class DecodeError>'; mapping it to "
-                   "INVALID_ARGUMENT needs wrapping the request deserializers where services are registered")
 async def test_corrupt_message_is_invalid_argument(shared):
+    """grpcio decodes before any servicer code runs; scheduler/wire.py turns its DecodeError into this.
+
+    Every method: tests/integration/test_hostile_input.py.
+    """
     url, _ = shared
     async with scheduler_stack(url, **SETTINGS) as stack:
         raw = stack.channel.unary_unary("/agentrt.v1.RunService/SubmitRun", request_serializer=lambda b: b,
@@ -671,3 +722,5 @@ async def test_corrupt_message_is_invalid_argument(shared):
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await raw(CORRUPT, metadata=stack.md())
         assert refused.value.code() == INVALID
+        assert error_info(refused.value).metadata["field"] == "request"
+        assert refused.value.details() == "request: is not a valid agentrt.v1.SubmitRunRequest message"

@@ -1,6 +1,8 @@
 import json
 import uuid
+from decimal import Decimal
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -62,3 +64,84 @@ def test_parsed_once_canonical_text_stores_and_hashes_like_the_value(value):
     assert encode_json(canonical) is canonical  # the jsonb codec passes it through, never re-encodes
     assert encode_json("text") == '"text"'  # a plain str is still a JSON string value
     assert sha256_of(canonical) == sha256_of(value)
+
+
+# ---------------------------------------------------------------------- numbers as jsonb writes them
+# jsonb keeps a number as numeric: numeric_in keeps max(0, fractional digits - exponent) digits after
+# the point and numeric_out writes them all, with no exponent and no negative zero. The canonical
+# text must already be in that form, or a hash taken over it stops matching the stored value
+# (tests/integration/test_json_numbers.py checks the same against PostgreSQL itself).
+
+FINITE = st.floats(allow_nan=False, allow_infinity=False)  # the whole range: subnormals, -0.0, 1.8e308
+NUMBER_LIKE_TEXT = st.text(alphabet='0123456789.e+-E"\\[]{},: x\u00e9', max_size=12)
+numeric_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | FINITE | NUMBER_LIKE_TEXT,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(NUMBER_LIKE_TEXT, children, max_size=4),
+    max_leaves=25,
+)
+
+
+def numeric_out(literal: str) -> str:
+    """numeric_out(numeric_in(literal)), done with Decimal: the oracle for one number."""
+    number = Decimal(literal)
+    exponent = number.as_tuple().exponent
+    assert isinstance(exponent, int)
+    text = format(number, f".{max(0, -exponent)}f")
+    return text.lstrip("-") if number.is_zero() else text
+
+
+def float_literal(text: str) -> float:
+    """parse_float hook: every float literal of canonical text has jsonb's form."""
+    number = float(text)
+    assert "e" not in text.lower(), text
+    assert number or not text.startswith("-"), text  # no negative zero
+    return number
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (1e16, "10000000000000000"), (-0.0, "0.0"), (1e-7, "0.0000001"), (1.5e-07, "0.00000015"),
+    (1e-05, "0.00001"), (-1e-5, "-0.00001"), (2.5e+20, "250000000000000000000"), (1e22, "10000000000000000000000"),
+    (1.0, "1.0"), (0.1, "0.1"), (123.456, "123.456"), (-1.7976931348623157e+308, "-17976931348623157" + "0" * 292),
+    (5e-324, "0." + "0" * 323 + "5"), (123456789012345678901234567890, "123456789012345678901234567890"),
+])
+def test_floats_are_written_as_jsonb_writes_them(value, text):
+    assert canonical_json(value) == text
+    assert canonical_json({"x": [value]}) == f'{{"x":[{text}]}}'
+
+
+@given(FINITE | st.integers())
+def test_every_number_is_written_as_numeric_out_writes_its_literal(number):
+    assert canonical_json(number) == numeric_out(repr(number))
+
+
+@given(numeric_values)
+def test_canonical_text_is_a_fixpoint_and_keeps_the_value(value):
+    text = canonical_json(value)
+    parsed = json.loads(text, parse_float=float_literal)
+    assert canonical_json(parsed) == text
+    assert same_value(parsed, value)
+
+
+def same_value(parsed, value) -> bool:
+    """`parsed` reads back `value`: strings exactly, floats as the same float (1e16 reads back as an int)."""
+    if isinstance(value, float):
+        return isinstance(parsed, int | float) and not isinstance(parsed, bool) and float(parsed) == value
+    if isinstance(value, list):
+        return isinstance(parsed, list) and len(parsed) == len(value) and all(map(same_value, parsed, value))
+    if isinstance(value, dict):
+        return isinstance(parsed, dict) and parsed.keys() == value.keys() and all(
+            same_value(parsed[key], value[key]) for key in value)
+    return type(parsed) is type(value) and parsed == value
+
+
+def test_strings_and_keys_that_look_like_numbers_are_left_alone():
+    value = {"1e+16": ["-0.0", "x\"1e+16\\", 1e16], "\\": -0.0, "a\\\"b": "\\\\1e-07\"", "-0.0": 1.5e-07}
+    assert canonical_json(value) == (
+        '{"-0.0":0.00000015,"1e+16":["-0.0","x\\"1e+16\\\\",10000000000000000],"\\\\":0.0,'
+        '"a\\\\\\"b":"\\\\\\\\1e-07\\""}')
+    assert json.loads(canonical_json(value)) == value
+
+
+def test_text_without_exponent_or_negative_zero_is_the_encoders_text():
+    value = {"note": "one-time re-run, see e-mail", "n": [-0.05, -10.0, 0.0001, 1234567890123456.0]}
+    assert canonical_json(value) == json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
