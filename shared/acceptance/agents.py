@@ -50,3 +50,11 @@ def three_step(name: str, mock_url: str, contract: dict[str, bool], *, sleep_ms:
              {"id": "done", "finish": {"a": "${results.a.response.id}", "b": "${results.b.response.id}",
                                        "c": "${results.c.response.id}"}}]
     return scripted(name, plan, tools)
+
+
+def long_run(name: str, mock_url: str, steps: int) -> dict[str, Any]:
+    """One node repeating a looked-up, fenced tool `steps` times, then finish: the soak's long runs."""
+    tool = http_tool(mock_url, f"{name}.step", LOOKUP)
+    plan: list[dict[str, Any]] = [{**tool_step("step", f"{name}.step"), "repeat": steps},
+                                  {"id": "done", "finish": {"last": "${results.step.response.id}"}}]
+    return scripted(name, plan, [tool])

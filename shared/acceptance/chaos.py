@@ -11,7 +11,9 @@ PostgreSQL is restarted with `pg_ctl restart -m immediate`; two thirds in, the
 broker is stopped and started again. Killed processes are started again at
 once. Then the faults stop and everything settles, and the soak checks:
 
-- every run terminal, or paused with a recorded reason;
+- every run terminal, or paused with a recorded reason; the long runs (`--long-share` of the runs,
+  `--long-steps` tool steps each, taken over whenever their executor is killed) completed, each
+  step's call recorded once in the ledger and once in the run's gapless journal;
 - at most one mock request per idempotency key for non-idempotent tools without lookup;
 - every outbox row published; the consumer applied every event exactly once;
 - the invariant queries (shared.acceptance.invariants) find no violations and no checkpoint version gaps.
@@ -31,17 +33,19 @@ import random
 import signal
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import grpc
 
-from shared.acceptance.agents import IDEMPOTENT, LOOKUP, NON_IDEMPOTENT, three_step, write_agents
+from shared.acceptance.agents import IDEMPOTENT, LOOKUP, NON_IDEMPOTENT, long_run, three_step, write_agents
 from shared.acceptance.experiments_platform import check_invariants
 from shared.acceptance.lab import Lab, Suite
 from shared.acceptance.pipeline import Pipeline, TopicReader, read_all
 from shared.acceptance.procs import Proc, wait_until
 
 AGENTS = {"chaos-nonidem": NON_IDEMPOTENT, "chaos-idem": IDEMPOTENT, "chaos-lookup": LOOKUP}
+LONG_AGENT = "chaos-long"
 TENANTS = ("tenant-chaos-1", "tenant-chaos-2")
 EXECUTOR_POINTS = ("after_claim_commit", "after_checkpoint_commit", "after_outbound_intent_commit",
                    "before_tool_send", "after_tool_response_before_tx2_commit", "before_finish")
@@ -58,6 +62,7 @@ class Chaos:
         self.kills: collections.Counter[str] = collections.Counter()
         self.respawns: collections.Counter[str] = collections.Counter()
         self.run_ids: list[str] = []
+        self.long_ids: list[str] = []
         self.faulty = True  # executors and the relay carry armed fault points until the settle phase
         self.submit_errors = 0
         self.timeline: list[str] = []
@@ -116,11 +121,13 @@ class Chaos:
         assert self.lab.api is not None
         api = self.lab.api
         agents = list(AGENTS)
+        every = max(1, round(1 / self.args.long_share)) if self.args.long_share > 0 else 0
         for i in range(self.args.runs):
             due = self.started + (until - self.started) * i / self.args.runs
             if due > time.monotonic():
                 await asyncio.sleep(due - time.monotonic())
-            tenant, agent = TENANTS[i % 2], agents[i % len(agents)]
+            long = bool(every) and i % every == 0  # the first run is long: it lives through the most faults
+            tenant, agent = TENANTS[i % 2], LONG_AGENT if long else agents[i % len(agents)]
             while True:  # the same client_request_id makes a retried submit land once
                 try:
                     run = await api.submit(tenant, agent, {"n": i}, client_request_id=f"chaos-{i}")
@@ -129,6 +136,8 @@ class Chaos:
                     self.submit_errors += 1
                     await asyncio.sleep(0.2)
             self.run_ids.append(run.run_id)
+            if long:
+                self.long_ids.append(run.run_id)
 
     # ------------------------------------------------------------------ faults
 
@@ -201,7 +210,8 @@ class Chaos:
         self.scheduler = next(p for p in lab.procs if p.name == "scheduler")
         self.generation["scheduler"] = 1
         write_agents(line.agents_dir, *(three_step(name, mock.url, contract, sleep_ms=100 if name ==
-                                                   "chaos-lookup" else 0) for name, contract in AGENTS.items()))
+                                                   "chaos-lookup" else 0) for name, contract in AGENTS.items()),
+                     long_run(LONG_AGENT, mock.url, args.long_steps))
         await line.start_events(relay=False)
         await self.spawn_relay()
         for i in range(args.executors):
@@ -244,6 +254,31 @@ class Chaos:
         self.note("settled; checking")
         return await self.report(statuses)
 
+    async def check_long_runs(self) -> None:
+        lab = self.lab
+        if not self.long_ids:
+            return
+        ids = [uuid.UUID(i) for i in self.long_ids]
+        rows = await lab.sql(
+            "SELECT r.id, r.status, r.fencing_token, "
+            "(SELECT count(*) FROM tool_executions t WHERE t.run_id = r.id AND t.status = 'SUCCEEDED') AS steps, "
+            "(SELECT count(*) FROM run_journal j WHERE j.run_id = r.id AND j.kind = 'tool') AS tool_entries, "
+            "(SELECT count(DISTINCT j.step_key) FROM run_journal j WHERE j.run_id = r.id AND j.kind = 'tool') "
+            "  AS distinct_tool_entries, "
+            "(SELECT coalesce(max(seq), 0) = count(*) FROM run_journal j WHERE j.run_id = r.id) AS gapless, "
+            "(SELECT max(octet_length(state_json::text)) FROM agent_checkpoints c WHERE c.run_id = r.id) "
+            "  AS max_checkpoint_bytes "
+            "FROM agent_runs r WHERE r.id = ANY($1::uuid[]) ORDER BY r.created_at", ids,
+            note="long runs: status, takeovers (fence), steps, journal")
+        steps = self.args.long_steps
+        lab.ev.observe(long_runs=[{k: (str(v) if k == "id" else v) for k, v in dict(r).items()} for r in rows])
+        lab.ev.check(f"long runs ({len(rows)} of {steps} steps) completed, each step once in the ledger and the "
+                     "journal, the journal gapless",
+                     len(rows) == len(ids) and all(
+                         r["status"] == "COMPLETED" and r["steps"] == steps and r["tool_entries"] == steps
+                         and r["distinct_tool_entries"] == steps and r["gapless"] for r in rows),
+                     [dict(r) for r in rows])
+
     async def report(self, statuses: collections.Counter[str]) -> int:
         lab, line = self.lab, self.line
         assert line.mock is not None
@@ -275,6 +310,7 @@ class Chaos:
         ev.check("every run terminal or paused with a recorded reason", settled == len(self.run_ids),
                  dict(statuses))
         ev.check("non-idempotent tools without lookup: at most one request per idempotency key", not over, over)
+        await self.check_long_runs()
         await line.check_delivery()
         await check_invariants(lab, self.run_ids)
         ev.finish()

@@ -30,6 +30,9 @@ def chaos_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settle-minutes", type=float, default=5.0, help="bound on the settle phase (default 5)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
     parser.add_argument("--lease-ms", type=int, default=4000, help="scheduler lease (default 4000)")
+    parser.add_argument("--long-share", type=float, default=0.03,
+                        help="share of runs that are long (default 0.03; at least one when > 0)")
+    parser.add_argument("--long-steps", type=int, default=500, help="tool steps of a long run (default 500)")
     parser.add_argument("--artifacts", type=Path, help="output directory (default artifacts/chaos/<time>)")
 
 

@@ -27,4 +27,9 @@ def test_a_short_soak_keeps_every_invariant(tmp_path: Path) -> None:
     assert observed["runs"] == 30 and observed["outbox_pending"] == 0
     assert {"executor", "relay", "scheduler"} <= set(observed["sigkills_by_soak"]), observed["sigkills_by_soak"]
     assert observed["postgres_restart_s"] is not None
+    # One run in 33 is a long one (500 tool steps, its executor killed like the others): it completed,
+    # each step once in the ledger and once in a gapless journal.
+    long_runs = observed["long_runs"]
+    assert len(long_runs) == 1 and long_runs[0]["status"] == "COMPLETED", long_runs
+    assert long_runs[0]["steps"] == long_runs[0]["tool_entries"] == 500 and long_runs[0]["gapless"], long_runs
     assert "PASS:" in done.stdout and "runs 30:" in done.stdout
