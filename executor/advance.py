@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import jsonschema
 
 from executor.agents import AgentDefinition
-from executor.checkpoint import Finished, State, ToolDecision, Waiting
+from executor.checkpoint import MAX_AGENT_STATE_BYTES, Finished, State, ToolDecision, Waiting
 from executor.deciders.base import (
     Decider,
     DecisionContext,
@@ -39,6 +39,7 @@ from executor.steps import (
     step_key_for,
     tool_decision,
 )
+from shared.canonical import canonical_json
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,15 @@ class Advancer:
         return None
 
     def apply(self, state: State, proposal: Proposal) -> tuple[State, Action]:
+        if proposal.agent_state is not None:
+            size = len(canonical_json(proposal.agent_state).encode("utf-8"))
+            if size > MAX_AGENT_STATE_BYTES:
+                too_large = Invalid("agent_state_too_large", f"the decider's agent_state is {size} bytes, over the "
+                                    f"{MAX_AGENT_STATE_BYTES}-byte limit; keep large data in tool results")
+                proposal = Proposal(too_large, proposal.node, proposal.raw, proposal.tokens, proposal.cost_usd,
+                                    proposal.model)
+            else:
+                state = state.model_copy(update={"agent_state": proposal.agent_state})
         decision = proposal.decision
         if isinstance(decision, ToolCall):
             invalid = self.validate(decision)

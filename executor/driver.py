@@ -233,6 +233,7 @@ class RunDriver:
                     state = await self.persist(state)
                 span.set_attribute(tracing.STEP_KEY, state.cursor)
                 span.set_attribute(tracing.RUN_VERSION, self.version)
+                state = journal.trimmed(state, ANSWER_WINDOW)
                 if isinstance(action, ExecuteTool):
                     span.set_attribute(tracing.TOOL, action.decision.tool_name)
                     span.set_attribute("agentrt.decision_hash", action.decision.request_hash)

@@ -157,3 +157,19 @@ class Rebuilt:
                                         "inputs": self.inputs, "exceptions": self.exceptions,
                                         "journal_len": max(state.journal_len, self.last_seq),
                                         "pending_journal": []})
+
+
+def trimmed(state: State, window: int) -> State:
+    """`state` with only the tool answers a decider may read kept in memory (each node's latest and the
+    last `window` tool steps), so an executor's memory stays flat however long the run; the journal and
+    the ledger keep everything."""
+    if len(state.tool_results) <= 2 * window:
+        return state
+    latest: dict[str, str] = {}
+    recent: list[str] = []
+    for entry in state.history:
+        if entry.kind == "tool":
+            latest[entry.node.split("@", 1)[0]] = entry.step_key
+            recent.append(entry.step_key)
+    keep = set(latest.values()) | set(recent[-window:])
+    return state.model_copy(update={"tool_results": {k: v for k, v in state.tool_results.items() if k in keep}})

@@ -36,7 +36,7 @@ class WaitForInput:
 
 
 InvalidKind = Literal["parse_failure", "refusal", "content_filter", "invalid_arguments", "unknown_tool",
-                      "empty"]
+                      "empty", "agent_state_too_large"]
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,17 @@ class Proposal:
     cost_usd: float = 0.0
     model: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # The decider's own small state, kept in the checkpoint (at most MAX_AGENT_STATE_BYTES of JSON);
+    # None leaves it as it was. Persisted with the decision, so it is never ahead of the run.
+    agent_state: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class DecisionContext:
+    """What a decider sees: the run's input and its state, whose history (tool steps, sleeps, inputs,
+    approvals, exceptions), tool results (each node's latest and the last 64) and operator inputs are
+    rebuilt from the run's journal; `state.agent_state` is the decider's own small state."""
+
     agent: AgentDefinition
     run_id: str
     tenant_id: str

@@ -128,3 +128,35 @@ def test_the_scripted_index_matches_a_full_scan():
         assert (index.visits, index.trailing, index.last) == (visits, trailing, entries[-1])
     replaced = [*history[:-1], history[-1].model_copy(update={"step_key": "a/attempt-2"})]
     assert index.update(replaced).latest_tool["a"] == "a/attempt-2"
+
+
+def test_memory_keeps_only_the_answers_a_decider_may_read():
+    state = initial_state(AGENT)
+    for n in range(500):
+        state, _ = tool_step(state, f"node{n % 7}@{n}", {"n": n})
+        state = journal.trimmed(state, 64)
+    assert len(state.tool_results) <= 128
+    last = {e.node.split("@")[0]: e.step_key for e in state.history if e.kind == "tool"}
+    assert set(last.values()) <= set(state.tool_results)  # each node's latest answer is still there
+    assert {e.step_key for e in state.history[-64:]} <= set(state.tool_results)
+
+
+async def test_a_decider_keeps_a_small_state_and_an_oversized_one_is_refused():
+    from executor.advance import Advancer, Limits
+    from executor.deciders.base import Finish
+
+    class Stub:
+        pure = False
+
+        async def decide(self, ctx):
+            raise AssertionError("not called")
+
+        async def close(self):
+            return None
+
+    advancer = Advancer(AGENT, Stub(), IDS, {}, Limits(), 3, lambda: None)  # type: ignore[arg-type]
+    state, _ = advancer.apply(initial_state(AGENT), Proposal(Finish(1), node="end", agent_state={"seen": 3}))
+    assert state.to_json_dict()["agent_state"] == {"seen": 3}
+    big = Proposal(Finish(1), node="end", agent_state={"blob": "x" * 20_000})
+    refused, _ = advancer.apply(initial_state(AGENT), big)
+    assert refused.agent_state == {} and refused.exceptions[-1]["kind"] == "agent_state_too_large"
