@@ -127,7 +127,8 @@ async def _history(args: argparse.Namespace, client: AgentrtClient) -> None:
                                                   page_token=args.page_token or "", include=args.include or ()):
         if args.json:
             document = {"run": page.run.as_dict(), "checkpoints": page.checkpoints,
-                        "tool_executions": page.tool_executions, "events": page.events, "next_page_token": token}
+                        "tool_executions": page.tool_executions, "events": page.events, "journal": page.journal,
+                        "next_page_token": token}
             if args.all:  # one JSON document per line, a page each
                 print(json.dumps(document, sort_keys=True, default=str), flush=True)
             else:
@@ -159,6 +160,11 @@ def _print_history_page(history: History, *, show_run: bool) -> None:
     for event in history.events:
         print(f"  #{event.get('id')} {event.get('event_type')} v{event.get('run_version', 0)} "
               f"{'published' if event.get('published_at') else 'pending'}")
+    if history.journal:
+        print(f"\njournal ({len(history.journal)}):")
+    for entry in history.journal:
+        print(f"  {entry.get('seq')} {entry.get('kind')} {entry.get('step_key', '')} {entry.get('tool', '')} "
+              f"v{entry.get('run_version', 0)}")
 
 
 async def _resolve(args: argparse.Namespace, client: AgentrtClient) -> None:
@@ -249,13 +255,13 @@ def add_commands(sub: Any) -> None:
     p.add_argument("run_id")
     p.set_defaults(func=_runner(_get))
 
-    p = runs.add_parser("history", help="checkpoints, ledger, events, a page at a time")
+    p = runs.add_parser("history", help="checkpoints, ledger, events, journal, a page at a time")
     _common(p)
     p.add_argument("run_id")
     p.add_argument("--page-size", type=int, default=100, help="items of each part per page (1-500)")
     p.add_argument("--page-token", help="continue from a previous page")
     p.add_argument("--all", action="store_true", help="stream every page")
-    p.add_argument("--include", action="append", choices=["checkpoints", "tool_executions", "events"],
+    p.add_argument("--include", action="append", choices=["checkpoints", "tool_executions", "events", "journal"],
                    help="only these parts (repeatable; default all)")
     p.set_defaults(func=_runner(_history))
 

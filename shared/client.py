@@ -101,6 +101,7 @@ class History:
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     tool_executions: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    journal: list[dict[str, Any]] = field(default_factory=list)  # tool steps, sleeps, inputs, ... by seq
 
 
 def _message_dict(message: Any) -> dict[str, Any]:
@@ -218,7 +219,7 @@ class AgentrtClient:
                             include: Iterable[str] = ()) -> AsyncIterator[tuple[History, str]]:
         """A run's history page by page, with each page's next token ("" after the last).
 
-        `include` names parts: checkpoints, tool_executions, events (default all).
+        `include` names parts: checkpoints, tool_executions, events, journal (default all).
         """
         parts = [getattr(rs, f"HISTORY_PART_{name.upper()}") for name in include]
         token = page_token
@@ -229,7 +230,8 @@ class AgentrtClient:
             yield History(run=RunInfo.from_proto(reply.run),
                           checkpoints=[_message_dict(c) for c in reply.checkpoints],
                           tool_executions=[_message_dict(t) for t in reply.tool_executions],
-                          events=[_message_dict(e) for e in reply.events]), token
+                          events=[_message_dict(e) for e in reply.events],
+                          journal=[_message_dict(j) for j in reply.journal]), token
             if not token:
                 return
 
@@ -238,7 +240,7 @@ class AgentrtClient:
         pages = [page async for page, _ in self.history_pages(run_id, page_size=500, include=include)]
         return History(run=pages[-1].run, checkpoints=[c for p in pages for c in p.checkpoints],
                        tool_executions=[t for p in pages for t in p.tool_executions],
-                       events=[e for p in pages for e in p.events])
+                       events=[e for p in pages for e in p.events], journal=[j for p in pages for j in p.journal])
 
     async def stats(self) -> dict[str, Any]:
         """Runs by status, oldest due queued run, in-doubt count and age, outbox lag (database time)."""

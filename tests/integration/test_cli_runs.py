@@ -131,3 +131,25 @@ async def test_status_reports_health_counts_and_lag(db_url, db):
         assert code == 1 and "relay" in out and "UNREACHABLE" in out
         code, _, _ = await agentrt("status", "--json", addr=stack.addr, tenant="tenant-b")
         assert code == 0
+
+
+async def test_history_shows_the_journal_page_by_page(db_url):
+    from shared.gen.agentrt.v1 import common_pb2 as pb
+
+    async with scheduler_stack(db_url) as stack:
+        run_id = (await submit(stack)).run_id
+        ref = lease_ref(await claim(stack))
+        await stack.work.SaveCheckpoint(ws.SaveCheckpointRequest(
+            lease=ref, expected_version=0, state_json='{"cursor": 3}', schema_version=2, event_id=eid(),
+            journal=[pb.JournalEntry(seq=n, kind="sleep", step_key=f"nap/{n}", detail_json='{"ms": 1}')
+                     for n in (1, 2, 3)]))
+        code, out, err = await agentrt("runs", "history", run_id, "--include", "journal", "--page-size", "2",
+                                       "--json", addr=stack.addr)
+        assert code == 0, err
+        page = json.loads(out)
+        assert [int(e["seq"]) for e in page["journal"]] == [1, 2] and not page["checkpoints"]
+        assert page["journal"][0]["detail"] == {"ms": 1} and page["next_page_token"]
+        code, out, err = await agentrt("runs", "history", run_id, "--include", "journal", "--page-size", "2",
+                                       "--all", addr=stack.addr)
+        assert code == 0, err
+        assert "3 sleep nap/3" in out and out.count("journal (") == 2, out
