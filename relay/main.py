@@ -32,7 +32,7 @@ from relay.publisher import Publisher
 from relay.retention import run_retention
 from relay.store import RelayStore, connect_pool
 from relay.wakeup import OutboxListener
-from scheduler.migrate import require_current_schema
+from shared.db import require_schema
 from shared.metrics import Metrics
 from shared.tracing import setup_tracing
 
@@ -66,7 +66,7 @@ class RelayServer:
         publisher = Publisher(s)
         try:
             async with pool.acquire() as conn:
-                await require_current_schema(conn)
+                await require_schema(conn)
             await self.store.ensure_shards(s.shard_count)
             await publisher.start()
         except BaseException:

@@ -17,26 +17,13 @@ from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import asyncpg
 
-from scheduler.queries import parse_named_queries
-from scheduler.store import _init_connection
+from shared.db import CONNECTION_ERRORS, init_connection, load_queries
 from shared.errors import AgentrtError, NotFound, Unavailable
 
-Q = parse_named_queries((Path(__file__).parent / "sql" / "queries.sql").read_text(encoding="utf-8"))
+Q = load_queries(Path(__file__).parent / "sql" / "queries.sql")
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.CrashShutdownError,
-    ConnectionError,
-    OSError,
-    TimeoutError,
-)
-
 
 class ShardCountMismatch(AgentrtError):
     reason = "SHARD_COUNT_MISMATCH"
@@ -47,7 +34,7 @@ def db_call(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return await func(*args, **kwargs)
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             raise Unavailable(f"database unavailable: {type(exc).__name__}: {exc}") from exc
 
     return wrapper
@@ -80,7 +67,7 @@ class Lag:
 
 
 async def connect_pool(dsn: str, *, min_size: int, max_size: int, command_timeout: float) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection,
+    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init_connection,
                                      command_timeout=command_timeout)
     assert pool is not None
     return pool

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import asyncpg
 
+from shared.db import require_schema
 from shared.errors import SchemaMismatch
 
 MIGRATIONS_DIR = Path(__file__).parent / "sql" / "migrations"
@@ -84,19 +85,6 @@ async def migrate(conn: asyncpg.Connection, migrations: list[Migration] | None =
     return applied_now
 
 
-async def schema_version(conn: asyncpg.Connection) -> int:
-    exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
-    if not exists:
-        return 0
-    return int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations"))
-
-
 async def require_current_schema(conn: asyncpg.Connection) -> None:
-    """Services refuse to start on a schema older or newer than this build knows."""
-    known = len(available_migrations())
-    current = await schema_version(conn)
-    if current != known:
-        raise SchemaMismatch(
-            f"database schema version {current}, this build expects {known}"
-            + ("; run `agentrt migrate` first" if current < known else "; upgrade agentrt"),
-            database_version=current, known_version=known)
+    """The scheduler refuses to start on a schema older or newer than its migrations."""
+    await require_schema(conn, len(available_migrations()))

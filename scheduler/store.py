@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
-import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -28,8 +27,9 @@ import asyncpg
 from asyncpg import Record
 
 from scheduler.queries import Q
-from shared.canonical import CanonicalJson, encode_json, request_hash, sha256_of, uuid7
+from shared.canonical import CanonicalJson, request_hash, sha256_of, uuid7
 from shared.config import SchedulerSettings
+from shared.db import CONNECTION_ERRORS, RETRYABLE, init_connection
 from shared.errors import (
     AgentrtError,
     AlreadyExists,
@@ -235,17 +235,6 @@ ResolveOutcome = Literal["SUCCEEDED", "NOT_EXECUTED", "UNKNOWN"]
 # (for writes that leave neither) the run row's last_event_id marker.
 Effect = Literal["checkpoint", "ledger", "run"]
 
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.CrashShutdownError,
-    ConnectionError,
-    OSError,
-    asyncio.TimeoutError,
-)
-_RETRYABLE = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
 
 
 def db_call(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
@@ -256,13 +245,13 @@ def db_call(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
         for attempt in range(5):
             try:
                 return await func(*args, **kwargs)
-            except _RETRYABLE:
+            except RETRYABLE:
                 if attempt == 4:
                     raise Unavailable("database kept aborting the transaction; retry") from None
                 await asyncio.sleep(0.005 * 2**attempt)
             except AgentrtError:
                 raise
-            except _CONNECTION_ERRORS as exc:
+            except CONNECTION_ERRORS as exc:
                 raise Unavailable(f"database unavailable: {type(exc).__name__}") from None
         raise AssertionError("unreachable")
 
@@ -296,10 +285,7 @@ async def _fenced_write(conn: asyncpg.Connection, query: str, *args: Any) -> Rec
     return row
 
 
-async def _init_connection(conn: asyncpg.Connection) -> None:
-    # jsonb in and out as Python values; what goes in is canonical JSON (CanonicalJson text as is).
-    for type_name in ("jsonb", "json"):
-        await conn.set_type_codec(type_name, encoder=encode_json, decoder=json.loads, schema="pg_catalog")
+_init_connection = init_connection  # the name tests/integration/test_stateful.py still imports
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -316,7 +302,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
                        command_timeout: float = 30.0) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection,
+    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init_connection,
                                      command_timeout=command_timeout, reset=_keep_session)
     assert pool is not None
     return pool

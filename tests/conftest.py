@@ -84,10 +84,10 @@ async def db_url(pg_server_url: str, template_db: str) -> AsyncIterator[str]:
 @pytest.fixture
 async def db(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     """A plain connection for assertions (jsonb decoded as Python values)."""
-    from scheduler.store import _init_connection
+    from shared.db import init_connection
 
     conn = await asyncpg.connect(db_url)
-    await _init_connection(conn)
+    await init_connection(conn)
     try:
         yield conn
     finally:

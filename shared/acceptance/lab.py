@@ -23,11 +23,11 @@ from typing import Any
 
 import asyncpg
 
-from scheduler.store import _init_connection
 from shared.acceptance.api import SETTLED, STATUS, Api
 from shared.acceptance.cli import LEASE_MS
 from shared.acceptance.evidence import Evidence, component_versions, git_commit, jsonable
 from shared.acceptance.procs import PYTHON, CommandLog, ExperimentError, Proc, wait_log, wait_until
+from shared.db import init_connection
 from shared.embedded_pg import POSTGRES_BIN_PATH, EmbeddedPostgres, free_port
 from shared.kafka_testing import TansuBroker, tansu_binary
 
@@ -201,7 +201,7 @@ class Lab:
                 conn = await asyncpg.connect(self.db_url, timeout=5)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 return None
-            await _init_connection(conn)
+            await init_connection(conn)
             return conn
 
         if self.db is not None and not self.db.is_closed():

@@ -32,7 +32,7 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from support import TENANT, Stack, claim, eid, lease_ref, scheduler_stack, submit, tool_state
 
-from scheduler.store import _init_connection
+from shared.db import init_connection
 from shared.errors import error_info
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
@@ -560,7 +560,7 @@ def shared(pg_server_url: str, template_db: str) -> Iterator[tuple[str, World]]:
 
 async def snapshot(url: str) -> dict[str, list[dict[str, Any]]]:
     conn = await asyncpg.connect(url)
-    await _init_connection(conn)
+    await init_connection(conn)
     try:
         return {table: [dict(r) for r in await conn.fetch(f"SELECT * FROM {table} ORDER BY 1, 2")] for table in TABLES}
     finally:

@@ -33,7 +33,7 @@ import pytest
 from support import Stack, claim, eid, lease_ref, reason_of, scheduler_stack, submit, tool_state
 
 from scheduler.convert import RUN_STATUS_NAME
-from scheduler.store import _init_connection
+from shared.db import init_connection
 from shared.errors import InvalidTransition
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
@@ -120,7 +120,7 @@ def shared_db_url(pg_server_url: str, template_db: str) -> Iterator[str]:
 @pytest.fixture
 async def sdb(shared_db_url: str):
     conn = await asyncpg.connect(shared_db_url)
-    await _init_connection(conn)
+    await init_connection(conn)
     try:
         yield conn
     finally:

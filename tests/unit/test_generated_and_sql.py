@@ -5,7 +5,8 @@ import sys
 from tests_paths import REPO
 
 from scheduler.migrate import available_migrations
-from scheduler.queries import SQL_DIR, Q, parse_named_queries
+from scheduler.queries import SQL_DIR, Q
+from shared.db import parse_named_queries
 
 
 def test_generated_protobuf_code_is_fresh():
