@@ -25,7 +25,8 @@ idempotency key: incompressible, and the same text for the same step, so the too
    fence's claim (lease_expires_at - lease duration: no write but a heartbeat moves it, and the
    first heartbeat comes a third of a lease later) to the first checkpoint or ledger row written
    with the new fence (their created_at / outbound_intent_at: database clock). Otherwise the same is
-   done on a fresh run of `--takeover-steps` steps, killed at 80 % of its steps; the log says which.
+   done on a fresh run killed once it has reached `--takeover-steps` steps (default: as many as the long
+   run, so the takeover rebuilds a 10,000-step run's view); the log says which.
 
 Figures (value; baseline; ratio = value / baseline):
   step_time_late_vs_early           mean ms per step over the last 100 steps reached;
@@ -492,18 +493,18 @@ async def takeover_phase(ctx: Context, run_id: str, holder: Executor, seen: Watc
     holder.stop()
     agents = ctx.workdir / "takeover"
     steps = ctx.args.takeover_steps
-    agent_file(agents, "bench-longrun-takeover", steps, ctx.args.answer_bytes)
+    # A few more steps than the kill point, so the run is still being worked on when it is killed.
+    agent_file(agents, "bench-longrun-takeover", steps + 100, ctx.args.answer_bytes)
     fresh = await submit(ctx.conn, "bench-longrun-takeover")
     first = Executor(ctx.procs, ctx.scheduler, agents, "bench-takeover")
-    reached = await watch(ctx.conn, fresh, first, limit_s=ctx.limit_s, stall_s=ctx.stall_s,
-                          until_steps=max(1, steps * 4 // 5))
+    reached = await watch(ctx.conn, fresh, first, limit_s=ctx.limit_s, stall_s=ctx.stall_s, until_steps=steps)
     if not reached.stop.startswith("reached") or reached.last.owner != first.worker_id:
-        why = f"the fresh run did not get to {steps * 4 // 5} steps under its first holder ({reached.stop})"
+        why = f"the fresh run did not get to {steps} steps under its first holder ({reached.stop})"
         first.stop()
         log(f"  takeover not measured: {why}")
         return measured("takeover_claim_to_first_write_ms", None, "ms", TARGET_TAKEOVER_MS, why,
-                        baseline_name="target", on=f"a fresh {steps}-step run")
-    return await takeover(ctx, fresh, first, agents, f"a fresh {steps}-step run")
+                        baseline_name="target", on=f"a fresh run killed at {steps}+ steps")
+    return await takeover(ctx, fresh, first, agents, f"a fresh run killed at {steps}+ steps")
 
 
 def fmt(value: float | None) -> str:
@@ -553,11 +554,14 @@ def main() -> int:
     parser.add_argument("--big-answer-bytes", type=int, default=262_144, help="size of each big answer")
     parser.add_argument("--max-minutes", type=float, default=20.0,
                         help="wall-clock bound of each phase; the phase then reports what it reached")
-    parser.add_argument("--takeover-steps", type=int, default=500,
-                        help="steps of the fresh run the takeover is measured on when the long run has stopped")
+    parser.add_argument("--takeover-steps", type=int, default=None,
+                        help="steps the fresh run the takeover is measured on has reached when its executor is "
+                             "killed (default: --steps)")
     parser.add_argument("--lease-ms", type=int, default=30_000,
                         help="the scheduler's lease duration (its default); a takeover waits for it to lapse")
     args = parser.parse_args()
+    if args.takeover_steps is None:
+        args.takeover_steps = args.steps
     for name in ("steps", "answer_bytes", "big_steps", "big_answer_bytes", "takeover_steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -206,10 +206,10 @@ class WorkClient:
             schema_version=schema_version, step_key=step_key, event_id=new_event_id(), journal=journal or [])
         return await self._call("save_checkpoint", request, give_up_at)
 
-    async def read_journal(self, lease: ws.LeaseRef, after_seq: int, page_size: int = 1000,
-                           ) -> ws.ReadJournalResponse:
+    async def read_journal(self, lease: ws.LeaseRef, after_seq: int, page_size: int = 1000, *,
+                           compact: bool = False) -> ws.ReadJournalResponse:
         """A page of the run's journal (reads: retried like any call whose answer was lost)."""
-        request = ws.ReadJournalRequest(lease=lease, after_seq=after_seq, page_size=page_size)
+        request = ws.ReadJournalRequest(lease=lease, after_seq=after_seq, page_size=page_size, compact=compact)
         return await self._read(self.stub.ReadJournal, request)
 
     async def tool_results(self, lease: ws.LeaseRef, step_keys: list[str]) -> list[pb.ToolExecution]:

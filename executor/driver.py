@@ -38,6 +38,7 @@ from shared.gen.agentrt.v1 import work_service_pb2 as ws
 log = logging.getLogger(__name__)
 MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
 ANSWER_WINDOW = 64  # tool answers kept readable for deciders beyond each node's latest
+JOURNAL_PAGE = 5000  # entries per ReadJournal page at claim (the scheduler's maximum; pages are also byte-bounded)
 
 
 @dataclass
@@ -118,12 +119,14 @@ class RunDriver:
         if known == 0:
             return state
         rebuilt = journal.Rebuilt()
-        for _ in range(known // 1000 + 2):  # bounded: the journal had `known` entries at claim
-            page = await self.s.client.read_journal(self.held.ref, rebuilt.last_seq, 1000)
-            for entry in page.entries:
-                rebuilt.add(entry)
-            if not page.more:
-                break
+
+        async def read(after_seq: int, page_size: int) -> tuple[list[journal.Item], bool]:
+            page = await self.s.client.read_journal(self.held.ref, after_seq, page_size, compact=True)
+            return json.loads(page.entries_json or "[]"), page.more
+
+        for items in await journal.read_all(read, known, JOURNAL_PAGE):
+            for item in items:
+                rebuilt.add_item(item)
         wanted = rebuilt.answers_needed(ANSWER_WINDOW)
         if wanted:
             rebuilt.set_answers(await self.s.client.tool_results(self.held.ref, wanted))

@@ -17,8 +17,9 @@ Entry kinds and what they rebuild in memory (State):
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from executor.checkpoint import HistoryEntry, JournalRecord, State
@@ -99,6 +100,38 @@ def to_proto(records: Iterable[JournalRecord]) -> list[pb.JournalEntry]:
             for r in records]
 
 
+# A compact entry (ReadJournal with compact set): [seq, kind, step_key, node, tool, detail].
+Item = list[Any]
+ReadPage = Callable[[int, int], Awaitable[tuple[list[Item], bool]]]
+
+
+async def read_all(read: ReadPage, known: int, page_size: int) -> list[list[Item]]:
+    """Every entry of a journal known to hold `known` entries (seqs 1..known, gapless), as pages in seq order.
+
+    `read(after_seq, page_size)` answers one page of compact entries and whether more follow. Seqs have no gaps, so
+    the pages' starts are known in advance and are read at once; a page cut short by its byte
+    budget is continued from its last entry. Entries past `known` (written since) follow too.
+    """
+    starts = list(range(0, max(known, 1), page_size))
+
+    async def span(start: int, end: int | None) -> list[list[Item]]:
+        pages: list[list[Item]] = []
+        after = start
+        for _ in range((known + 1) * 2 + 2):  # bounded: each page holds one entry at least
+            size = page_size if end is None else min(page_size, end - after)
+            entries, more = await read(after, size)
+            if entries:
+                pages.append(entries)
+                after = entries[-1][0]
+            if not more or not entries or (end is not None and after >= end):
+                return pages
+        raise RuntimeError(f"journal read after seq {start} did not end")
+
+    ends: list[int | None] = [*starts[1:], None]
+    spans = await asyncio.gather(*(span(s, e) for s, e in zip(starts, ends, strict=True)))
+    return [page for pages in spans for page in pages]
+
+
 class Rebuilt:
     """The in-memory collections of a State, rebuilt from journal entries read in seq order."""
 
@@ -112,26 +145,31 @@ class Rebuilt:
 
     def add(self, entry: pb.JournalEntry) -> None:
         detail = json.loads(entry.detail_json) if entry.detail_json else {}
-        self.last_seq = entry.seq
-        kind = entry.kind
+        self.add_item([entry.seq, entry.kind, entry.step_key, entry.node, entry.tool, detail])
+
+    def add_item(self, item: Item) -> None:
+        """One compact entry, in seq order."""
+        seq, kind, step_key, node, tool, detail = item
+        detail = detail or {}
+        self.last_seq = seq
         if kind == "exception" and "record" in detail:
             self.exceptions.append(detail["record"])
         elif kind in HISTORY_KINDS:
-            self._by_step[entry.step_key] = len(self.history)
-            self.history.append(HistoryEntry(index=detail.get("index", 0), node=entry.node,
-                                             step_key=entry.step_key, kind=kind,  # type: ignore[arg-type]
-                                             tool=entry.tool or None, detail=detail.get("detail", {})))
+            self._by_step[step_key] = len(self.history)
+            self.history.append(HistoryEntry(index=detail.get("index", 0), node=node,
+                                             step_key=step_key, kind=kind,  # type: ignore[arg-type]
+                                             tool=tool or None, detail=detail.get("detail", {})))
         elif kind == "result":
-            self.tool_results[entry.step_key] = detail
+            self.tool_results[step_key] = detail
         elif kind == "answer":
-            self.inputs[entry.step_key] = detail.get("input")
+            self.inputs[step_key] = detail.get("input")
         elif kind == "retry":
             index = self._by_step.pop(detail.get("previous", ""), None)
             if index is not None:
                 old = self.history[index]
                 self.history[index] = old.model_copy(update={
-                    "step_key": entry.step_key, "detail": {**old.detail, "attempts": detail.get("attempts", [])}})
-                self._by_step[entry.step_key] = index
+                    "step_key": step_key, "detail": {**old.detail, "attempts": detail.get("attempts", [])}})
+                self._by_step[step_key] = index
 
     def answers_needed(self, window: int) -> list[str]:
         """Step keys whose ledger answers a decider may read: the latest tool step of each node and the last

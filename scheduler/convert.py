@@ -117,15 +117,14 @@ def event_to_proto(row: Any) -> pb.OutboxEvent:
     return event
 
 
-def journal_to_proto(row: Any) -> pb.JournalEntry:
-    entry = pb.JournalEntry(
-        seq=row["seq"],
-        kind=row["kind"],
-        step_key=row["step_key"],
-        node=row["node"],
-        tool=row["tool"],
-        detail_json=json_text(row["detail"]),
-        run_version=row["run_version"],
-    )
-    set_time(entry, "created_at", row["created_at"])
+def journal_to_proto(row: Any, *, with_time: bool = True) -> pb.JournalEntry:
+    """One journal row (history_journal, read_journal: detail as stored text) as its message.
+
+    A takeover reads every entry of a long run: no per-entry JSON work here, and ReadJournal
+    leaves out the time (`with_time=False`), which executors do not read.
+    """
+    entry = pb.JournalEntry(seq=row[0], kind=row[1], step_key=row[2], node=row[3], tool=row[4],
+                            detail_json=row[5], run_version=row[6])
+    if with_time:
+        entry.created_at.FromDatetime(row[7])
     return entry

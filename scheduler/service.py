@@ -630,10 +630,15 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if not 0 <= request.page_size <= MAX_JOURNAL_PAGE_SIZE:
             raise InvalidArgument("page_size", f"must be between 0 ({DEFAULT_JOURNAL_PAGE_SIZE}) and "
                                                f"{MAX_JOURNAL_PAGE_SIZE}")
+        if request.compact:
+            text, more = await self.store.read_journal_compact(
+                lease, request.after_seq, request.page_size or DEFAULT_JOURNAL_PAGE_SIZE, page_bytes=4 * self.limit)
+            return ws.ReadJournalResponse(entries_json=text, more=more)
         rows, more = await self.store.read_journal(lease, request.after_seq,
                                                    request.page_size or DEFAULT_JOURNAL_PAGE_SIZE,
                                                    page_bytes=4 * self.limit)
-        return ws.ReadJournalResponse(entries=[convert.journal_to_proto(row) for row in rows], more=more)
+        return ws.ReadJournalResponse(entries=[convert.journal_to_proto(row, with_time=False) for row in rows],
+                                      more=more)
 
     @rpc
     async def GetToolResults(self, request: ws.GetToolResultsRequest,

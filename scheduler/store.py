@@ -846,6 +846,16 @@ class Store:
             raise await self._refusal(conn, op, lease, expected_version)
 
     @db_call
+    async def read_journal_compact(self, lease: LeaseRef, after_seq: int, page_size: int,
+                                   page_bytes: int) -> tuple[str, bool]:
+        """As read_journal, the page as one JSON array text built by PostgreSQL: (entries_json, more)."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(Q["read_journal_compact"], lease.run_id, lease.worker_id, lease.fencing_token,
+                                      after_seq, page_size, page_bytes)
+            if row["fetched"] == 0 and not await self._holds_lease(conn, lease):
+                raise await self._lease_refusal(conn, lease)
+        return row["items"], row["beyond"] > 0
+
     async def read_journal(self, lease: LeaseRef, after_seq: int, page_size: int,
                            page_bytes: int) -> tuple[list[Record], bool]:
         """The holder's journal entries after `after_seq`, in seq order: (entries, more).
@@ -860,7 +870,7 @@ class Store:
                 raise await self._lease_refusal(conn, lease)
         taken: list[Record] = []
         used = 0
-        for row in rows[:page_size]:
+        for row in rows[:page_size]:  # (the byte budget as read_journal_compact applies it)
             if taken and used + row["page_bytes"] > page_bytes:
                 break
             taken.append(row)

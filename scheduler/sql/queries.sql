@@ -671,21 +671,46 @@ WHERE run_id = $1 AND outbound_intent_at > '-infinity'::timestamptz
 ORDER BY outbound_intent_at, id LIMIT $4;
 
 -- name: history_journal
--- One page of a run's journal entries after seq $2 (primary key order).
-SELECT *, octet_length(detail::text) AS page_bytes
+-- One page of a run's journal entries after seq $2 (primary key order). The
+-- detail goes out as the text jsonb prints: no decoding and encoding per entry.
+SELECT seq, kind, step_key, node, tool, detail::text AS detail_text, run_version, created_at,
+       octet_length(detail::text) AS page_bytes
 FROM run_journal WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3;
 
 -- name: read_journal
 -- ReadJournal: entries after seq $4, only while ($2, $3) holds the run's lease,
 -- live by database time. A read: it never writes, and an empty answer is
 -- explained by the caller (no entries, or not the holder).
-SELECT j.*, octet_length(j.detail::text) AS page_bytes
+SELECT j.seq, j.kind, j.step_key, j.node, j.tool, j.detail::text AS detail_text, j.run_version,
+       j.created_at, octet_length(j.detail::text) AS page_bytes
 FROM run_journal AS j
 WHERE j.run_id = $1 AND j.seq > $4
   AND EXISTS (SELECT 1 FROM agent_runs AS r
               WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3
                 AND r.lease_expires_at > clock_timestamp())
 ORDER BY j.seq LIMIT $5;
+
+-- name: read_journal_compact
+-- ReadJournal with compact set: the page as one JSON array text, cut after $5
+-- entries or once the entries' details pass $6 bytes (one entry at least), and
+-- how many entries were read past the cut (0: no more). Same lease condition
+-- as read_journal.
+WITH page AS (
+  SELECT j.seq, json_build_array(j.seq, j.kind, j.step_key, j.node, j.tool, j.detail) AS item,
+         row_number() OVER (ORDER BY j.seq) AS n,
+         sum(octet_length(j.detail::text)) OVER (ORDER BY j.seq) AS running
+  FROM run_journal AS j
+  WHERE j.run_id = $1 AND j.seq > $4
+    AND EXISTS (SELECT 1 FROM agent_runs AS r
+                WHERE r.id = $1 AND r.lease_owner = $2 AND r.fencing_token = $3
+                  AND r.lease_expires_at > clock_timestamp())
+  ORDER BY j.seq LIMIT $5 + 1
+)
+SELECT coalesce((json_agg(item ORDER BY seq) FILTER (WHERE n <= $5 AND (n = 1 OR running <= $6)))::text,
+                '[]') AS items,
+       count(*) FILTER (WHERE NOT (n <= $5 AND (n = 1 OR running <= $6))) AS beyond,
+       count(*) AS fetched
+FROM page;
 
 -- name: tool_results_for_steps
 -- GetToolResults: the holder's ledger rows of steps $4 (the (run_id, step_key)

@@ -426,6 +426,41 @@ async def test_read_journal_pages_stop_at_the_byte_budget(db_url):
         assert seen == list(range(1, 21))
 
 
+async def test_compact_pages_hold_the_same_entries_within_the_same_bounds(db_url, db):
+    async with scheduler_stack(db_url, max_payload_bytes=4096) as stack:
+        run_id, ref = await started(stack)
+        entries = [entry(n, "tool" if n % 2 else "result", f"s/{n // 2}", {"n": n, "pad": "x" * (n * 97 % 1900)},
+                         node=f"node@{n}", tool="t" if n % 2 else "") for n in range(1, 41)]
+        await stack.work.SaveCheckpoint(checkpoint(ref, 0, entries))
+        full = []
+        after, more = 0, True
+        while more:
+            page = await stack.work.ReadJournal(ws.ReadJournalRequest(lease=ref, after_seq=after, page_size=7))
+            full += page.entries
+            after, more = page.entries[-1].seq, page.more
+        compact, pages = [], []
+        after, more = 0, True
+        for _ in range(40):
+            page = await stack.work.ReadJournal(ws.ReadJournalRequest(lease=ref, after_seq=after, page_size=7,
+                                                                      compact=True))
+            assert not page.entries
+            items = json.loads(page.entries_json)
+            pages.append(len(items))
+            compact += items
+            after, more = items[-1][0], page.more
+            if not more:
+                break
+        # Same entries, same order, the same fields; pages cut by count (7) and by bytes (4 x 4096).
+        assert [[e.seq, e.kind, e.step_key, e.node, e.tool, json.loads(e.detail_json)] for e in full] == compact
+        assert 1 <= min(pages) and max(pages) <= 7 and sum(pages) == 40 and len(pages) > 40 // 7
+        # Past the end: an empty array; a stale holder: LEASE_LOST, as without compact.
+        page = await stack.work.ReadJournal(ws.ReadJournalRequest(lease=ref, after_seq=40, compact=True))
+        assert (page.entries_json, page.more) == ("[]", False)
+        await lapse(db, run_id)
+        error = await rpc_error(stack.work.ReadJournal(ws.ReadJournalRequest(lease=ref, compact=True)))
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and error_info(error).reason == "LEASE_LOST"
+
+
 # ---------------------------------------------------------------------------- resolution on schema 2
 
 

@@ -160,3 +160,40 @@ async def test_a_decider_keeps_a_small_state_and_an_oversized_one_is_refused():
     big = Proposal(Finish(1), node="end", agent_state={"blob": "x" * 20_000})
     refused, _ = advancer.apply(initial_state(AGENT), big)
     assert refused.agent_state == {} and refused.exceptions[-1]["kind"] == "agent_state_too_large"
+
+
+async def test_read_all_reads_every_entry_once_in_order_with_pages_in_flight_at_once():
+    """Gapless seqs let pages start where they will; a page cut short by bytes is continued."""
+    import asyncio
+
+    known, written = 12_345, 12_400  # 55 entries written after the claim said 12,345
+    calls: list[tuple[int, int]] = []
+    in_flight = peak = 0
+
+    async def read(after_seq: int, page_size: int) -> tuple[list[journal.Item], bool]:
+        nonlocal in_flight, peak
+        calls.append((after_seq, page_size))
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0)
+        in_flight -= 1
+        cut = min(page_size, 1 + after_seq % 3000)  # a byte budget: some pages come back short
+        last = min(after_seq + cut, written)
+        items = [[seq, "tool", f"s/{seq}", "n", "t", {}] for seq in range(after_seq + 1, last + 1)]
+        return items, bool(items) and items[-1][0] < written
+
+    pages = await journal.read_all(read, known, 5000)
+    seqs = [item[0] for page in pages for item in page]
+    assert seqs == list(range(1, written + 1))
+    assert peak == 3  # pages starting at 0, 5000 and 10000 were asked for at once
+    assert all(size <= 5000 for _, size in calls)
+
+
+async def test_read_all_of_an_empty_journal_asks_once():
+    calls = []
+
+    async def read(after_seq: int, page_size: int) -> tuple[list[journal.Item], bool]:
+        calls.append(after_seq)
+        return [], False
+
+    assert await journal.read_all(read, 0, 5000) == [] and calls == [0]

@@ -413,22 +413,26 @@ class WriteBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[WriteBatchResult, _Mapping]]] = ...) -> None: ...
 
 class ReadJournalRequest(_message.Message):
-    __slots__ = ("lease", "after_seq", "page_size")
+    __slots__ = ("lease", "after_seq", "page_size", "compact")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_FIELD_NUMBER: _ClassVar[int]
     lease: LeaseRef
     after_seq: int
     page_size: int
-    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., after_seq: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
+    compact: bool
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., after_seq: _Optional[int] = ..., page_size: _Optional[int] = ..., compact: _Optional[bool] = ...) -> None: ...
 
 class ReadJournalResponse(_message.Message):
-    __slots__ = ("entries", "more")
+    __slots__ = ("entries", "more", "entries_json")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_JSON_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[_common_pb2.JournalEntry]
     more: bool
-    def __init__(self, entries: _Optional[_Iterable[_Union[_common_pb2.JournalEntry, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+    entries_json: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[_common_pb2.JournalEntry, _Mapping]]] = ..., more: _Optional[bool] = ..., entries_json: _Optional[str] = ...) -> None: ...
 
 class GetToolResultsRequest(_message.Message):
     __slots__ = ("lease", "step_keys")
