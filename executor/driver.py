@@ -2,7 +2,10 @@
 
 Every step is an OpenTelemetry span; every scheduler call carries its trace
 context. A tool call is Tx1 (intent) → send → Tx2 (result + checkpoint), or
-MarkToolInDoubt when the outcome is unknown (reference section 8).
+MarkToolInDoubt when the outcome is unknown: an unknown outcome freezes the
+run, it is never re-sent (docs/design.md §tool-calls, §in-doubt). The run's
+per-lease state and the fenced writes made under it live in a RunLease
+(executor/runlease.py), shared with the tool-call code.
 """
 
 from __future__ import annotations
@@ -11,24 +14,20 @@ import datetime as dt
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
-
-from opentelemetry import trace
 
 from executor import journal
 from executor.advance import Action, Advancer, DecideAgain, EndRun, ExecuteTool, Limits, Park, tighter
-from executor.agents import AgentCatalog, AgentDefinition
-from executor.checkpoint import SCHEMA_VERSION, Finished, State, UnsupportedCheckpoint, Waiting, load_state
-from executor.client import WorkClient
-from executor.deciders import DeciderRegistry
+from executor.agents import AgentDefinition
+from executor.checkpoint import State, UnsupportedCheckpoint, Waiting, load_state
 from executor.deciders.base import DeciderUnavailable
-from executor.faults import Faults, InjectedCrash
+from executor.faults import InjectedCrash
 from executor.lease import HeldLease
-from executor.shutdown import Shutdown, Stopped
+from executor.runlease import RunLease, run_end
+from executor.services import Services
+from executor.shutdown import Stopped
 from executor.steps import RunIds, initial_state, next_attempt
 from executor.toolcalls import ToolCalls
-from executor.tools import ToolRegistry
 from executor.wake import wake
 from shared import tracing
 from shared.errors import AgentrtError, DecisionNotCheckpointed, VersionConflict
@@ -41,73 +40,32 @@ ANSWER_WINDOW = 64  # tool answers kept readable for deciders beyond each node's
 JOURNAL_PAGE = 5000  # entries per ReadJournal page at claim (the scheduler's maximum; pages are also byte-bounded)
 
 
-@dataclass
-class Services:
-    catalog: AgentCatalog
-    deciders: DeciderRegistry
-    tools: ToolRegistry
-    client: WorkClient
-    worker_id: str
-    faults: Faults
-    shutdown: Shutdown
-    tracer: trace.Tracer
-
-
 def _ts(value: Any) -> dt.datetime:
     return value.ToDatetime(tzinfo=dt.UTC)  # type: ignore[no-any-return]
 
 
 class RunDriver:
-    def __init__(self, lease: ws.Lease, held: HeldLease, services: Services, received_at: float) -> None:
-        self.lease = lease
-        self.run = lease.run
-        self.held = held
+    def __init__(self, claim: ws.Lease, held: HeldLease, services: Services, received_at: float) -> None:
+        self.claim = claim
+        self.run = claim.run
         self.s = services
-        self.version = self.run.version
-        self.status = self.run.status
+        self.lease = RunLease(claim, held, services.client, services.faults)
         self.ids = RunIds(self.run.tenant_id, self.run.run_id)
-        self.saved: dict[str, Any] | None = None
-        claimed_db = _ts(lease.lease_expires_at) - dt.timedelta(milliseconds=lease.lease_duration_ms)
+        claimed_db = _ts(claim.lease_expires_at) - dt.timedelta(milliseconds=claim.lease_duration_ms)
         self._clock = (claimed_db, received_at)
         self.sleep_from: dt.datetime | None = None  # a re-issued sleep counts from its checkpoint
-        self.journal_written = 0  # the run's journal entries written (by anyone) as far as this holder knows
-        self.open_step = ""  # the step whose intent (Tx1) this holder recorded and has not closed
 
-    # ------------------------------------------------------------------ clocks and writes
+    # ------------------------------------------------------------------ clocks and reads
 
     def db_now(self) -> dt.datetime:
         """The database clock, estimated from the claim (never the worker's wall clock)."""
         claimed_db, received_at = self._clock
         return claimed_db + dt.timedelta(seconds=time.monotonic() - received_at)
 
-    @property
-    def give_up_at(self) -> float:
-        return self.held.give_up_at()
-
     def span_attributes(self) -> dict[str, Any]:
         return {tracing.AGENT: self.run.agent_name, tracing.RUN_ID: self.run.run_id,
-                tracing.TENANT: self.run.tenant_id, tracing.FENCING_TOKEN: self.held.fencing_token,
-                tracing.RUN_VERSION: self.version, tracing.WORKER: self.s.worker_id}
-
-    def unwritten(self, state: State) -> list[pb.JournalEntry]:
-        """The journal entries `state` records that this holder has not written yet."""
-        return journal.to_proto(r for r in state.pending_journal if r.seq > self.journal_written)
-
-    def written(self, state: State) -> State:
-        """After a write that carried `state`'s entries: they are the run's now."""
-        self.journal_written = state.journal_len
-        return state.model_copy(update={"pending_journal": []}) if state.pending_journal else state
-
-    async def persist(self, state: State) -> State:
-        data = state.to_json_dict()
-        entries = self.unwritten(state)
-        if data == self.saved and not entries:
-            return state
-        reply = await self.s.client.save_checkpoint(self.held.ref, self.version, data, SCHEMA_VERSION,
-                                                    state.cursor, self.give_up_at, journal=entries)
-        self.version, self.saved = reply.version, data
-        self.s.faults.hit("after_checkpoint_commit", self.run.run_id)
-        return self.written(state)
+                tracing.TENANT: self.run.tenant_id, tracing.FENCING_TOKEN: self.lease.fencing_token,
+                tracing.RUN_VERSION: self.lease.version, tracing.WORKER: self.s.worker_id}
 
     async def load_journal(self, state: State) -> State:
         """A schema-2 run's history, tool results, inputs and exceptions, rebuilt from its journal.
@@ -115,13 +73,14 @@ class RunDriver:
         Read once at claim, a page at a time; only the answers a decider may read
         (each node's latest, the last ANSWER_WINDOW) are fetched from the ledger.
         """
-        known = max(state.journal_len, self.lease.journal_length)
+        known = max(state.journal_len, self.claim.journal_length)
         if known == 0:
             return state
         rebuilt = journal.Rebuilt()
+        ref = self.lease.ref
 
         async def read(after_seq: int, page_size: int) -> tuple[list[journal.Item], bool]:
-            page = await self.s.client.read_journal(self.held.ref, after_seq, page_size, compact=True)
+            page = await self.s.client.read_journal(ref, after_seq, page_size, compact=True)
             return json.loads(page.entries_json or "[]"), page.more
 
         for items in await journal.read_all(read, known, JOURNAL_PAGE):
@@ -129,27 +88,10 @@ class RunDriver:
                 rebuilt.add_item(item)
         wanted = rebuilt.answers_needed(ANSWER_WINDOW)
         if wanted:
-            rebuilt.set_answers(await self.s.client.tool_results(self.held.ref, wanted))
+            rebuilt.set_answers(await self.s.client.tool_results(ref, wanted))
         loaded = rebuilt.apply(state)
-        self.journal_written = loaded.journal_len
+        self.lease.journal_written = loaded.journal_len
         return loaded
-
-    @staticmethod
-    def run_end(finished: Finished) -> ws.RunEnd:
-        """A decided end, as the last Tx2 carries it (CompleteToolCall.end)."""
-        return ws.RunEnd(
-            outcome=ws.FINISH_OUTCOME_COMPLETED if finished.outcome == "COMPLETED" else ws.FINISH_OUTCOME_FAILED,
-            reason=finished.reason[:4000], result_json=json.dumps(finished.result) if finished.result is not None
-            else "", error_class=finished.error_class)
-
-    async def finish(self, outcome: ws.FinishOutcome, reason: str = "", *, result: Any = None,
-                     sleep_ms: int = 0, error_class: str = "", pause_when_exhausted: bool = False) -> None:
-        request = ws.FinishRunRequest(
-            lease=self.held.ref, expected_version=self.version, outcome=outcome, reason=reason[:4000],
-            result_json=json.dumps(result) if result is not None else "", sleep_ms=sleep_ms,
-            error_class=error_class, pause_when_exhausted=pause_when_exhausted)
-        reply = await self.s.client.finish_run(request, self.give_up_at)
-        log.info("run %s -> %s %s", self.run.run_id, pb.RunStatus.Name(reply.status), reason[:200])
 
     # ------------------------------------------------------------------ the run
 
@@ -161,13 +103,14 @@ class RunDriver:
         try:
             await self._run()
         except Stopped:
-            log.info("run %s left to lapse at shutdown (fence %d)", self.run.run_id, self.held.fencing_token)
+            log.info("run %s left to lapse at shutdown (fence %d)", self.run.run_id, self.lease.fencing_token)
         except DecisionNotCheckpointed as exc:
             # A refused Tx1 would be refused again after every takeover: stop the loop for a person.
             log.error("run %s: Tx1 refused: %s", self.run.run_id, exc.message)
-            if self.status == pb.RUN_STATUS_RUNNING:
-                await self.finish(ws.FINISH_OUTCOME_PAUSED_HUMAN, f"executor error: Tx1 refused: {exc.message}",
-                                  error_class="permanent:policy_refused")
+            if self.lease.status == pb.RUN_STATUS_RUNNING:
+                await self.lease.finish(ws.FINISH_OUTCOME_PAUSED_HUMAN,
+                                        f"executor error: Tx1 refused: {exc.message}",
+                                        error_class="permanent:policy_refused")
         except VersionConflict as exc:  # the next holder starts again from the latest checkpoint
             log.error("run %s: scheduler refused a write (%s): %s", self.run.run_id, exc.reason, exc.message)
         except AgentrtError as exc:
@@ -181,10 +124,10 @@ class RunDriver:
 
     async def _run(self) -> None:
         state: State | None = None
-        if self.lease.HasField("checkpoint"):
+        if self.claim.HasField("checkpoint"):
             try:
-                state = load_state(json.loads(self.lease.checkpoint.state_json),
-                                   self.lease.checkpoint.schema_version)
+                state = load_state(json.loads(self.claim.checkpoint.state_json),
+                                   self.claim.checkpoint.schema_version)
             except UnsupportedCheckpoint as exc:
                 await self.refuse("checkpoint_unsupported", str(exc))
                 return
@@ -195,18 +138,19 @@ class RunDriver:
                               "is not served by this executor")
             return
         current: State = state or initial_state(agent)
-        if state is not None and self.lease.checkpoint.schema_version >= 2:
+        if state is not None and self.claim.checkpoint.schema_version >= 2:
             current = await self.load_journal(current)
         if current.versions.agent_version != agent.version:  # an explicit run version wins; say so
             log.warning("run %s: checkpoint written by agent version %s, continuing with %s",
                         self.run.run_id, current.versions.agent_version, agent.version)
-        self.saved = json.loads(self.lease.checkpoint.state_json) if self.lease.HasField("checkpoint") else None
+        if self.claim.HasField("checkpoint"):
+            self.lease.saved = json.loads(self.claim.checkpoint.state_json)
         decider = self.s.deciders.get(agent)
         advancer = Advancer(agent, decider, self.ids, json.loads(self.run.input_json or "{}"),
                             self._limits(agent), self.run.max_attempts, self.db_now)
-        calls = ToolCalls(self, agent, advancer, decider.pure)
+        calls = ToolCalls(self.lease, self.s, agent, advancer, decider.pure)
         action: Action | None = None
-        if self.status == pb.RUN_STATUS_WAITING_TOOL:
+        if self.lease.status == pb.RUN_STATUS_WAITING_TOOL:
             with self.s.tracer.start_as_current_span("agent.takeover", attributes=self.span_attributes()):
                 taken = await calls.take_over(current)
             if taken is None:
@@ -229,13 +173,14 @@ class RunDriver:
                         state, action = await self.s.shutdown.race(advancer.advance(state),
                                                                    self.s.shutdown.stopping)
                     except DeciderUnavailable as exc:  # inference has no side effect: try again later
-                        await self.finish(ws.FINISH_OUTCOME_RETRY, f"decider unavailable: {exc}",
-                                          error_class="retryable_transient:model_unavailable",
-                                          pause_when_exhausted=advancer.agent.policy.pause_when_attempts_exhausted)
+                        await self.lease.finish(
+                            ws.FINISH_OUTCOME_RETRY, f"decider unavailable: {exc}",
+                            error_class="retryable_transient:model_unavailable",
+                            pause_when_exhausted=advancer.agent.policy.pause_when_attempts_exhausted)
                         return
-                    state = await self.persist(state)
+                    state = await self.lease.persist(state)
                 span.set_attribute(tracing.STEP_KEY, state.cursor)
-                span.set_attribute(tracing.RUN_VERSION, self.version)
+                span.set_attribute(tracing.RUN_VERSION, self.lease.version)
                 state = journal.trimmed(state, ANSWER_WINDOW)
                 if isinstance(action, ExecuteTool):
                     span.set_attribute(tracing.TOOL, action.decision.tool_name)
@@ -248,9 +193,9 @@ class RunDriver:
                     action = None
                 elif isinstance(action, EndRun):
                     self.s.faults.hit("before_finish", self.run.run_id)
-                    end = self.run_end(action.finished)
-                    await self.finish(end.outcome, end.reason, result=action.finished.result,
-                                      error_class=end.error_class)
+                    end = run_end(action.finished)
+                    await self.lease.finish(end.outcome, end.reason, result=action.finished.result,
+                                            error_class=end.error_class)
                     return
                 else:
                     assert isinstance(action, Park)
@@ -278,9 +223,9 @@ class RunDriver:
         entered and has ended; an earlier one means the executor died between
         saving the wait and parking the run, and must park it again.
         """
-        if not (self.lease.HasField("checkpoint") and self.run.HasField("next_attempt_at")):
+        if not (self.claim.HasField("checkpoint") and self.run.HasField("next_attempt_at")):
             return False
-        return _ts(self.run.next_attempt_at) > _ts(self.lease.checkpoint.created_at)
+        return _ts(self.run.next_attempt_at) > _ts(self.claim.checkpoint.created_at)
 
     def recover(self, state: State, advancer: Advancer) -> State:
         """A RUNNING claim: end a wait that has ended, or start the next attempt of a step proven not executed."""
@@ -288,10 +233,10 @@ class RunDriver:
             if self.wait_answered():
                 human = json.loads(self.run.human_input_json) if self.run.human_input_json else {}
                 return wake(state, human, advancer)
-            self.sleep_from = _ts(self.lease.checkpoint.created_at)
+            self.sleep_from = _ts(self.claim.checkpoint.created_at)
             return state
         pending = state.pending_tool
-        row = self.lease.current_step_execution if self.lease.HasField("current_step_execution") else None
+        row = self.claim.current_step_execution if self.claim.HasField("current_step_execution") else None
         if pending is not None and row is not None and row.step_key == pending.step_key:
             if row.status == pb.TOOL_EXECUTION_STATUS_NOT_EXECUTED:
                 # Proven never to have taken effect: the same decision, as the next attempt.
@@ -310,19 +255,20 @@ class RunDriver:
             if self.sleep_from is not None:
                 due = self.sleep_from + dt.timedelta(milliseconds=sleep_ms)
                 sleep_ms = max(1, int((due - self.db_now()).total_seconds() * 1000))
-            await self.finish(ws.FINISH_OUTCOME_SLEEP, f"sleeping {sleep_ms} ms at {waiting.step_key}",
-                              sleep_ms=min(sleep_ms, MAX_SLEEP_MS))
+            await self.lease.finish(ws.FINISH_OUTCOME_SLEEP, f"sleeping {sleep_ms} ms at {waiting.step_key}",
+                                    sleep_ms=min(sleep_ms, MAX_SLEEP_MS))
             return
         reason = {"input": f"waiting for input at {waiting.step_key}: {waiting.prompt}",
                   "approval": f"approval required: {waiting.prompt}",
                   "resume": waiting.prompt or "paused"}[waiting.kind]
-        await self.finish(ws.FINISH_OUTCOME_PAUSED_HUMAN, reason)
+        await self.lease.finish(ws.FINISH_OUTCOME_PAUSED_HUMAN, reason)
 
     async def refuse(self, code: str, reason: str) -> None:
         """The executor cannot interpret this run: pause it for a person (freeze a WAITING_TOOL one)."""
         log.error("run %s: %s", self.run.run_id, reason)
-        step_key = self.open_step or (self.lease.pending_tool.step_key if self.lease.HasField("pending_tool") else "")
-        if self.status == pb.RUN_STATUS_WAITING_TOOL and step_key:
-            await self.s.client.mark_tool_in_doubt(self.held.ref, step_key, code, reason, self.give_up_at)
+        claimed_open = self.claim.pending_tool.step_key if self.claim.HasField("pending_tool") else ""
+        step_key = self.lease.open_step or claimed_open
+        if self.lease.status == pb.RUN_STATUS_WAITING_TOOL and step_key:
+            await self.lease.mark_in_doubt(step_key, code, reason)
             return
-        await self.finish(ws.FINISH_OUTCOME_PAUSED_HUMAN, reason, error_class=f"permanent:{code}")
+        await self.lease.finish(ws.FINISH_OUTCOME_PAUSED_HUMAN, reason, error_class=f"permanent:{code}")

@@ -1,20 +1,24 @@
 """Tool steps under a lease: Tx1 → send → Tx2, the error-class table, and WAITING_TOOL takeover.
 
 Never a blind resend: once an intent is recorded, only its own holder (who
-knows it has not sent yet) may send it; anyone else looks it up or freezes.
+knows it has not sent yet) may send it; anyone else looks it up or freezes
+(docs/design.md §tool-calls, §in-doubt). The run's version, status and open
+step are read and moved through its RunLease (executor/runlease.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from executor.advance import Action, Advancer, EndRun, ExecuteTool
 from executor.agents import AgentDefinition
 from executor.checkpoint import SCHEMA_VERSION, State, ToolDecision
 from executor.errors import Action as ErrorAction
 from executor.errors import action_for, classify
+from executor.runlease import RunLease, run_end
+from executor.services import Services
 from executor.steps import tool_result
 from executor.tools.base import ToolCallContext, ToolOutcome
 from shared.canonical import canonical_json
@@ -23,56 +27,60 @@ from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.tracing import inject_metadata
 
-if TYPE_CHECKING:
-    from executor.driver import RunDriver
-
 log = logging.getLogger(__name__)
 TAKEOVER_RULE = "executor-takeover/1"
 Next = tuple[State, Action | None]
 
 
 class ToolCalls:
-    def __init__(self, driver: RunDriver, agent: AgentDefinition, advancer: Advancer, fold: bool) -> None:
-        self.d = driver
+    """The tool steps of one claimed run: they read and move its RunLease (version, status, open step)."""
+
+    def __init__(self, lease: RunLease, services: Services, agent: AgentDefinition, advancer: Advancer,
+                 fold: bool) -> None:
+        self.lease = lease
+        self.s = services
         self.agent = agent
         self.advancer = advancer
         # A pure decider's next decision is made before Tx2 and persisted in Tx2's checkpoint.
         self.fold = fold
 
     def context(self, step_key: str, idempotency_key: str) -> ToolCallContext:
-        return ToolCallContext(run_id=self.d.run.run_id, tenant_id=self.d.run.tenant_id, step_key=step_key,
-                               idempotency_key=idempotency_key, fencing_token=self.d.held.fencing_token,
+        run = self.lease.run
+        return ToolCallContext(run_id=run.run_id, tenant_id=run.tenant_id, step_key=step_key,
+                               idempotency_key=idempotency_key, fencing_token=self.lease.fencing_token,
                                headers=dict(inject_metadata()))
 
     async def execute(self, state: State, decision: ToolDecision, *, intent_recorded: bool = False) -> Next | None:
-        d, s = self.d, self.d.s
+        lease, s = self.lease, self.s
         if not intent_recorded:
-            began = await s.client.begin_tool_call(d.held.ref, d.version, decision.step_key, decision.tool_name,
-                                                   decision.idempotency_key, decision.request, d.give_up_at)
+            began = await lease.client.begin_tool_call(lease.ref, lease.version, decision.step_key,
+                                                       decision.tool_name, decision.idempotency_key,
+                                                       decision.request, lease.give_up_at)
             if began.existing and not began.replayed:
                 # A row this call did not write: never a licence to send.
                 reason = (f"a ledger row for step {decision.step_key} already exists "
                           f"({pb.ToolExecutionStatus.Name(began.execution.status)}); not sending again")
                 paused, action = self.advancer.end(state, "policy_refused", reason, policy_pause=True)
-                return await d.persist(paused), action
+                return await lease.persist(paused), action
         # replayed: our own intent, whose commit we had not heard of; nothing was sent yet.
         # intent_recorded: this holder's CompleteAndBeginToolCall wrote the row; nothing was sent yet either.
-        d.status, d.open_step = pb.RUN_STATUS_WAITING_TOOL, decision.step_key
-        s.faults.hit("after_outbound_intent_commit", d.run.run_id)
-        if not d.held.alive():
+        lease.intent_recorded(decision.step_key)
+        s.faults.hit("after_outbound_intent_commit", lease.run.run_id)
+        if not lease.alive():
             return None  # lapsed or lost: sending now could race the next holder
-        s.faults.hit("before_tool_send", d.run.run_id)
+        s.faults.hit("before_tool_send", lease.run.run_id)
         adapter = s.tools.get(self.agent, decision.tool_name)
         assert adapter is not None  # every tool of a loaded definition has one
         outcome: ToolOutcome = await s.shutdown.race(
             adapter.call(decision.request, self.context(decision.step_key, decision.idempotency_key)),
             s.shutdown.hard_stop)
-        s.faults.hit("after_tool_response_before_tx2_commit", d.run.run_id)
+        s.faults.hit("after_tool_response_before_tx2_commit", lease.run.run_id)
         return await self.complete(state, decision, outcome)
 
     def _over_limit(self, outcome: ToolOutcome) -> ToolOutcome:
         """A successful answer larger than the scheduler's per-step limit becomes a definite failure."""
-        limit = self.d.lease.limits.max_tool_response_bytes if self.d.lease.HasField("limits") else 0
+        claim = self.lease.claim
+        limit = claim.limits.max_tool_response_bytes if claim.HasField("limits") else 0
         if not (outcome.ok and limit and outcome.response is not None):
             return outcome
         size = len(canonical_json(outcome.response).encode("utf-8"))
@@ -93,9 +101,8 @@ class ToolCalls:
         action = action_for(code)
         detail = outcome.detail + (f" {json.dumps(outcome.evidence)}" if outcome.evidence else "")
         if action is ErrorAction.FREEZE_IN_DOUBT:
-            await self.d.s.client.mark_tool_in_doubt(self.d.held.ref, decision.step_key, code, detail,
-                                                     self.d.give_up_at)
-            log.warning("run %s step %s in doubt: %s", self.d.run.run_id, decision.step_key, code)
+            await self.lease.mark_in_doubt(decision.step_key, code, detail)
+            log.warning("run %s step %s in doubt: %s", self.lease.run.run_id, decision.step_key, code)
             return None
         retry = action is ErrorAction.RETRY_WITH_BACKOFF
         after = tool_result(state, decision, "FAILED", error_code=code, detail=outcome.detail,
@@ -104,9 +111,9 @@ class ToolCalls:
                                   fold=not retry)
         if not retry:
             return closed
-        await self.d.finish(ws.FINISH_OUTCOME_RETRY, f"tool {decision.tool_name} at {decision.step_key}: {code} "
-                            f"{outcome.detail}".strip(), error_class=f"{error_class}:{code}",
-                            pause_when_exhausted=self.agent.policy.pause_when_attempts_exhausted)
+        await self.lease.finish(ws.FINISH_OUTCOME_RETRY, f"tool {decision.tool_name} at {decision.step_key}: "
+                                f"{code} {outcome.detail}".strip(), error_class=f"{error_class}:{code}",
+                                pause_when_exhausted=self.agent.policy.pause_when_attempts_exhausted)
         return None
 
     async def close(self, after: State, decision: ToolDecision, outcome: ws.ToolOutcome, response: Any,
@@ -126,26 +133,25 @@ class ToolCalls:
         data = after.to_json_dict()
         # Not while shutting down: no new step starts then, so the next intent is not recorded either.
         if (isinstance(action, ExecuteTool) and after.pending_tool == action.decision
-                and not self.d.s.shutdown.stopping.is_set()):
+                and not self.s.shutdown.stopping.is_set()):
             begun = await self.close_and_begin(after, data, decision, outcome, response, remote_resource_id,
                                                error_code, evidence, action.decision)
             if begun is not None:
                 return begun
+        lease = self.lease
         request = ws.CompleteToolCallRequest(
-            lease=self.d.held.ref, expected_version=self.d.version, step_key=decision.step_key, outcome=outcome,
+            lease=lease.ref, expected_version=lease.version, step_key=decision.step_key, outcome=outcome,
             response_json=canonical_json(response) if response is not None else "",
             remote_resource_id=remote_resource_id or "", error_code=error_code, state_json=canonical_json(data),
             schema_version=SCHEMA_VERSION, next_step_key=after.cursor,
-            evidence_json=canonical_json(evidence) if evidence else "", journal=self.d.unwritten(after))
+            evidence_json=canonical_json(evidence) if evidence else "", journal=lease.unwritten(after))
         if isinstance(action, EndRun):
             # The checkpoint records the end, which has no side effect: the run ends in this transaction.
-            request.end.CopyFrom(self.d.run_end(action.finished))
-        reply = await self.d.s.client.complete_tool_call(request, self.d.give_up_at)
-        self.d.version, self.d.saved, self.d.status = reply.version, data, reply.status
-        self.d.open_step = ""
-        after = self.d.written(after)
+            request.end.CopyFrom(run_end(action.finished))
+        reply = await lease.client.complete_tool_call(request, lease.give_up_at)
+        after = lease.committed(reply.version, data, reply.status, after)
         if isinstance(action, EndRun):
-            log.info("run %s -> %s %s", self.d.run.run_id, pb.RunStatus.Name(reply.status),
+            log.info("run %s -> %s %s", lease.run.run_id, pb.RunStatus.Name(reply.status),
                      action.finished.reason[:200])
             return None
         return after, action
@@ -156,37 +162,36 @@ class ToolCalls:
         """Tx2 of `decision` and Tx1 of `following` in one call; None when refused with nothing written
         for a reason the two-call path answers its own way (a ledger row already there, a decision the
         scheduler does not see in the checkpoint): the caller then writes Tx2 alone and Tx1 as usual."""
-        d = self.d
+        lease = self.lease
         request = ws.CompleteAndBeginToolCallRequest(
-            lease=d.held.ref, expected_version=d.version, step_key=decision.step_key, outcome=outcome,
+            lease=lease.ref, expected_version=lease.version, step_key=decision.step_key, outcome=outcome,
             response_json=canonical_json(response) if response is not None else "",
             remote_resource_id=remote_resource_id or "", error_code=error_code, state_json=canonical_json(data),
             schema_version=SCHEMA_VERSION, evidence_json=canonical_json(evidence) if evidence else "",
             next=ws.NextToolCall(step_key=following.step_key, tool_name=following.tool_name,
                                  idempotency_key=following.idempotency_key,
                                  request_json=canonical_json(following.request)),
-            journal=d.unwritten(after))
+            journal=lease.unwritten(after))
         try:
-            reply = await d.s.client.complete_and_begin_tool_call(request, d.give_up_at)
+            reply = await lease.client.complete_and_begin_tool_call(request, lease.give_up_at)
         except (AlreadyExists, DecisionNotCheckpointed) as exc:
             log.warning("run %s: combined Tx2 + Tx1 refused (%s), writing them one by one: %s",
-                        d.run.run_id, exc.reason, exc.message)
+                        lease.run.run_id, exc.reason, exc.message)
             return None
-        d.version, d.saved, d.status = reply.version, data, pb.RUN_STATUS_WAITING_TOOL
-        d.open_step = following.step_key
-        return d.written(after), ExecuteTool(following, intent_recorded=True)
+        after = lease.committed(reply.version, data, pb.RUN_STATUS_WAITING_TOOL, after, open_step=following.step_key)
+        return after, ExecuteTool(following, intent_recorded=True)
 
     async def freeze(self, step_key: str, code: str, detail: str) -> None:
-        await self.d.s.client.mark_tool_in_doubt(self.d.held.ref, step_key, code, detail, self.d.give_up_at)
-        log.warning("run %s step %s frozen at takeover: %s", self.d.run.run_id, step_key, code)
+        await self.lease.mark_in_doubt(step_key, code, detail)
+        log.warning("run %s step %s frozen at takeover: %s", self.lease.run.run_id, step_key, code)
 
     async def take_over(self, state: State) -> Next | None:
         """A run claimed in WAITING_TOOL: the request may or may not have been sent. Look up, or freeze."""
-        d = self.d
-        if not d.lease.HasField("pending_tool"):
-            log.error("run %s claimed WAITING_TOOL without an open ledger row", d.run.run_id)
+        lease, s = self.lease, self.s
+        if not lease.claim.HasField("pending_tool"):
+            log.error("run %s claimed WAITING_TOOL without an open ledger row", lease.run.run_id)
             return None
-        row = d.lease.pending_tool
+        row = lease.claim.pending_tool
         decision = state.pending_tool
         tool = self.agent.tool(row.tool_name)
         if decision is None or decision.step_key != row.step_key:
@@ -197,24 +202,24 @@ class ToolCalls:
                               f"tool {row.tool_name} has no lookup contract; the request may have been sent, "
                               "so it is not sent again")
             return None
-        adapter = d.s.tools.get(self.agent, row.tool_name)
+        adapter = s.tools.get(self.agent, row.tool_name)
         assert adapter is not None
-        found = await d.s.shutdown.race(adapter.lookup(self.context(row.step_key, row.idempotency_key)),
-                                        d.s.shutdown.hard_stop)
-        evidence = {"lookup": found.status, "response": found.evidence, "fencing_token": d.held.fencing_token,
-                    "rule": TAKEOVER_RULE, "worker_id": d.s.worker_id}
+        found = await s.shutdown.race(adapter.lookup(self.context(row.step_key, row.idempotency_key)),
+                                      s.shutdown.hard_stop)
+        evidence = {"lookup": found.status, "response": found.evidence, "fencing_token": lease.fencing_token,
+                    "rule": TAKEOVER_RULE, "worker_id": s.worker_id}
         if found.status == "found":
             after = tool_result(state, decision, "SUCCEEDED", response=found.response,
                                 remote_resource_id=found.remote_resource_id, evidence=evidence)
             return await self.close(after, decision, ws.TOOL_OUTCOME_SUCCEEDED, found.response,
                                     found.remote_resource_id, evidence=evidence)
         if found.status == "not_found" and tool.contract.retry_after_not_found:
-            await d.s.client.complete_tool_call(ws.CompleteToolCallRequest(
-                lease=d.held.ref, expected_version=d.version, step_key=row.step_key,
+            await lease.client.complete_tool_call(ws.CompleteToolCallRequest(
+                lease=lease.ref, expected_version=lease.version, step_key=row.step_key,
                 outcome=ws.TOOL_OUTCOME_NOT_EXECUTED, error_code="not_executed",
-                evidence_json=canonical_json(evidence)), d.give_up_at)
+                evidence_json=canonical_json(evidence)), lease.give_up_at)
             log.info("run %s step %s proven not executed; re-queued for its next attempt",
-                     d.run.run_id, row.step_key)
+                     lease.run.run_id, row.step_key)
             return None
         code = "takeover_not_found_unfenced" if found.status == "not_found" else "takeover_lookup_unknown"
         await self.freeze(row.step_key, code, canonical_json(evidence))

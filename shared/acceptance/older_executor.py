@@ -27,11 +27,11 @@ def main() -> int:
     checkpoint.SCHEMA_VERSION = OLD_SCHEMA_VERSION
     checkpoint.MIGRATIONS.clear()
     checkpoint.State.to_json_dict = _schema_1_dict  # type: ignore[method-assign]
-    import executor.driver as driver  # reads SCHEMA_VERSION now
+    import executor.runlease as runlease  # reads SCHEMA_VERSION now
     import executor.toolcalls as toolcalls
 
-    toolcalls.SCHEMA_VERSION = OLD_SCHEMA_VERSION
-    driver.RunDriver.unwritten = lambda self, state: []  # type: ignore[method-assign,assignment,misc]
+    toolcalls.SCHEMA_VERSION = runlease.SCHEMA_VERSION = OLD_SCHEMA_VERSION
+    runlease.RunLease.unwritten = lambda self, state: []  # type: ignore[method-assign,assignment,misc]
     from shared.cli import main as cli_main
 
     return cli_main(["executor"])
