@@ -1,5 +1,7 @@
 """Publishes one round of outbox rows to Kafka, in record batches that succeed or fail whole.
 
+Delivery is at least once and in order per run (docs/design.md §outbox-and-relay).
+
 Per-run order rests on three facts:
 - a run's events go to one partition (key = run id, Kafka's murmur2
   partitioner), in outbox id order;
@@ -41,6 +43,7 @@ from shared.kafka_client import is_permanent_record_error
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+_Sent = tuple[TopicPartition, asyncio.Future[Any]]  # a batch handed to the producer, and its answer
 
 
 class KafkaUnreachable(Unavailable):
@@ -56,6 +59,14 @@ class RoundResult:
     held_back: int = 0
     # The first transient failure of the round, if any (rows stay unpublished).
     error: BaseException | None = None
+
+
+@dataclass
+class _Batches:
+    """One round's record batches: the builder and the rows appended to it, per partition."""
+
+    builders: dict[TopicPartition, Any] = field(default_factory=dict)
+    members: dict[TopicPartition, list[OutboxRow]] = field(default_factory=dict)
 
 
 def partition_for(key: bytes, partitions: list[int]) -> int:
@@ -134,20 +145,41 @@ class Publisher:
             result.error = Unavailable("no Kafka producer")
             result.held_back = len(rows)
             return result
+        if self._metadata_stale and not await self._refresh_metadata(producer, result):
+            result.held_back = len(rows)
+            return result
+        batches = await self._build_batches(producer, rows, result)
+        sent = await self._send_batches(producer, batches, result, after_send)
+        if sent:
+            await self._settle(sent, batches.members, result)
+        if result.error is not None:
+            self._metadata_stale = True
+        return result
+
+    async def _refresh_metadata(self, producer: AIOKafkaProducer, result: RoundResult) -> bool:
+        """After a failed round: fresh cluster metadata first, or no round at all (the error is in `result`)."""
+        try:
+            refreshed = await producer.client.force_metadata_update()
+        except (KafkaError, OSError, TimeoutError) as exc:
+            refreshed, result.error = False, exc
+        if not refreshed:
+            result.error = result.error or KafkaConnectionError("metadata refresh failed")
+            return False
+        self._metadata_stale = False
+        return True
+
+    async def _build_batches(self, producer: AIOKafkaProducer, rows: list[OutboxRow],
+                             result: RoundResult) -> _Batches:
+        """Appends each row to its partition's one batch of the round, in order.
+
+        A run whose row cannot go out this round (no partitions known, row too
+        large, its partition's batch closed or full) has the rest of its rows
+        held back, so nothing of a run is sent after a row that was not.
+        """
         s = self.settings
-        if self._metadata_stale:
-            try:
-                refreshed = await producer.client.force_metadata_update()
-            except (KafkaError, OSError, TimeoutError) as exc:
-                refreshed, result.error = False, exc
-            if not refreshed:
-                result.error = result.error or KafkaConnectionError("metadata refresh failed")
-                result.held_back = len(rows)
-                return result
-            self._metadata_stale = False
         partitions: dict[str, list[int]] = {}
-        builders: dict[TopicPartition, Any] = {}
-        members: dict[TopicPartition, list[OutboxRow]] = {}
+        batches = _Batches()
+        builders, members = batches.builders, batches.members
         closed: set[TopicPartition] = set()
         blocked_runs: set[str] = set()
         hashes = self._key_hash
@@ -204,55 +236,63 @@ class Publisher:
             members[tp].append(row)
             if tp in self._isolate:
                 closed.add(tp)
+        return batches
 
-        sent: list[tuple[TopicPartition, asyncio.Future[Any]]] = []
-        for tp, builder in builders.items():
+    async def _send_batches(self, producer: AIOKafkaProducer, batches: _Batches, result: RoundResult,
+                            after_send: Callable[[], Awaitable[None]] | None) -> list[_Sent]:
+        """Hands every batch to the producer; the answers are awaited together in `_settle`."""
+        sent: list[_Sent] = []
+        for tp, builder in batches.builders.items():
             try:
                 future = await producer.send_batch(builder, tp[0], partition=tp[1])
             except (KafkaError, OSError, TimeoutError) as exc:
                 result.error = result.error or exc
-                result.held_back += len(members[tp])
+                result.held_back += len(batches.members[tp])
                 continue
             sent.append((tp, future))
             if after_send is not None:
                 await after_send()
                 after_send = None
+        return sent
 
-        if sent:
-            # aiokafka expires a batch after request_timeout; the guard only
-            # catches a sender that stopped answering altogether.
-            guard = s.kafka_request_timeout_ms / 1000 * 2 + 5
-            _, pending = await asyncio.wait([f for _, f in sent], timeout=guard)
-            for future in pending:
-                future.cancel()
-            for tp, future in sent:
-                rows_in_batch = members[tp]
-                error: BaseException | None
-                if future in pending:
-                    error = KafkaTimeoutError(f"no answer for {tp} within {guard:g}s")
-                elif future.cancelled():
-                    error = asyncio.CancelledError()
-                else:
-                    error = future.exception()
-                if error is None:
-                    result.delivered.extend(rows_in_batch)
-                    self._note_success(tp)
-                elif is_permanent_record_error(error):
-                    if len(rows_in_batch) == 1:
-                        result.refused.append((rows_in_batch[0], f"broker refused: {type(error).__name__}: "
-                                                                 f"{error}"))
-                        self._isolate.pop(tp, None)
-                    else:
-                        log.warning("broker refused a batch of %d rows for %s (%s); "
-                                    "sending them one by one to find the bad one", len(rows_in_batch), tp, error)
-                        self._isolate[tp] = len(rows_in_batch)
-                        result.held_back += len(rows_in_batch)
-                else:
-                    result.error = result.error or error
-                    result.held_back += len(rows_in_batch)
-        if result.error is not None:
-            self._metadata_stale = True
-        return result
+    async def _settle(self, sent: list[_Sent], members: dict[TopicPartition, list[OutboxRow]],
+                      result: RoundResult) -> None:
+        """Waits for every batch's answer and sorts its rows: delivered, refused for good, or held back."""
+        # aiokafka expires a batch after request_timeout; the guard only
+        # catches a sender that stopped answering altogether.
+        guard = self.settings.kafka_request_timeout_ms / 1000 * 2 + 5
+        _, pending = await asyncio.wait([f for _, f in sent], timeout=guard)
+        for future in pending:
+            future.cancel()
+        for tp, future in sent:
+            rows_in_batch = members[tp]
+            error: BaseException | None
+            if future in pending:
+                error = KafkaTimeoutError(f"no answer for {tp} within {guard:g}s")
+            elif future.cancelled():
+                error = asyncio.CancelledError()
+            else:
+                error = future.exception()
+            if error is None:
+                result.delivered.extend(rows_in_batch)
+                self._note_success(tp)
+            elif is_permanent_record_error(error):
+                self._refused_batch(tp, rows_in_batch, error, result)
+            else:
+                result.error = result.error or error
+                result.held_back += len(rows_in_batch)
+
+    def _refused_batch(self, tp: TopicPartition, rows_in_batch: list[OutboxRow], error: BaseException,
+                       result: RoundResult) -> None:
+        """A permanent broker refusal: a lone row is parked; a batch is narrowed down one row per round."""
+        if len(rows_in_batch) == 1:
+            result.refused.append((rows_in_batch[0], f"broker refused: {type(error).__name__}: {error}"))
+            self._isolate.pop(tp, None)
+        else:
+            log.warning("broker refused a batch of %d rows for %s (%s); "
+                        "sending them one by one to find the bad one", len(rows_in_batch), tp, error)
+            self._isolate[tp] = len(rows_in_batch)
+            result.held_back += len(rows_in_batch)
 
     def _note_success(self, tp: TopicPartition) -> None:
         if tp in self._isolate:
