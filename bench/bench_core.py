@@ -38,34 +38,27 @@ import contextlib
 import json
 import os
 import re
-import resource
-import signal
 import statistics
-import subprocess
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import asyncpg
 import grpc
 import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench._pg import (
-    emit,
-    figure,
-    free_port,
-    log,
-    percentile,
-    pgbench_init,
-    pgbench_tps,
-    scratch_database,
-    server_url,
+from bench._core_procs import (
+    ROOT,
+    Pgbench,
+    SchedulerProc,
+    backend_pids,
+    backends_cpu,
+    machine_busy,
+    measured_pgbench,
 )
+from bench._pg import emit, figure, log, percentile, pgbench_init, scratch_database
 from scheduler.migrate import migrate
 from scheduler.queries import Q
 from scheduler.store import Store, connect_pool
@@ -74,27 +67,11 @@ from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
 
 BENCH = "core"
-ROOT = Path(__file__).resolve().parent.parent
 HELM_VALUES = ROOT / "helm" / "agentrt" / "values.yaml"
 AGENT = "bench"
 RPCS = ("ClaimWork", "SaveCheckpoint", "FinishRun")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 LEASE_MS = SchedulerSettings.model_fields["lease_duration_ms"].default
 EXPLAINS = 100  # EXPLAIN ANALYZE samples of the claim statement per table size
-
-# Evaluation only (--otel-compare): a scheduler process without the OpenTelemetry gRPC
-# server interceptor, everything else identical.
-_NO_OTEL_BOOT = """
-import grpc.aio, sys
-_server = grpc.aio.server
-def _no_interceptors(*args, **kwargs):
-    kwargs.pop("interceptors", None)
-    return _server(*args, **kwargs)
-grpc.aio.server = _no_interceptors
-from shared.cli import main
-sys.exit(main(["scheduler"]))
-"""
-
 
 def documented_replicas() -> tuple[int, str]:
     """Scheduler processes of the documented deployment: the Helm chart's default replicas."""
@@ -160,90 +137,6 @@ async def insert_terminal(conn: asyncpg.Connection, count: int) -> None:
     )
     for definition in rebuild:
         await conn.execute(definition)
-
-
-# ------------------------------------------------------------------------------------ scheduler process
-
-
-def _proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
-
-
-@dataclass
-class SchedulerProc:
-    db_url: str
-    otel: bool = True
-    port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.port = free_port()
-        env = {**os.environ, "AGENTRT_DATABASE_URL": self.db_url,
-               "AGENTRT_LISTEN_ADDR": f"127.0.0.1:{self.port}", "AGENTRT_LOG_LEVEL": "WARNING"}
-        env.pop("AGENTRT_CONFIG_FILE", None)
-        if self.otel:
-            cmd = [sys.executable, "-m", "shared.cli", "scheduler"]
-        else:
-            cmd = [sys.executable, "-c", _NO_OTEL_BOOT]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-
-    @property
-    def addr(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def wait_serving(self, limit_s: float = 30.0) -> None:
-        deadline = time.monotonic() + limit_s
-        async with grpc.aio.insecure_channel(self.addr) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"scheduler exited with {self.proc.returncode} before serving")
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"scheduler on {self.addr} not SERVING after {limit_s}s")
-                await asyncio.sleep(0.1)
-
-    def cpu_seconds(self) -> float:
-        assert self.proc is not None
-        return _proc_cpu(self.proc.pid)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def machine_busy() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat."""
-    values = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = values[3] + values[4]
-    total = sum(values[:8])
-    return total - idle, total
-
-
-async def backend_pids(conn: asyncpg.Connection) -> list[int]:
-    """PostgreSQL backends serving the bench database (the schedulers' pools and notifiers)."""
-    rows = await conn.fetch("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND pid <> pg_backend_pid()")
-    return [r["pid"] for r in rows]
-
-
-def backends_cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            total += _proc_cpu(pid)
-    return total
 
 
 # ------------------------------------------------------------------------------------------ throughput
@@ -379,39 +272,10 @@ def describe(t: Throughput, tps: float) -> None:
         log(f"    {rpc:15s} p50 {t.p(rpc, 50):6.2f} ms  p99 {t.p(rpc, 99):6.2f} ms  (n={len(w.latency[rpc])})")
 
 
-@dataclass
-class Pgbench:
-    tps: float
-    cpu_ms_per_txn: float  # pgbench client + its PostgreSQL backends
-
-
-async def measured_pgbench(pg_url: str, seconds: int) -> Pgbench:
-    """pgbench -N, and the CPU it costs: its own (rusage of children) and its backends' (/proc, sampled)."""
-    name = urlsplit(pg_url).path.lstrip("/")
-    seen: dict[int, float] = {}  # backend pid -> last cpu seconds seen (backends start near zero)
-    watcher = await asyncpg.connect(server_url())
-    client0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    job = asyncio.create_task(asyncio.to_thread(pgbench_tps, pg_url, seconds=seconds))
-    try:
-        while not job.done():
-            rows = await watcher.fetch("SELECT pid FROM pg_stat_activity WHERE datname = $1", name)
-            for row in rows:
-                with contextlib.suppress(OSError):
-                    seen[row["pid"]] = _proc_cpu(row["pid"])
-            await asyncio.wait({job}, timeout=0.25)
-        tps = await job
-    finally:
-        await watcher.close()
-    client1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    client = (client1.ru_utime + client1.ru_stime) - (client0.ru_utime + client0.ru_stime)
-    backends = sum(seen.values())
-    return Pgbench(tps, (client + backends) / (tps * seconds) * 1000)
-
-
 async def throughput_part(db_url: str, args: argparse.Namespace, notes: list[str]) -> list[dict[str, Any]]:
     replicas, source = documented_replicas()
     other = 2 if replicas == 1 else 1
-    configs: list[tuple[str, int, bool]] = [("", replicas, True)]
+    configs: list[tuple[str, int, bool]] = [("", replicas, True)]  # (figure suffix, processes, OTel on)
     if args.both:
         configs.append((f"_{other}proc", other, True))
     if args.otel_compare:
@@ -420,36 +284,53 @@ async def throughput_part(db_url: str, args: argparse.Namespace, notes: list[str
     async with scratch_database("agentrt_bench_pgbench") as pg_url:
         log("pgbench -i -s 10 ...")
         await asyncio.to_thread(pgbench_init, pg_url)
-        log(f"pgbench -N -c 8 -j 2 -T {args.pgbench_seconds} (before) ...")
-        before_run = await measured_pgbench(pg_url, args.pgbench_seconds)
-        before = before_run.tps
-        log(f"  {before:.0f} TPS, {before_run.cpu_ms_per_txn:.3f} cpu ms per transaction")
-
+        before = await pgbench_side(pg_url, args.pgbench_seconds, "before")
         results: dict[str, Throughput] = {}
         for suffix, procs, otel in configs:
-            conn = await asyncpg.connect(db_url)
-            try:
-                await submit_bulk(conn, args.runs)
-                await conn.execute("VACUUM ANALYZE agent_runs")
-            finally:
-                await conn.close()
-            label = f"{procs} scheduler process{'es' if procs > 1 else ''}{'' if otel else ', no OTel interceptor'}"
-            log(f"throughput: {label}, {args.clients} executors, {args.seconds:.0f}s ...")
-            results[suffix] = await throughput(db_url, label=label, procs=procs, clients=args.clients,
-                                               seconds=args.seconds, otel=otel)
-            if results[suffix].window.cycles == 0:
-                raise RuntimeError(f"{label}: no cycle completed (errors: {results[suffix].window.errors})")
-            describe(results[suffix], before)
+            results[suffix] = await throughput_config(db_url, args, procs=procs, otel=otel, tps=before.tps)
+        after = await pgbench_side(pg_url, args.pgbench_seconds, "after")
+    figures = throughput_figures(results, before, after)
+    notes += throughput_notes(results, before, after, source, args.pgbench_seconds)
+    return figures
 
-        log(f"pgbench -N -c 8 -j 2 -T {args.pgbench_seconds} (after) ...")
-        after_run = await measured_pgbench(pg_url, args.pgbench_seconds)
-        after = after_run.tps
-        log(f"  {after:.0f} TPS, {after_run.cpu_ms_per_txn:.3f} cpu ms per transaction")
-    tps = (before + after) / 2
-    pg_cpu = (before_run.cpu_ms_per_txn + after_run.cpu_ms_per_txn) / 2
+
+async def pgbench_side(pg_url: str, seconds: int, when: str) -> Pgbench:
+    """One pgbench -N run of the baseline (before or after the throughput runs)."""
+    log(f"pgbench -N -c 8 -j 2 -T {seconds} ({when}) ...")
+    run = await measured_pgbench(pg_url, seconds)
+    log(f"  {run.tps:.0f} TPS, {run.cpu_ms_per_txn:.3f} cpu ms per transaction")
+    return run
+
+
+async def throughput_config(db_url: str, args: argparse.Namespace, *, procs: int, otel: bool,
+                            tps: float) -> Throughput:
+    """One configuration over freshly submitted runs; `tps` (the first pgbench) is only for the log."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        await submit_bulk(conn, args.runs)
+        await conn.execute("VACUUM ANALYZE agent_runs")
+    finally:
+        await conn.close()
+    label = f"{procs} scheduler process{'es' if procs > 1 else ''}{'' if otel else ', no OTel interceptor'}"
+    log(f"throughput: {label}, {args.clients} executors, {args.seconds:.0f}s ...")
+    result = await throughput(db_url, label=label, procs=procs, clients=args.clients, seconds=args.seconds,
+                              otel=otel)
+    if result.window.cycles == 0:
+        raise RuntimeError(f"{label}: no cycle completed (errors: {result.window.errors})")
+    describe(result, tps)
+    return result
+
+
+def _baseline(before: Pgbench, after: Pgbench) -> tuple[float, float]:
+    """The pgbench baseline: mean TPS and mean CPU ms per transaction of the runs before and after."""
+    return (before.tps + after.tps) / 2, (before.cpu_ms_per_txn + after.cpu_ms_per_txn) / 2
+
+
+def throughput_figures(results: dict[str, Throughput], before: Pgbench, after: Pgbench) -> list[dict[str, Any]]:
+    tps, pg_cpu = _baseline(before, after)
     figures = [figure(BENCH, "pgbench_tps", tps, "tps"),
-               figure(BENCH, "pgbench_tps_before", before, "tps"),
-               figure(BENCH, "pgbench_tps_after", after, "tps")]
+               figure(BENCH, "pgbench_tps_before", before.tps, "tps"),
+               figure(BENCH, "pgbench_tps_after", after.tps, "tps")]
     for suffix, result in results.items():
         figures.append(figure(BENCH, f"cycles_per_s{suffix}", result.cycles_per_s, "cycles/s", tps,
                               result.cycles_per_s * 3 / tps))
@@ -468,14 +349,21 @@ async def throughput_part(db_url: str, args: argparse.Namespace, notes: list[str
         bare = results["_no_otel"]
         figures.append(figure(BENCH, "otel_interceptor_cycles_per_s", main.cycles_per_s, "cycles/s",
                               bare.cycles_per_s, main.cycles_per_s / bare.cycles_per_s))
+    return figures
+
+
+def throughput_notes(results: dict[str, Throughput], before: Pgbench, after: Pgbench, source: str,
+                     pgbench_seconds: int) -> list[str]:
+    tps, pg_cpu = _baseline(before, after)
+    main = results[""]
     ratio = main.cycles_per_s * 3 / tps
-    notes.append(
+    notes = [
         f"configuration of the headline figures (no suffix): {main.label} ({source}), each "
         f"`python -m shared.cli scheduler` with default settings (db_pool_max=20, OTel gRPC server "
         f"interceptor on, no span exporter) on its own port; {main.clients} executors in this process "
         f"split evenly over one grpc channel per scheduler, ClaimWork wait_ms=100; baseline: mean of "
-        f"pgbench -N -c 8 -j 2 -T {args.pgbench_seconds} (scale 10) before ({before:.0f}) and after "
-        f"({after:.0f}) on the same server")
+        f"pgbench -N -c 8 -j 2 -T {pgbench_seconds} (scale 10) before ({before.tps:.0f}) and after "
+        f"({after.tps:.0f}) on the same server"]
     for result in results.values():
         r = result.cycles_per_s * 3 / tps
         notes.append(f"throughput {result.label}: {result.cycles_per_s:.0f} cycles/s x 3 / {tps:.0f} TPS = "
@@ -488,7 +376,7 @@ async def throughput_part(db_url: str, args: argparse.Namespace, notes: list[str
                  f"{main.postgres_cpu / main.cycles_per_s * 1000:.2f}) vs pgbench {pg_cpu:.3f} ms per "
                  f"transaction: cpu-normalised ratio {3 * pg_cpu / cycle_ms:.3f} (what the throughput ratio "
                  f"tends to when nothing else competes for the {os.cpu_count()} cores)")
-    return figures
+    return notes
 
 
 # ------------------------------------------------------------------------------------ claim flatness
