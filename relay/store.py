@@ -86,6 +86,8 @@ class RelayStore:
     @db_call
     async def ensure_shards(self, shard_count: int) -> None:
         existing = await self.pool.fetchval(Q["ensure_config"], shard_count)
+        if existing is None:  # another relay's concurrent insert won (see read_config)
+            existing = await self.pool.fetchval(Q["read_config"])
         if existing != shard_count:
             raise ShardCountMismatch(
                 f"shard_count {shard_count} configured, but this database's relays use {existing}; "

@@ -17,6 +17,12 @@ UNION ALL
 SELECT shard_count FROM relay_config
 LIMIT 1;
 
+-- name: read_config
+-- ensure_config reads under the snapshot its statement began with: when
+-- another relay inserted the row concurrently, the insert does nothing and the
+-- read sees no row. A second statement has a fresh snapshot and sees it.
+SELECT shard_count FROM relay_config WHERE id = 1;
+
 -- name: ensure_shards
 INSERT INTO relay_shards (shard)
 SELECT generate_series(0, $1::integer - 1)

@@ -87,3 +87,35 @@ async def test_health_follows_the_broker(db_url, db, private_broker: TansuBroker
 
 async def _is(port: int, service: str, status: int) -> bool:
     return await _health(port, service) == status
+
+
+async def test_relays_starting_together_agree_on_the_shard_count(db_url, db):
+    """Another relay's insert of the config row commits while this one waits on it: no false mismatch.
+
+    The insert that loses the race does nothing, and a read in the same statement
+    cannot see the winner's row (its snapshot is older): the relay must read again.
+    """
+    from relay.store import RelayStore, connect_pool
+
+    other = await connect_pool(db_url, min_size=1, max_size=1, command_timeout=10)
+    pool = await connect_pool(db_url, min_size=1, max_size=2, command_timeout=10)
+    try:
+        async with other.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            await conn.execute("INSERT INTO relay_config (id, shard_count) VALUES (1, 16)")
+            loser = asyncio.create_task(RelayStore(pool).ensure_shards(16))
+            # The loser blocks on the winner's uncommitted row (a lock wait the database can show).
+            await wait_until(lambda: _lock_waits(db), 30, "the second relay to wait on the first one's insert")
+            assert not loser.done()
+            await tx.commit()
+            await asyncio.wait_for(loser, 30)  # raised ShardCountMismatch(database=None) before the fix
+        assert await db.fetchval("SELECT count(*) FROM relay_shards") == 16
+    finally:
+        await pool.close()
+        await other.close()
+
+
+async def _lock_waits(db) -> bool:
+    return bool(await db.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"))
