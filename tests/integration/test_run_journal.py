@@ -87,7 +87,7 @@ async def test_entries_are_appended_with_their_checkpoint_and_read_back_in_order
 
         page = await stack.work.ReadJournal(ws.ReadJournalRequest(lease=ref, page_size=2))
         assert [e.seq for e in page.entries] == [1, 2] and page.more
-        assert page.entries[0].run_version == 1 and page.entries[0].HasField("created_at")
+        assert page.entries[0].run_version == 1 and not page.entries[0].HasField("created_at")
         assert json.loads(page.entries[0].detail_json) == {"n": 1} and page.entries[0].step_key == S1
         rest = await stack.work.ReadJournal(ws.ReadJournalRequest(lease=ref, after_seq=2, page_size=2))
         assert [(e.seq, e.kind, e.run_version) for e in rest.entries] == [(3, "sleep", 2)] and not rest.more
