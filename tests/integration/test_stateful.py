@@ -8,14 +8,22 @@ backoff or sleep ends); all other changes go through the Store.
 Every rule predicts, from the database state just before the call, what the
 scheduler must answer: success, or exactly which typed error (shared.errors).
 Any other exception fails the test. A call made under a stale lease must raise
-LeaseLost and leave the run's row, checkpoints, ledger and events byte-for-byte
-unchanged. After every step the reference invariants are checked with SQL.
+LeaseLost and leave the run's row, checkpoints, ledger, events and journal
+byte-for-byte unchanged. After every step the reference invariants are checked with SQL.
+
+Run journal and pruning (issue 12): checkpoint-writing calls sometimes carry 1-3 journal
+entries (sometimes with a first seq that does not continue the journal: refused with
+INVALID_ARGUMENT, nothing appended). The model keeps every run's expected journal; the
+database's must equal it, gapless (seq 1..journal_length), each entry written under a
+fence that held the run's lease. A rule prunes checkpoints (small keep_last), each
+statement's effect predicted exactly; a run always keeps its current checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -33,7 +41,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from scheduler.store import LeaseRef, Store, SubmitSpec, _init_connection, connect_pool
+from scheduler.store import (
+    NO_JOURNAL,
+    Journal,
+    LeaseRef,
+    RunEnd,
+    Store,
+    SubmitSpec,
+    ToolIntent,
+    _init_connection,
+    connect_pool,
+)
 from shared.canonical import request_hash
 from shared.config import SchedulerSettings
 from shared.errors import (
@@ -68,12 +86,30 @@ LONG_MS = 600_000
 STORE_SETTINGS = dict(lease_duration_ms=LONG_MS, backoff_base_ms=LONG_MS, backoff_cap_ms=LONG_MS,
                       backoff_jitter_ms=0)
 
-# One text per run covering everything a write could change: its row, checkpoints, ledger rows, events.
+# Journal entries a checkpoint-writing call sends: none, 1-3 continuing the journal, or two whose first
+# seq does not continue it (GAP: skips one; REPEAT: repeats the last one, a gap when the journal is empty).
+GAP, REPEAT = -1, -2
+JOURNAL = st.sampled_from([0, 0, 0, 1, 2, 3, GAP, REPEAT])
+KINDS = ("tool", "answer", "sleep", "input", "exception")
+# How a holder closes its tool call: Tx2; Tx2 that ends the run; Tx2 + Tx1 of the next step (whose
+# checkpoint records that decision, or, "undecided", another request: DECISION_NOT_CHECKPOINTED).
+COMPLETE_MODES = ("tx2", "tx2", "tx2", "end:COMPLETED", "end:FAILED", "and_begin", "and_begin", "undecided")
+ZERO_ID = uuid.UUID(int=0)
+
+# One text per run covering everything a write could change: its row, checkpoints, ledger rows, events, journal.
 FINGERPRINT_SQL = """
 SELECT r.id, md5(concat_ws(' / ', r::text,
   (SELECT string_agg(c::text, ' | ' ORDER BY c.version) FROM agent_checkpoints c WHERE c.run_id = r.id),
   (SELECT string_agg(t::text, ' | ' ORDER BY t.step_key) FROM tool_executions t WHERE t.run_id = r.id),
-  (SELECT string_agg(o::text, ' | ' ORDER BY o.id) FROM outbox o WHERE o.run_id = r.id))) AS fingerprint
+  (SELECT string_agg(o::text, ' | ' ORDER BY o.id) FROM outbox o WHERE o.run_id = r.id),
+  (SELECT string_agg(j::text, ' | ' ORDER BY j.seq) FROM run_journal j WHERE j.run_id = r.id))) AS fingerprint
+FROM agent_runs r"""
+# The same without what pruning may change (checkpoints and the run's pruned horizon).
+UNPRUNABLE_SQL = """
+SELECT r.id, md5(concat_ws(' / ', (to_jsonb(r) - 'checkpoints_pruned_through')::text,
+  (SELECT string_agg(t::text, ' | ' ORDER BY t.step_key) FROM tool_executions t WHERE t.run_id = r.id),
+  (SELECT string_agg(o::text, ' | ' ORDER BY o.id) FROM outbox o WHERE o.run_id = r.id),
+  (SELECT string_agg(j::text, ' | ' ORDER BY j.seq) FROM run_journal j WHERE j.run_id = r.id))) AS fingerprint
 FROM agent_runs r"""
 
 # The errors a refused call may raise; anything else (or another one than predicted) is a failure.
@@ -85,7 +121,7 @@ class Runtime(RuleBasedStateMachine):
         super().__init__()
         self.loop, self.store, self.conn = loop, store, conn
         self.sql("TRUNCATE agent_runs, agent_checkpoints, tool_executions, outbox, consumed_events, "
-                 "runtime_counters CASCADE")
+                 "runtime_counters, run_journal CASCADE")
         self.runs: list[uuid.UUID] = []
         self.leases: list[LeaseRef] = []  # every lease ever handed out; old ones are stale on purpose
         self.fences: dict[uuid.UUID, int] = {}  # the fence each run must have now
@@ -93,6 +129,11 @@ class Runtime(RuleBasedStateMachine):
         self.terminal: dict[uuid.UUID, dict[str, Any]] = {}  # frozen picture of each ended run
         self.saves: list[tuple[Any, ...]] = []  # successful SaveCheckpoint calls, for replays
         self.finishes: list[tuple[Any, ...]] = []  # successful FinishRun calls, for replays
+        self.completes: list[tuple[Any, ...]] = []  # successful Tx2 calls (all modes), for replays
+        # The journal each run must have: (seq, kind, step_key, node, tool, detail, fencing_token, run_version).
+        self.journals: dict[uuid.UUID, list[tuple[Any, ...]]] = {}
+        self.refused: set[int] = set()  # detail "n" of entries sent with writes not (yet) known to have committed
+        self.pruned: dict[uuid.UUID, int] = {}  # each run's checkpoints_pruned_through, predicted by `prune`
         self.counter = itertools.count(1)
 
     # ------------------------------------------------------------------ plumbing
@@ -122,6 +163,8 @@ class Runtime(RuleBasedStateMachine):
             "ledger": [dict(r) for r in self.fetch(
                 "SELECT * FROM tool_executions WHERE run_id = $1 ORDER BY step_key", run_id)],
             "events": [dict(r) for r in self.fetch("SELECT * FROM outbox WHERE run_id = $1 ORDER BY id", run_id)],
+            "journal": [dict(r) for r in self.fetch(
+                "SELECT * FROM run_journal WHERE run_id = $1 ORDER BY seq", run_id)],
         }
 
     def ledger(self, run_id: uuid.UUID, step_key: str | None) -> dict[str, Any] | None:
@@ -182,6 +225,30 @@ class Runtime(RuleBasedStateMachine):
         assert self.picture(lease.run_id) == before, "a write under a stale fence changed something"
         return None
 
+    def make_journal(self, run_id: uuid.UUID, mode: int) -> tuple[Journal, list[tuple[Any, ...]], bool]:
+        """The entries a checkpoint-writing call sends (see JOURNAL), numbered from the model's journal.
+        Returns them, the rows they add when the write commits (seq, kind, step_key, node, tool, detail)
+        and whether they continue the journal. Each is counted refused until its write is known to commit."""
+        if mode == 0:
+            return NO_JOURNAL, [], True
+        length = len(self.journals[run_id])
+        first = length + 1 if mode > 0 else length if mode == REPEAT and length else length + 2
+        rows = []
+        for k in range(mode if mode > 0 else 2):
+            n = next(self.counter)
+            kind = KINDS[n % len(KINDS)]
+            rows.append((first + k, kind, f"j-{n}" if k % 2 == 0 else "", "node" if k else "",
+                         TOOL if kind == "tool" else "", {"n": n}))
+            self.refused.add(n)
+        journal = Journal.of([(seq, kind, step, node, tool, json.dumps(detail))
+                              for seq, kind, step, node, tool, detail in rows])
+        return journal, rows, mode > 0
+
+    def journal_committed(self, run_id: uuid.UUID, rows: list[tuple[Any, ...]], fence: int, version: int) -> None:
+        for row in rows:
+            self.refused.discard(row[5]["n"])
+            self.journals[run_id].append((*row, fence, version))
+
     def assert_cancelled(self, run_id: uuid.UUID) -> None:
         run = self.row(run_id)
         assert run["status"] == "FAILED" and run["terminal_reason"].startswith("cancelled")
@@ -206,7 +273,7 @@ class Runtime(RuleBasedStateMachine):
             elif shape == "retrying":
                 self.do_finish(lease, "RETRY", False, 0)
             elif shape != "running":
-                self.do_save_checkpoint(lease, True, 0)
+                self.do_save_checkpoint(lease, True, 0, (k + 1) % 3)
                 if shape in ("waiting", "in_doubt"):
                     self.do_begin_tool_call(lease, "match")
                 if shape == "in_doubt":
@@ -225,6 +292,8 @@ class Runtime(RuleBasedStateMachine):
         self.runs.append(row["id"])
         self.fences[row["id"]] = 0
         self.versions[row["id"]] = 0
+        self.journals[row["id"]] = []
+        self.pruned[row["id"]] = 0
 
     @precondition(lambda self: self.runs)
     @rule(i=RUN_PICK)
@@ -278,6 +347,11 @@ class Runtime(RuleBasedStateMachine):
             expected = NotFound
         elif row["status"] != "IN_DOUBT":
             expected = InvalidTransition
+        # A run on checkpoint schema 2 (its latest checkpoint's) records a definite resolution in its journal.
+        latest = self.wait(self.conn.fetchrow(
+            "SELECT schema_version FROM agent_checkpoints WHERE run_id = $1 ORDER BY version DESC LIMIT 1", run_id))
+        schema = latest["schema_version"] if latest else before_run["checkpoint_schema_version"]
+        journaled = outcome != "UNKNOWN" and schema >= 2
         before = self.picture(run_id)
         result = self.call(expected, lambda: self.store.resolve_tool_execution(
             TENANT, run_id, step, outcome, {"ok": True} if outcome == "SUCCEEDED" else None,  # type: ignore[arg-type]
@@ -291,15 +365,27 @@ class Runtime(RuleBasedStateMachine):
         if outcome == "UNKNOWN":
             assert after["status"] == "PAUSED_INDOUBT" and resolved["status"] == "IN_DOUBT"
             assert resolved["reconciliation_evidence"] is not None
+            assert after["journal_length"] == before_run["journal_length"]
             return
         assert after["status"] == "QUEUED" and after["attempt_count"] == 0 and after["lease_owner"] is None
         assert resolved["status"] == outcome
+        assert after["journal_length"] == before_run["journal_length"] + journaled
         if outcome == "SUCCEEDED":
             assert after["version"] == before_run["version"] + 1
             state = self.checkpoint(run_id, after["version"])["state_json"]  # type: ignore[index]
-            assert "pending_tool" not in state and state["tool_results"][step]["response"] == {"ok": True}
+            assert "pending_tool" not in state
+            if journaled:
+                assert state["journal_len"] == after["journal_length"]
+            else:
+                assert state["tool_results"][step]["response"] == {"ok": True}
         else:
             assert after["version"] == before_run["version"]
+        if journaled:
+            detail: dict[str, Any] = {"status": outcome, "resolved_by": "reconciler"}
+            if outcome == "SUCCEEDED":
+                detail["remote_resource_id"] = None
+            self.journals[run_id].append((before_run["journal_length"] + 1, "result", step, "", TOOL, detail,
+                                          before_run["fencing_token"], after["version"]))
 
     # ------------------------------------------------------------------ rules: simulated time
 
@@ -316,6 +402,69 @@ class Runtime(RuleBasedStateMachine):
         # Simulates time passing: every backoff and durable sleep ends.
         self.sql("UPDATE agent_runs SET next_attempt_at = clock_timestamp() - interval '1 millisecond' "
                  "WHERE status = 'QUEUED' AND next_attempt_at > clock_timestamp()")
+
+    # ------------------------------------------------------------------ rules: checkpoint pruning
+
+    @precondition(lambda self: self.runs)
+    @rule(keep_last=st.sampled_from([1, 1, 2, 3]), batch_runs=st.integers(1, 4),
+          max_versions=st.sampled_from([1, 2, 256]),
+          sweep=st.sampled_from([True, True, False]))
+    def prune(self, keep_last: int, batch_runs: int, max_versions: int, sweep: bool) -> None:
+        """Checkpoint pruning with checkpoint_keep_last = keep_last: one statement, or a whole sweep the way
+        the background pruner makes it (scheduler.pruner.prune_once). Each statement's effect is predicted
+        exactly from the rows just before it: of its batch (the next batch_runs runs by id), each run keeps
+        its latest keep_last versions and loses at most max_versions older ones, the horizon recorded on its
+        row; nothing else changes (no other column, no ledger row, event or journal entry)."""
+        untouched = {r["id"]: r["fingerprint"] for r in self.fetch(UNPRUNABLE_SQL)}
+        before_sweep = {r["id"]: r["checkpoints_pruned_through"] for r in self.fetch(
+            "SELECT id, checkpoints_pruned_through FROM agent_runs")}
+        after = ZERO_ID
+        while True:
+            runs = {r["id"]: dict(r) for r in self.fetch("SELECT * FROM agent_runs")}
+            checkpoints = {(r["run_id"], r["version"]): dict(r) for r in self.fetch("SELECT * FROM agent_checkpoints")}
+            batch = sorted(rid for rid in runs if rid > after)[:batch_runs]
+            horizons: dict[uuid.UUID, int] = {}
+            behind = 0
+            for rid in batch:
+                version, previous = runs[rid]["version"], runs[rid]["checkpoints_pruned_through"]
+                if version - keep_last > previous:
+                    horizons[rid] = min(version - keep_last, previous + max_versions)
+                    behind += version - keep_last > previous + max_versions
+            doomed = {key for key in checkpoints if key[0] in horizons and key[1] <= horizons[key[0]]}
+            last, looked_at, deleted, more = self.wait(
+                self.store.prune_checkpoints(after, batch_runs, keep_last, max_versions))
+            assert (last, looked_at, deleted, more) == (batch[-1] if batch else None, len(batch), len(doomed), behind)
+            self.pruned.update(horizons)
+            assert {r["id"]: r["checkpoints_pruned_through"] for r in self.fetch(
+                "SELECT id, checkpoints_pruned_through FROM agent_runs")} == self.pruned
+            assert {(r["run_id"], r["version"]): dict(r) for r in self.fetch("SELECT * FROM agent_checkpoints")} \
+                == {key: row for key, row in checkpoints.items() if key not in doomed}, "pruning deleted another row"
+            if not sweep:
+                break
+            if more:
+                continue  # the same batch again, as prune_once does
+            if last is None or looked_at < batch_runs:
+                break
+            after = last
+        assert {r["id"]: r["fingerprint"] for r in self.fetch(UNPRUNABLE_SQL)} == untouched, \
+            "pruning changed something besides checkpoints and the pruned horizon"
+        fingerprints = {r["id"]: r["fingerprint"] for r in self.fetch(FINGERPRINT_SQL)}
+        for rid in self.terminal:  # an ended run changes only by pruning
+            self.terminal[rid] = fingerprints[rid]
+        if not sweep:
+            return
+        # What a sweep promises: every run keeps (exactly) its latest keep_last versions, or those kept
+        # by an earlier sweep with a smaller keep_last; never its current one.
+        for r in self.fetch("SELECT id, version, checkpoints_pruned_through FROM agent_runs"):
+            kept = [c["version"] for c in self.fetch(
+                "SELECT version FROM agent_checkpoints WHERE run_id = $1 ORDER BY version", r["id"])]
+            horizon = max(before_sweep[r["id"]], r["version"] - keep_last)
+            assert r["checkpoints_pruned_through"] == horizon, (r, keep_last)
+            assert kept == list(range(horizon + 1, r["version"] + 1))
+            # Its latest keep_last versions (those an earlier sweep left) and its current one are there.
+            assert set(range(max(r["version"] - keep_last, before_sweep[r["id"]]) + 1, r["version"] + 1)) \
+                <= set(kept)
+            assert r["version"] == 0 or kept[-1] == r["version"]
 
     # ------------------------------------------------------------------ rules: WorkService
 
@@ -358,6 +507,7 @@ class Runtime(RuleBasedStateMachine):
             assert claimed.step_execution["step_key"] == run["current_step_key"]
         if run["version"] > 0:
             assert claimed.checkpoint is not None and claimed.checkpoint["version"] == run["version"]
+        assert run["journal_length"] == len(self.journals[got])  # the next holder learns where the journal is
         self.leases.append(LeaseRef(got, worker, run["fencing_token"]))
 
     @precondition(lambda self: self.runs)
@@ -384,7 +534,8 @@ class Runtime(RuleBasedStateMachine):
         run = self.row(lease.run_id)
         if run["status"] == "WAITING_TOOL":
             if choice < 5:
-                self.do_complete_tool_call(lease, choice % 4 != 0, False)
+                self.do_complete_tool_call(lease, choice % 4 != 0, False, "and_begin" if choice in (2, 4) else "tx2",
+                                           (0, 3, 2, 1, 1)[choice])
             elif choice < 8:
                 self.do_mark_tool_in_doubt(lease, False)
             else:
@@ -395,7 +546,7 @@ class Runtime(RuleBasedStateMachine):
         if decided is not None and self.ledger(lease.run_id, decided["step_key"]) is None and choice < 8:
             self.do_begin_tool_call(lease, "match")
         elif choice < 6:
-            self.do_save_checkpoint(lease, True, 0)
+            self.do_save_checkpoint(lease, True, 0, choice % 4)
         else:
             outcome = ["COMPLETED", "FAILED", "PAUSED_HUMAN", "RETRY", "SLEEP"][choice % 5]
             self.do_finish(lease, outcome, choice % 2 == 0, 0)
@@ -418,11 +569,12 @@ class Runtime(RuleBasedStateMachine):
             assert expires is not None and expires >= run["lease_expires_at"]
 
     @precondition(lambda self: self.leases)
-    @rule(i=LEASE_PICK, with_tool=st.sampled_from([True, True, False]), skew=st.sampled_from([0, 0, 0, 1, -1]))
-    def save_checkpoint(self, i: int, with_tool: bool, skew: int) -> None:
-        self.do_save_checkpoint(self.pick_lease(i), with_tool, skew)
+    @rule(i=LEASE_PICK, with_tool=st.sampled_from([True, True, False]), skew=st.sampled_from([0, 0, 0, 1, -1]),
+          journal=JOURNAL)
+    def save_checkpoint(self, i: int, with_tool: bool, skew: int, journal: int) -> None:
+        self.do_save_checkpoint(self.pick_lease(i), with_tool, skew, journal)
 
-    def do_save_checkpoint(self, lease: LeaseRef, with_tool: bool, skew: int) -> None:
+    def do_save_checkpoint(self, lease: LeaseRef, with_tool: bool, skew: int, journal_mode: int = 0) -> None:
         n = next(self.counter)
         step = f"step-{n}" if with_tool else None
         state: dict[str, Any] = {"n": n}
@@ -433,8 +585,10 @@ class Runtime(RuleBasedStateMachine):
         current = self.row(lease.run_id)["version"]
         expected_version = max(current + skew, 0) if skew >= 0 or current > 0 else current + 1
         event_id = uuid.uuid4()
-        args = (lease, expected_version, state, 1, step, event_id, "agent.checkpoint", {})
-        make = lambda: self.store.save_checkpoint(*args)  # noqa: E731
+        journal, entries, continues = self.make_journal(lease.run_id, journal_mode)
+        schema = 2 if entries or self.journals[lease.run_id] or n % 2 else 1  # a journaled run stays on 2
+        args = (lease, expected_version, state, schema, step, event_id, "agent.checkpoint", {})
+        make = lambda: self.store.save_checkpoint(*args, journal=journal)  # noqa: E731
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -444,6 +598,8 @@ class Runtime(RuleBasedStateMachine):
             expected = InvalidTransition
         elif expected_version != run["version"]:
             expected = VersionConflict
+        elif not continues:
+            expected = InvalidArgument  # journal[0].seq: the entries must continue the run's journal
         else:
             expected = None
         before = self.picture(lease.run_id)
@@ -462,16 +618,31 @@ class Runtime(RuleBasedStateMachine):
         written = self.checkpoint(lease.run_id, version)
         assert written is not None and written["state_json"] == state
         assert written["fencing_token"] == lease.fencing_token and written["event_id"] == event_id
-        self.saves.append((args, version))
+        assert after["journal_length"] == run["journal_length"] + len(entries)
+        self.journal_committed(lease.run_id, entries, lease.fencing_token, version)
+        self.saves.append((args, journal, version))
+
+    @precondition(lambda self: self.leases)
+    @rule(i=LEASE_PICK, journals=st.lists(st.sampled_from([0, 1, 2, 3]), min_size=2, max_size=5))
+    def long_run(self, i: int, journals: list[int]) -> None:
+        """A holder's checkpoints in a row (a long run, issue 12), each recording 0-3 journal entries, so that
+        versions and journals grow past what pruning keeps."""
+        lease = self.pick_lease(i)
+        for mode in journals:
+            self.do_save_checkpoint(lease, False, 0, mode)
+            run = self.row(lease.run_id)
+            if not self.holds(lease, run) or run["status"] != "RUNNING":
+                break  # refused (stale, waiting on a tool, cancelled): the rest would be refused too
 
     @precondition(lambda self: self.saves)
     @rule(i=LEASE_PICK)
     def save_checkpoint_retried(self, i: int) -> None:
-        """Commit unknown, case (a): the same event id answers from what committed and writes nothing."""
-        args, version = self.saves[-1 - i % len(self.saves)]
+        """Commit unknown, case (a): the same event id answers from what committed and writes nothing
+        (also once pruning deleted the checkpoint: the run's recorded horizon says so)."""
+        args, journal, version = self.saves[-1 - i % len(self.saves)]
         run_id = args[0].run_id
         before = self.picture(run_id)
-        result = self.call(None, lambda: self.store.save_checkpoint(*args))
+        result = self.call(None, lambda: self.store.save_checkpoint(*args, journal=journal))
         assert result == (version, True)
         assert self.picture(run_id) == before
 
@@ -550,21 +721,47 @@ class Runtime(RuleBasedStateMachine):
         return "other-step" if other_step else self.row(run_id)["current_step_key"] or "no-step"
 
     @precondition(lambda self: self.leases)
-    @rule(i=LEASE_PICK, succeeded=st.booleans(), other_step=st.sampled_from([False, False, False, True]))
-    def complete_tool_call(self, i: int, succeeded: bool, other_step: bool) -> None:
-        self.do_complete_tool_call(self.pick_lease(i), succeeded, other_step)
+    @rule(i=LEASE_PICK, succeeded=st.booleans(), other_step=st.sampled_from([False, False, False, True]),
+          mode=st.sampled_from(COMPLETE_MODES), journal=JOURNAL)
+    def complete_tool_call(self, i: int, succeeded: bool, other_step: bool, mode: str, journal: int) -> None:
+        self.do_complete_tool_call(self.pick_lease(i), succeeded, other_step, mode, journal)
 
-    def do_complete_tool_call(self, lease: LeaseRef, succeeded: bool, other_step: bool) -> None:
+    def do_complete_tool_call(self, lease: LeaseRef, succeeded: bool, other_step: bool, mode: str = "tx2",
+                              journal_mode: int = 0) -> None:
+        """Tx2 (see COMPLETE_MODES): alone, ending the run, or with Tx1 of the next step."""
         step = self.tool_step(lease.run_id, other_step)
         version = self.row(lease.run_id)["version"]
-        state = {"after": step, "n": next(self.counter)}
-        make = lambda: self.store.complete_tool_call(  # noqa: E731
-            lease, version, step, succeeded, {"answer": 1}, None, None if succeeded else "E_DEFINITE", state, 1,
-            None, None, uuid.uuid4())
+        n = next(self.counter)
+        state: dict[str, Any] = {"after": step, "n": n}
+        journal, entries, continues = self.make_journal(lease.run_id, journal_mode)
+        schema = 2 if entries or self.journals[lease.run_id] or n % 2 else 1
+        error_code = None if succeeded else "E_DEFINITE"
+        event_id = uuid.uuid4()
+        end = RunEnd(mode[4:], "ended with its last tool call", {"n": n}, "", uuid.uuid4()) \
+            if mode.startswith("end:") else None
+        intent = None
+        if mode in ("and_begin", "undecided"):
+            request = {"n": n}
+            decided = request if mode == "and_begin" else {"n": -n}
+            intent = ToolIntent(f"step-{n}", TOOL, f"idem:{lease.run_id}:step-{n}", request, uuid.uuid4(),
+                                uuid.uuid4())
+            state["pending_tool"] = {"step_key": intent.step_key, "tool_name": TOOL, "request": decided,
+                                     "request_hash": request_hash(TOOL, decided).hex()}
+            make: Callable[[], Awaitable[Any]] = lambda: self.store.complete_and_begin_tool_call(  # noqa: E731
+                lease, version, step, succeeded, {"answer": 1}, None, error_code, state, schema, None,
+                event_id, intent, journal=journal)
+        else:
+            make = lambda: self.store.complete_tool_call(  # noqa: E731
+                lease, version, step, succeeded, {"answer": 1}, None, error_code, state, schema,
+                None, None, event_id, end=end, journal=journal)
         run = self.fenced(lease, make)
         if run is None:
             return
         expected = self.tool_precheck(run, step, True, version)
+        if expected is None and not continues:
+            expected = InvalidArgument  # journal[0].seq
+        elif expected is None and mode == "undecided":
+            expected = DecisionNotCheckpointed
         before = self.picture(lease.run_id)
         open_row = self.ledger(lease.run_id, step)
         result = self.call(expected, make)
@@ -576,13 +773,48 @@ class Runtime(RuleBasedStateMachine):
         if result is None:
             assert self.picture(lease.run_id) == before
             return
-        assert result == (version + 1, "RUNNING", False)
         after = self.row(lease.run_id)
-        assert after["status"] == "RUNNING" and after["version"] == version + 1
+        assert after["version"] == version + 1
+        if intent is not None:
+            new_version, row, replayed = result
+            assert new_version == version + 1 and not replayed
+            assert row["id"] == intent.execution_id and row["status"] == "OUTBOUND_INTENT"
+            assert row["step_key"] == intent.step_key and row["fencing_token"] == lease.fencing_token
+            assert after["status"] == "WAITING_TOOL" and after["current_step_key"] == intent.step_key
+            assert after["lease_owner"] == lease.worker_id
+        elif end is not None:
+            assert result == (version + 1, end.outcome, False)
+            assert after["status"] == end.outcome and after["lease_owner"] is None
+            assert after["finished_at"] is not None
+            if end.outcome == "COMPLETED":
+                assert after["result"] == {"n": n}
+        else:
+            assert result == (version + 1, "RUNNING", False)
+            assert after["status"] == "RUNNING"
         closed = self.ledger(lease.run_id, step)
         assert closed is not None and closed["status"] == ("SUCCEEDED" if succeeded else "FAILED")
         assert closed["completed_at"] is not None
-        assert self.checkpoint(lease.run_id, version + 1)["state_json"] == state  # type: ignore[index]
+        written = self.checkpoint(lease.run_id, version + 1)
+        assert written is not None and written["state_json"] == state
+        assert written["fencing_token"] == lease.fencing_token
+        assert after["journal_length"] == run["journal_length"] + len(entries)
+        self.journal_committed(lease.run_id, entries, lease.fencing_token, version + 1)
+        self.completes.append((lease.run_id, make, result))
+
+    @precondition(lambda self: self.completes)
+    @rule(i=LEASE_PICK)
+    def complete_tool_call_retried(self, i: int) -> None:
+        """Commit unknown, case (a) for Tx2 (alone, ending the run, with Tx1): the same call answers from
+        what committed (also once its checkpoint was pruned) and writes nothing."""
+        run_id, make, committed = self.completes[-1 - i % len(self.completes)]
+        before = self.picture(run_id)
+        result = self.call(None, make)
+        assert result is not None and result[0] == committed[0] and result[2] is True
+        if isinstance(committed[1], str):
+            assert result[1] == committed[1]
+        else:  # the ledger row of the next step's intent
+            assert result[1]["id"] == committed[1]["id"]
+        assert self.picture(run_id) == before
 
     @precondition(lambda self: self.leases)
     @rule(i=LEASE_PICK, other_step=st.sampled_from([False, False, True]))
@@ -606,8 +838,15 @@ class Runtime(RuleBasedStateMachine):
         if result is None:
             assert self.picture(lease.run_id) == before
             return
+        # Back to QUEUED (backoff); at max_attempts the run ends FAILED instead (a retry loop must end).
+        exhausted = run["attempt_count"] >= run["max_attempts"]
+        want = "FAILED" if exhausted else "QUEUED"
+        assert result == (version, want, False)
         after = self.row(lease.run_id)
-        assert after["status"] == "QUEUED" and after["lease_owner"] is None and after["version"] == version
+        assert after["status"] == want and after["lease_owner"] is None and after["version"] == version
+        assert after["journal_length"] == run["journal_length"]  # it writes no checkpoint, so no entries
+        if exhausted:
+            assert after["terminal_reason"].startswith("attempts exhausted") and after["finished_at"] is not None
         assert self.ledger(lease.run_id, step)["status"] == "NOT_EXECUTED"  # type: ignore[index]
 
     @precondition(lambda self: self.leases)
@@ -750,6 +989,11 @@ class Runtime(RuleBasedStateMachine):
         runs = {r["id"]: dict(r) for r in self.fetch("SELECT * FROM agent_runs")}
         fingerprints = {r["id"]: r["fingerprint"] for r in self.fetch(FINGERPRINT_SQL)}
         assert set(runs) == set(self.runs)
+        journals: dict[uuid.UUID, list[tuple[Any, ...]]] = {rid: [] for rid in runs}
+        for r in self.fetch("SELECT run_id, seq, kind, step_key, node, tool, detail, fencing_token, run_version "
+                            "FROM run_journal ORDER BY run_id, seq"):
+            journals[r["run_id"]].append(tuple(r)[1:])
+        held = {(lease.run_id, lease.fencing_token) for lease in self.leases}
         checkpoints: dict[uuid.UUID, list[int]] = {rid: [] for rid in runs}
         for r in self.fetch("SELECT run_id, version, fencing_token FROM agent_checkpoints ORDER BY run_id, version"):
             checkpoints[r["run_id"]].append(r["version"])
@@ -762,8 +1006,25 @@ class Runtime(RuleBasedStateMachine):
             assert run["fencing_token"] == self.fences[rid], (rid, run["fencing_token"], self.fences[rid])
             assert run["version"] >= self.versions[rid]
             self.versions[rid] = run["version"]
-            # A run's checkpoint versions are exactly 1..version, no gaps.
-            assert checkpoints[rid] == list(range(1, run["version"] + 1)), (rid, checkpoints[rid], run["version"])
+            # A run's checkpoint versions are exactly those pruning left: horizon+1..version, no gaps, the
+            # current one always there; only pruning moves the horizon (as predicted).
+            pruned = run["checkpoints_pruned_through"]
+            assert pruned == self.pruned[rid], (rid, pruned, self.pruned[rid])
+            assert checkpoints[rid] == list(range(pruned + 1, run["version"] + 1)), (rid, checkpoints[rid], run)
+            assert pruned < run["version"] or pruned == run["version"] == 0, (rid, pruned, run["version"])
+            # The journal is gapless (seq 1..journal_length, each once, in order); every entry was written
+            # under a fence that held the run's lease, by a checkpoint the run has reached, in time order;
+            # and it is exactly what the model says the committed writes appended (nothing from refused ones).
+            journal = journals[rid]
+            assert [e[0] for e in journal] == list(range(1, run["journal_length"] + 1)), (rid, journal, run)
+            for entry, earlier in zip(journal, [None, *journal], strict=False):
+                assert (rid, entry[6]) in held and entry[6] <= run["fencing_token"], (rid, entry, run)
+                assert 1 <= entry[7] <= run["version"], (rid, entry, run)
+                if earlier is not None:
+                    assert earlier[6] <= entry[6] and earlier[7] <= entry[7], (rid, earlier, entry)
+                assert not (isinstance(entry[5], dict) and entry[5].get("n") in self.refused), \
+                    f"an entry of a refused write was appended: {entry}"
+            assert journal == self.journals[rid], (rid, journal, self.journals[rid])
             assert (run["finished_at"] is not None) == (run["status"] in TERMINAL)
             # Terminal runs never change again (row, checkpoints, ledger, events).
             if run["status"] in TERMINAL:
