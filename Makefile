@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[dev,test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -26,6 +26,7 @@ test-integration: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy scheduler executor relay shared devstack bench
+	$(VENV)/bin/lint-imports
 
 proto: $(STAMP)
 	$(PY) proto/generate.py

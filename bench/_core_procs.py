@@ -38,7 +38,7 @@ def _no_interceptors(*args, **kwargs):
     kwargs.pop("interceptors", None)
     return _server(*args, **kwargs)
 grpc.aio.server = _no_interceptors
-from shared.cli import main
+from devstack.cli import main
 sys.exit(main(["scheduler"]))
 """
 
@@ -61,7 +61,7 @@ class SchedulerProc:
                "AGENTRT_LISTEN_ADDR": f"127.0.0.1:{self.port}", "AGENTRT_LOG_LEVEL": "WARNING"}
         env.pop("AGENTRT_CONFIG_FILE", None)
         if self.otel:
-            cmd = [sys.executable, "-m", "shared.cli", "scheduler"]
+            cmd = [sys.executable, "-m", "devstack.cli", "scheduler"]
         else:
             cmd = [sys.executable, "-c", _NO_OTEL_BOOT]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.agents import AgentDefinition, ScriptedDecider, load_file
-from shared.client import AgentrtClient, RunInfo
+from shared.client.runs import AgentrtClient, RunInfo
 
 AGENT_FILE = Path(__file__).parent / "agents" / "after_sales_return.yaml"
 AGENT_NAME = "after_sales_return"

@@ -35,14 +35,14 @@ from rich.console import Console
 from rich.live import Live
 
 from devstack import demo, summary
+from devstack.cli_events import TailSettings
+from devstack.embedded_pg import EmbeddedPostgres, free_port, pid_alive
+from devstack.kafka_testing import TansuBroker
 from devstack.services import Service, ServiceFailed
 from devstack.watch import EventCounter, View
-from shared.cli_events import TailSettings
-from shared.client import AgentrtClient
-from shared.embedded_pg import EmbeddedPostgres, free_port, pid_alive
+from shared.client.event_tail import KafkaUnreachable
+from shared.client.runs import AgentrtClient
 from shared.errors import AgentrtError, InvalidArgument
-from shared.event_tail import KafkaUnreachable
-from shared.kafka_testing import TansuBroker
 
 # Dev-sized timings (a killed executor's runs are taken over within seconds).
 # An AGENTRT_* variable set in your environment wins over these.
@@ -223,7 +223,7 @@ class DevStack:
         return url
 
     async def _migrate(self) -> None:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "shared.cli", "migrate",
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", "migrate",
                                                     env=self.child_env(), stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.STDOUT)
         out, _ = await proc.communicate()

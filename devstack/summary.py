@@ -18,7 +18,7 @@ import aiohttp
 from devstack.demo import AWAITING_APPROVAL, COMPLETED, DemoRun
 from devstack.watch import EventCounter
 from executor.agents import AgentDefinition
-from shared.client import AgentrtClient, History
+from shared.client.runs import AgentrtClient, History
 
 TAKEOVER_RULE = "executor-takeover/1"
 

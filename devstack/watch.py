@@ -21,7 +21,7 @@ from rich.text import Text
 
 from devstack.demo import AWAITING_APPROVAL, COMPLETED, IN_PROGRESS, UNEXPECTED, DemoRun
 from devstack.services import Service
-from shared.event_tail import EventTail, Unreadable
+from shared.client.event_tail import EventTail, Unreadable
 from shared.kafka_client import KafkaClientSettings
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ failures, refusals, filters, operator responses).
 tool_name, request_hash). `tool_results[step_key]` is where Tx2 and the
 scheduler's ResolveToolExecution record a step's outcome.
 
-Reading a checkpoint of another schema version goes through a registered
+Reading a checkpoint of another schema version goes through a registered (executor/migrations.py)
 migration or is refused (`UnsupportedCheckpoint`); it is never parsed into
 zero values.
 
@@ -27,20 +27,15 @@ claim (`pending_journal` holds the entries not yet written).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 2
 # Fields a schema-2 checkpoint never stores: they live in the run's journal (and the ledger).
 JOURNALED = frozenset({"history", "tool_results", "inputs", "exceptions", "pending_journal"})
 MAX_AGENT_STATE_BYTES = 16 * 1024
-
-# from-version -> function turning that version's state into the next version's.
-Migration = Callable[[dict[str, Any]], dict[str, Any]]
-MIGRATIONS: dict[int, Migration] = {}
 
 
 class UnsupportedCheckpoint(Exception):
@@ -145,40 +140,3 @@ class State(_Model):
     def to_json_dict(self) -> dict[str, Any]:
         """The schema-2 checkpoint: current state only, never the history or tool answers."""
         return self.model_dump(mode="json", exclude_none=True, exclude=set(JOURNALED))
-
-
-def _from_schema_1(data: dict[str, Any]) -> dict[str, Any]:
-    """Schema 1 kept the history inline: it becomes the run's first journal entries, written with the
-    next checkpoint (the run's journal is empty until then), and the checkpoint keeps only what is current."""
-    from executor.journal import records_from_schema_1  # the journal module builds on this one
-
-    records = records_from_schema_1(data)
-    log.warning("checkpoint migrated from schema 1 to 2 (cursor %s): %d history entries move to the journal",
-                data.get("cursor"), len(records))
-    return {**data, "journal_len": len(records), "pending_journal": records}
-
-
-MIGRATIONS[1] = _from_schema_1
-
-
-def load_state(state_json: dict[str, Any], schema_version: int) -> State:
-    """Migrates (only through registered steps) and validates; refuses anything else."""
-    version = schema_version
-    data = dict(state_json)
-    while version != SCHEMA_VERSION:
-        migrate = MIGRATIONS.get(version) if version < SCHEMA_VERSION else None
-        if migrate is None:
-            known = ", ".join(str(v) for v in sorted(MIGRATIONS)) or "none"
-            raise UnsupportedCheckpoint(
-                f"checkpoint schema version {schema_version} is not supported by this executor "
-                f"(it writes version {SCHEMA_VERSION}; registered migrations from: {known})")
-        data = migrate(data)
-        version += 1
-    try:
-        return State.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(state)"
-        raise UnsupportedCheckpoint(
-            f"checkpoint (schema version {schema_version}) does not match schema version "
-            f"{SCHEMA_VERSION}: {field}: {first['msg']}") from None

@@ -19,10 +19,11 @@ from typing import Any
 from executor import journal
 from executor.advance import Action, Advancer, DecideAgain, EndRun, ExecuteTool, Limits, Park, tighter
 from executor.agents import AgentDefinition
-from executor.checkpoint import State, UnsupportedCheckpoint, Waiting, load_state
+from executor.checkpoint import State, UnsupportedCheckpoint, Waiting
 from executor.deciders.base import DeciderUnavailable
 from executor.faults import InjectedCrash
 from executor.lease import HeldLease
+from executor.migrations import load_state
 from executor.runlease import RunLease, run_end
 from executor.services import Services
 from executor.shutdown import Stopped

@@ -20,8 +20,8 @@ import contextlib
 import logging
 import uuid
 
+from scheduler.config import SchedulerSettings
 from scheduler.store import Store
-from shared.config import SchedulerSettings
 from shared.errors import Unavailable
 
 log = logging.getLogger(__name__)

@@ -17,13 +17,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from scheduler.auth import WorkServiceAuth
+from scheduler.config import SchedulerSettings
 from scheduler.metrics import SchedulerMetrics
 from scheduler.migrate import require_current_schema
 from scheduler.notifier import WorkNotifier
 from scheduler.service import RunServicer, WorkServicer
 from scheduler.store import Store, connect_pool
 from scheduler.wire import add_service
-from shared.config import SchedulerSettings
 from shared.gen.agentrt.v1 import run_service_pb2, work_service_pb2
 from shared.tracing import ServerSpans, records_spans, setup_tracing
 

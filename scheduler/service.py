@@ -24,6 +24,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from scheduler import convert
 from scheduler import validate as v
+from scheduler.config import SchedulerSettings
 from scheduler.notifier import WorkNotifier
 from scheduler.store import (
     HISTORY_PARTS,
@@ -39,7 +40,6 @@ from scheduler.store import (
 )
 from scheduler.wire import MalformedRequest
 from shared.canonical import uuid7
-from shared.config import SchedulerSettings
 from shared.errors import AgentrtError, InvalidArgument, status_code_for, to_grpc_status
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs

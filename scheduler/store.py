@@ -26,9 +26,10 @@ from typing import Any, Literal, ParamSpec, TypeVar
 import asyncpg
 from asyncpg import Record
 
+from scheduler.config import SchedulerSettings
 from scheduler.queries import Q
+from scheduler.states import LEASED, TERMINAL, Op, RunStatus, sources, transition
 from shared.canonical import CanonicalJson, request_hash, sha256_of, uuid7
-from shared.config import SchedulerSettings
 from shared.db import CONNECTION_ERRORS, RETRYABLE, init_connection
 from shared.errors import (
     AgentrtError,
@@ -43,7 +44,6 @@ from shared.errors import (
     Unavailable,
     VersionConflict,
 )
-from shared.states import LEASED, TERMINAL, Op, RunStatus, sources, transition
 from shared.tracing import NO_TRACE, Trace, annotate
 
 log = logging.getLogger(__name__)

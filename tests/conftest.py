@@ -17,8 +17,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from devstack.embedded_pg import EmbeddedPostgres
 from scheduler.migrate import migrate
-from shared.embedded_pg import EmbeddedPostgres
 
 
 def _with_database(url: str, database: str) -> str:

@@ -11,9 +11,9 @@ from typing import Any
 
 import grpc
 
+from scheduler.config import SchedulerSettings
 from scheduler.server import SchedulerServer
 from shared.canonical import request_hash
-from shared.config import SchedulerSettings
 from shared.errors import error_info
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs

@@ -29,7 +29,7 @@ EVIDENCE_FIELDS = ("experiment_id", "git_commit", "versions", "kubernetes_versio
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     artifacts = tmp_path_factory.mktemp("acceptance")
-    done = subprocess.run([sys.executable, "-m", "shared.acceptance.runner", "--repeat", "1", "--artifacts",
+    done = subprocess.run([sys.executable, "-m", "devstack.acceptance.runner", "--repeat", "1", "--artifacts",
                            str(artifacts)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=840)
     records = {path.parent.name: json.loads(path.read_text()) for path in artifacts.glob("e*-r*/evidence.json")}
     return {"records": records, "artifacts": artifacts, "output": done.stdout[-4000:] + done.stderr[-4000:],

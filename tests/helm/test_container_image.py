@@ -172,7 +172,7 @@ def test_dockerignore_admits_what_the_build_copies(pyproject: dict) -> None:
 
 
 def test_console_script_is_agentrt(pyproject: dict) -> None:
-    assert pyproject["project"]["scripts"]["agentrt"] == "shared.cli:main"
+    assert pyproject["project"]["scripts"]["agentrt"] == "devstack.cli:main"
 
 
 def test_subcommands_agree_between_image_and_chart() -> None:
@@ -193,14 +193,14 @@ def test_subcommands_agree_between_image_and_chart() -> None:
 
 
 def test_cli_source_defines_the_subcommands_the_chart_runs() -> None:
-    """Read (never import) shared/cli.py: it should define every subcommand the chart runs."""
+    """Read (never import) devstack/cli.py: it should define every subcommand the chart runs."""
     cli = ROOT / "shared" / "cli.py"
     if not cli.exists():
-        pytest.skip("shared/cli.py does not exist yet")
+        pytest.skip("devstack/cli.py does not exist yet")
     source = cli.read_text()
     defined = set(re.findall(r"add_parser\(\s*[\"'](\w+)[\"']", source))
     if not defined:
         defined = {sub for sub in SUBCOMMANDS if re.search(rf"[\"']{sub}[\"']", source)}
     missing = SUBCOMMANDS - defined
     if missing:
-        pytest.skip(f"shared/cli.py does not define {sorted(missing)} yet; the chart and image run them")
+        pytest.skip(f"devstack/cli.py does not define {sorted(missing)} yet; the chart and image run them")

@@ -721,7 +721,8 @@ def test_config_file_keys_are_real_settings(case: str, renders: Renders) -> None
     """Unknown keys in the config file would be ignored silently: every key the chart writes must exist."""
     from executor.config import ExecutorSettings
     from relay.config import RelaySettings
-    from shared.config import ComponentSettings, SchedulerSettings
+    from scheduler.config import SchedulerSettings
+    from shared.config import ComponentSettings
 
     classes = {"common": ComponentSettings, "scheduler": SchedulerSettings, "executor": ExecutorSettings,
                "relay": RelaySettings}

@@ -87,8 +87,8 @@ def grpc_thread(args: argparse.Namespace, worker: str, record: Recorder, errors:
 
 
 async def store_main(args: argparse.Namespace, record: Recorder) -> None:
+    from scheduler.config import SchedulerSettings
     from scheduler.store import LeaseRef, Store, connect_pool
-    from shared.config import SchedulerSettings
     from shared.errors import LeaseLost
 
     settings = SchedulerSettings(database_url=args.db_url, lease_duration_ms=args.lease_ms)

@@ -8,7 +8,7 @@ import pytest
 from support import claim, eid, lease_ref, scheduler_stack, submit, tool_state
 from tests_paths import REPO
 
-from shared.embedded_pg import free_port
+from devstack.embedded_pg import free_port
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
 pytestmark = pytest.mark.integration
@@ -18,7 +18,7 @@ async def agentrt(*args: str, addr: str | None = None, tenant: str = "tenant-a")
     extra = ["--tenant", tenant] if tenant else []
     if addr:
         extra += ["--addr", addr]
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "shared.cli", *args, *extra, cwd=REPO,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", *args, *extra, cwd=REPO,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode, out.decode(), err.decode()

@@ -3,7 +3,7 @@ import asyncio
 import pytest
 from support import claim, eid, lease_ref, scheduler_stack
 
-from shared.client import AgentrtClient
+from shared.client.runs import AgentrtClient
 from shared.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
@@ -58,7 +58,7 @@ async def test_client_cancel_is_safe_to_retry(db_url):
 
 
 async def test_unreachable_service_is_unavailable_after_bounded_retries():
-    from shared.embedded_pg import free_port
+    from devstack.embedded_pg import free_port
 
     client = AgentrtClient(f"127.0.0.1:{free_port()}", tenant="t", timeout_s=0.5, max_retries=2)
     async with client:

@@ -1,6 +1,6 @@
 """Concurrent claims from several OS processes over 1,000 runs (reference section 5).
 
-Path 1: a scheduler subprocess (`python -m shared.cli scheduler`) and several
+Path 1: a scheduler subprocess (`python -m devstack.cli scheduler`) and several
 worker processes (tests/integration/_claim_worker.py) claiming through gRPC.
 Path 2: several worker processes calling Store.claim directly, each with its own
 asyncpg pool. Some first claims are abandoned without heartbeating, so those runs
@@ -74,7 +74,7 @@ def tail(path: Path, chars: int = 2000) -> str:
 def start_scheduler(db_url: str, addr: str, log: Path) -> subprocess.Popen[Any]:
     with log.open("w") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "scheduler"], cwd=REPO_ROOT,
+            [sys.executable, "-m", "devstack.cli", "scheduler"], cwd=REPO_ROOT,
             env=child_env(AGENTRT_DATABASE_URL=db_url, AGENTRT_LISTEN_ADDR=addr,
                           AGENTRT_LEASE_DURATION_MS=str(LEASE_MS), AGENTRT_CLAIM_POLL_INTERVAL_MS="100",
                           AGENTRT_DB_POOL_MAX="12", AGENTRT_LOG_LEVEL="WARNING", AGENTRT_SHUTDOWN_GRACE_S="1"),
@@ -247,8 +247,8 @@ async def test_concurrent_claims_through_grpc_from_several_processes(db_url, db,
 async def test_concurrent_claims_through_the_store_from_several_processes(db_url, db, tmp_path):
     """The same protocol without the gRPC layer: each process has its own pool, so the row locks
     and SKIP LOCKED are contended between separate database clients."""
+    from scheduler.config import SchedulerSettings
     from scheduler.store import Store, SubmitSpec, connect_pool
-    from shared.config import SchedulerSettings
 
     pool = await connect_pool(db_url, min_size=1, max_size=4)
     try:

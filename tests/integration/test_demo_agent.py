@@ -6,7 +6,7 @@ from executor_support import executor, mock_tool
 from support import scheduler_stack
 
 from devstack import demo
-from shared.client import AgentrtClient
+from shared.client.runs import AgentrtClient
 
 pytestmark = pytest.mark.integration
 TENANT = "tenant-a"

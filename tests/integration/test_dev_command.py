@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tests_paths import REPO
 
-from shared.embedded_pg import free_port, pid_alive
+from devstack.embedded_pg import free_port, pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def _read_until(proc: subprocess.Popen, needle: str, timeout: float) -> str:
 def test_dev_serves_health_and_reflection_then_stops_everything(tmp_path):
     addr = f"127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "AGENTRT_DATABASE_URL"}
-    proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "dev", "--data-dir", str(tmp_path / "dev"),
+    proc = subprocess.Popen([sys.executable, "-m", "devstack.cli", "dev", "--data-dir", str(tmp_path / "dev"),
                              "--listen", addr], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:

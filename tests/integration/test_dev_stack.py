@@ -25,8 +25,8 @@ import aiohttp
 import pytest
 from tests_paths import REPO
 
-from shared.embedded_pg import free_port, pid_alive
-from shared.kafka_testing import kafka_for_tests
+from devstack.embedded_pg import free_port, pid_alive
+from devstack.kafka_testing import kafka_for_tests
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 NON_IDEMPOTENT = "labels.create"
@@ -39,7 +39,7 @@ def dev_env() -> dict[str, str]:
 
 
 def dev_args(data_dir: Path, addr: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "shared.cli", "dev", "--data-dir", str(data_dir), "--listen", addr, "--plain",
+    return [sys.executable, "-m", "devstack.cli", "dev", "--data-dir", str(data_dir), "--listen", addr, "--plain",
             "--tool-latency-ms", "20", *extra]
 
 
@@ -131,7 +131,7 @@ async def test_an_external_postgresql_and_kafka_are_used_and_left_running(db_url
 
 
 async def agentrt(*args: str, within_s: float = 60) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "shared.cli", *args, cwd=REPO, env=dev_env(),
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", *args, cwd=REPO, env=dev_env(),
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), within_s)
     return proc.returncode or 0, out.decode(), err.decode()

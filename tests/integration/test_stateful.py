@@ -41,6 +41,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from scheduler.config import SchedulerSettings
 from scheduler.store import (
     NO_JOURNAL,
     Journal,
@@ -53,7 +54,6 @@ from scheduler.store import (
     connect_pool,
 )
 from shared.canonical import request_hash
-from shared.config import SchedulerSettings
 from shared.errors import (
     AgentrtError,
     AlreadyExists,

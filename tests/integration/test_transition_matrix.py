@@ -2,7 +2,7 @@
 
 For every run status (plus RUNNING and WAITING_TOOL with a lapsed lease) a run
 is brought into that status through the API only, then one operation is
-applied. What should happen is derived from shared.states.TRANSITIONS, the one
+applied. What should happen is derived from scheduler.states.TRANSITIONS, the one
 table the scheduler enforces:
 
 * allowed → the call succeeds and the run lands in the status the table names;
@@ -33,12 +33,12 @@ import pytest
 from support import Stack, claim, eid, lease_ref, reason_of, scheduler_stack, submit, tool_state
 
 from scheduler.convert import RUN_STATUS_NAME
+from scheduler.states import LEASED, TERMINAL, TRANSITIONS, Op, RunStatus, sources, transition
 from shared.db import init_connection
 from shared.errors import InvalidTransition
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
-from shared.states import LEASED, TERMINAL, TRANSITIONS, Op, RunStatus, sources, transition
 
 pytestmark = pytest.mark.integration
 

@@ -2,8 +2,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
+from scheduler.config import SchedulerSettings
 from shared import errors
-from shared.config import SchedulerSettings
 
 
 @pytest.mark.parametrize(

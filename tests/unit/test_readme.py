@@ -1,6 +1,6 @@
 from tests_paths import REPO
 
-from shared.config import SchedulerSettings
+from scheduler.config import SchedulerSettings
 
 
 def test_readme_documents_every_scheduler_setting():
@@ -25,7 +25,7 @@ def test_readme_documents_every_executor_and_relay_setting():
 
 
 def test_readme_cli_reference_names_every_command():
-    from shared.cli import build_parser
+    from devstack.cli import build_parser
 
     readme = (REPO / "README.md").read_text()
     reference = readme.split("## CLI reference", 1)[1].split("\n## ", 1)[0]

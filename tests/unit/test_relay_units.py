@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from relay.config import RelaySettings
 from relay.publisher import partition_for
+from shared.client.consumer import ConsumerSettings
 from shared.cloudevents import AgentEvent, MalformedEvent, encode_headers
-from shared.consumer import ConsumerSettings
 
 
 def _headers(**overrides):

@@ -63,11 +63,11 @@ async def test_checkpoints_stay_small_and_the_journal_holds_each_step_once(db_ur
 
 
 def older_executor(stack, agents: Path, log: Path) -> subprocess.Popen:
-    """The schema-1 image (shared.acceptance.older_executor) as its own process."""
+    """The schema-1 image (devstack.acceptance.older_executor) as its own process."""
     env = {**os.environ, "AGENTRT_SCHEDULER_ADDR": stack.addr, "AGENTRT_AGENTS_PATH": str(agents),
            "AGENTRT_HEALTH_ADDR": "", "AGENTRT_CLAIM_WAIT_MS": "300", "AGENTRT_WORKER_ID": "old-image",
            "AGENTRT_FAULT_POINTS": json.dumps(["before_tool_send@occurrence=5"]), "AGENTRT_FAULT_ACTION": "sigkill"}
-    return subprocess.Popen([sys.executable, "-m", "shared.acceptance.older_executor"], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "devstack.acceptance.older_executor"], cwd=REPO, env=env,
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 

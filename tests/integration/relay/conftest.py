@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.kafka_testing import TEST_BOOTSTRAP_ENV, TansuBroker, kafka_for_tests
+from devstack.kafka_testing import TEST_BOOTSTRAP_ENV, TansuBroker, kafka_for_tests
 
 
 @pytest.fixture(scope="session")

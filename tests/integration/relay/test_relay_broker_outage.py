@@ -33,7 +33,7 @@ from relay_support import (
     wait_until,
 )
 
-from shared.kafka_testing import TansuBroker
+from devstack.kafka_testing import TansuBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.acceptance]
 

@@ -11,8 +11,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from relay_support import REPO_ROOT, insert_events, make_run, relay_settings, running_relay, wait_until
 
+from devstack.kafka_testing import TansuBroker, free_port
 from relay.main import HEALTH_SERVICE
-from shared.kafka_testing import TansuBroker, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -21,7 +21,7 @@ async def relay_cli(**env_overrides: str) -> tuple[int, list[str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRT_")}
     env.update({"AGENTRT_HEALTH_ADDR": "127.0.0.1:0", **env_overrides})
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "relay", cwd=REPO_ROOT, env=env,
+        sys.executable, "-m", "devstack.cli", "relay", cwd=REPO_ROOT, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         _, err = await asyncio.wait_for(process.communicate(), 60)

@@ -26,7 +26,7 @@ from relay_support import (
     wait_until,
 )
 
-from shared.consumer import DLQ_ATTEMPTS, DLQ_CONSUMER, DLQ_REASON, ConsumerSettings, EventConsumer
+from shared.client.consumer import DLQ_ATTEMPTS, DLQ_CONSUMER, DLQ_REASON, ConsumerSettings, EventConsumer
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 

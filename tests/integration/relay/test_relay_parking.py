@@ -29,7 +29,7 @@ async def cli(db_url: str, *args: str) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRT_")}
     env["AGENTRT_DATABASE_URL"] = db_url
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", "outbox", *args, cwd=REPO_ROOT, env=env,
+        sys.executable, "-m", "devstack.cli", "outbox", *args, cwd=REPO_ROOT, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode is not None

@@ -15,7 +15,7 @@ from relay_support import pending_count, relay_settings, running_relay, wait_unt
 from support import scheduler_stack, submit
 from test_relay_exactly_once import consumer_settings
 
-from shared.consumer import EventConsumer
+from shared.client.consumer import EventConsumer
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 

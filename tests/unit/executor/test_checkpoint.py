@@ -1,8 +1,9 @@
 import pytest
 
-from executor import checkpoint
+from executor import migrations
 from executor.agents import parse_definition
-from executor.checkpoint import SCHEMA_VERSION, UnsupportedCheckpoint, load_state
+from executor.checkpoint import SCHEMA_VERSION, UnsupportedCheckpoint
+from executor.migrations import load_state
 from executor.steps import initial_state
 
 AGENT = parse_definition({"name": "a", "version": "1",
@@ -41,6 +42,6 @@ def test_registered_migrations_run_in_order(monkeypatch):
         data["cursor"] = data.pop("cursor_v0")
         return data
 
-    monkeypatch.setitem(checkpoint.MIGRATIONS, 0, v0_to_v1)
+    monkeypatch.setitem(migrations.MIGRATIONS, 0, v0_to_v1)
     state = load_state(legacy, 0)
     assert state.cursor == "c" and state.versions.agent == "renamed-later"

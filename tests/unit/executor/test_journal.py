@@ -6,9 +6,10 @@ import json
 
 from executor import journal
 from executor.agents import parse_definition
-from executor.checkpoint import JOURNALED, SCHEMA_VERSION, HistoryEntry, load_state
+from executor.checkpoint import JOURNALED, SCHEMA_VERSION, HistoryEntry
 from executor.deciders.base import Invalid, Proposal, ToolCall
 from executor.deciders.scripted import HistoryIndex, node_id
+from executor.migrations import load_state
 from executor.steps import (
     RunIds,
     decided_invalid,

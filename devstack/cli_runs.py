@@ -14,7 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from shared.client import AgentrtClient, History, RunInfo
+from shared.client.runs import AgentrtClient, History, RunInfo
 from shared.errors import InvalidArgument
 
 RUN_COLUMNS = ("run_id", "agent_name", "status", "version", "fencing_token", "attempt_count", "current_step_key")

@@ -16,10 +16,10 @@ import signal
 import subprocess
 import uuid
 
-from shared.acceptance.agents import LOOKUP, http_tool, scripted, tool_step, write_agents
-from shared.acceptance.api import STATUS
-from shared.acceptance.lab import Lab
-from shared.acceptance.procs import PYTHON, ExperimentError, wait_log, wait_until
+from devstack.acceptance.agents import LOOKUP, http_tool, scripted, tool_step, write_agents
+from devstack.acceptance.api import STATUS
+from devstack.acceptance.lab import Lab
+from devstack.acceptance.procs import PYTHON, ExperimentError, wait_log, wait_until
 from shared.gen.agentrt.v1 import common_pb2 as pb
 
 HUB_ADDR, A_ADDR = "198.18.0.1", "198.18.0.2"
@@ -114,7 +114,7 @@ async def _partition(lab: Lab, link: Link | None) -> None:
     second = await lab.submit("acc-e9", {"order": 1000 + lab.ev.repetition})
     await wait_log(a, f"run {second} -> RUN_STATUS_COMPLETED", 90, cut_at)
     after = await lab.snapshot(run_id, "A back and working")
-    probe_argv = [PYTHON, "-m", "shared.acceptance.probe", "--scheduler", a_addr, "--run", run_id, "--worker",
+    probe_argv = [PYTHON, "-m", "devstack.acceptance.probe", "--scheduler", a_addr, "--run", run_id, "--worker",
                   worker_a, "--fence", str(fence_a), "--version", str(before["run"]["version"]),
                   "--step-key", "b/attempt-1"]
     if link is not None:

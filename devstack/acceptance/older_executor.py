@@ -1,6 +1,6 @@
 """An "older executor image" for experiment 5: checkpoint schema 1, as agentrt wrote it before schema 2.
 
-    python -m shared.acceptance.older_executor      (the same settings as `agentrt executor`)
+    python -m devstack.acceptance.older_executor      (the same settings as `agentrt executor`)
 
 Schema 1 kept the whole history, every tool answer, the operator inputs and
 the exceptions inside each checkpoint, and wrote no journal. This image is the
@@ -11,10 +11,12 @@ schema-1 checkpoints as they are and refuses newer ones, like the old image did.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
 import executor.checkpoint as checkpoint
+import executor.migrations as migrations
 
 OLD_SCHEMA_VERSION = 1
 
@@ -25,16 +27,22 @@ def _schema_1_dict(self: checkpoint.State) -> dict[str, Any]:
 
 def main() -> int:
     checkpoint.SCHEMA_VERSION = OLD_SCHEMA_VERSION
-    checkpoint.MIGRATIONS.clear()
+    migrations.MIGRATIONS.clear()
     checkpoint.State.to_json_dict = _schema_1_dict  # type: ignore[method-assign]
     import executor.runlease as runlease  # reads SCHEMA_VERSION now
     import executor.toolcalls as toolcalls
 
     toolcalls.SCHEMA_VERSION = runlease.SCHEMA_VERSION = OLD_SCHEMA_VERSION
     runlease.RunLease.unwritten = lambda self, state: []  # type: ignore[method-assign,assignment,misc]
-    from shared.cli import main as cli_main
+    # As `agentrt executor` does, without importing the CLI (which imports this suite).
+    from devstack.loop import run as run_loop
+    from executor.config import ExecutorSettings
+    from executor.main import serve
 
-    return cli_main(["executor"])
+    settings = ExecutorSettings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_loop(serve(settings), settings.event_loop)
+    return 0
 
 
 if __name__ == "__main__":

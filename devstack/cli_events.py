@@ -16,9 +16,9 @@ import sys
 import time
 from typing import Any, ClassVar
 
+from shared.client.event_tail import EventTail, KafkaUnreachable, Unreadable, event_as_json
 from shared.cloudevents import AgentEvent
 from shared.errors import AgentrtError, InvalidArgument, Unavailable
-from shared.event_tail import EventTail, KafkaUnreachable, Unreadable, event_as_json
 from shared.kafka_client import KafkaClientSettings
 
 PAYLOAD_WIDTH = 100

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from shared.acceptance import experiments_executor as ex
-from shared.acceptance import experiments_platform as pl
-from shared.acceptance.lab import Lab
+from devstack.acceptance import experiments_executor as ex
+from devstack.acceptance import experiments_platform as pl
+from devstack.acceptance.lab import Lab
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from shared.acceptance.evidence import jsonable
-from shared.acceptance.lab import Lab, MockTool
-from shared.acceptance.procs import Proc, wait_until
+from devstack.acceptance.evidence import jsonable
+from devstack.acceptance.lab import Lab, MockTool
+from devstack.acceptance.procs import Proc, wait_until
+from devstack.kafka_testing import TansuBroker
 from shared.cloudevents import AgentEvent, MalformedEvent
-from shared.kafka_testing import TansuBroker
 
 
 class TopicReader:

@@ -1,6 +1,6 @@
 """Sends the fenced writes a stale holder could send, and prints what the scheduler answered (JSON).
 
-    python -m shared.acceptance.probe --scheduler HOST:PORT --run ID --worker W --fence N --version V [--step-key K]
+    python -m devstack.acceptance.probe --scheduler HOST:PORT --run ID --worker W --fence N --version V [--step-key K]
 
 Experiment 9 runs it inside the partitioned executor's network namespace, so
 the writes travel the path that was cut.
@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 
-from shared.acceptance.api import Api
+from devstack.acceptance.api import Api
 
 
 async def probe(args: argparse.Namespace) -> dict[str, str]:
@@ -25,7 +25,7 @@ async def probe(args: argparse.Namespace) -> dict[str, str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m shared.acceptance.probe")
+    parser = argparse.ArgumentParser(prog="python -m devstack.acceptance.probe")
     parser.add_argument("--scheduler", required=True)
     parser.add_argument("--run", required=True)
     parser.add_argument("--worker", required=True)

@@ -7,10 +7,10 @@ import signal
 import uuid
 from typing import Any
 
-from shared.acceptance.agents import LOOKUP, NON_IDEMPOTENT, http_tool, scripted, three_step, tool_step, write_agents
-from shared.acceptance.api import STATUS
-from shared.acceptance.lab import TENANT, Lab
-from shared.acceptance.procs import PYTHON, ExperimentError, wait_until
+from devstack.acceptance.agents import LOOKUP, NON_IDEMPOTENT, http_tool, scripted, three_step, tool_step, write_agents
+from devstack.acceptance.api import STATUS
+from devstack.acceptance.lab import TENANT, Lab
+from devstack.acceptance.procs import PYTHON, ExperimentError, wait_until
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
@@ -111,7 +111,7 @@ async def crash_before_tx2(lab: Lab) -> None:
     plain_run = await lab.wait_settled(runs["plain"], 60)
     lookup_run = await lab.wait_settled(runs["lookup"], 60)
     # The reconciler sweeps in-doubt runs: it must not resend what has no lookup contract either.
-    reconcile = lab.spawn("reconcile", [PYTHON, "-m", "shared.cli", "reconcile", "--tenants", TENANT, "--once",
+    reconcile = lab.spawn("reconcile", [PYTHON, "-m", "devstack.cli", "reconcile", "--tenants", TENANT, "--once",
                                         "--scheduler", lab.scheduler_addr, "--agents", str(agents)], {})
     await wait_until(lambda: not reconcile.alive(), 60, "`agentrt reconcile --once` to finish")
     report = reconcile.log().strip().splitlines()[-1] if reconcile.log().strip() else ""
@@ -217,7 +217,7 @@ async def checkpoint_schema_upgrade(lab: Lab) -> None:
                                 {"id": "done", "finish": {"b": "${results.b.response.id}"}}],
                      [http_tool(mock.url, "acc-e5.a", LOOKUP), http_tool(mock.url, "acc-e5.b", LOOKUP)])
     agents = write_agents(lab.dir / "agents", agent)
-    lab.ev.method = {"kind": "executor images: schema 1 (shared.acceptance.older_executor) and schema 2 (as built)"}
+    lab.ev.method = {"kind": "executor images: schema 1 (devstack.acceptance.older_executor) and schema 2 (as built)"}
     assert lab.api is not None
     # (c) a legacy layout labelled schema 1, written by an older writer, then retried.
     legacy_run = await lab.submit("acc-e5", {"case": "legacy"})
@@ -233,7 +233,7 @@ async def checkpoint_schema_upgrade(lab: Lab) -> None:
     lab.commands.add(f"grpc ClaimWork/SaveCheckpoint(schema 1, legacy layout)/FinishRun RETRY on run {legacy_run}")
     # (a) a run parked at a v1 checkpoint by the executor as built.
     old_run = await lab.submit("acc-e5", {"case": "upgrade"})
-    v1 = await lab.executor("executor-v1", agents, module="shared.acceptance.older_executor")
+    v1 = await lab.executor("executor-v1", agents, module="devstack.acceptance.older_executor")
     legacy = await lab.wait_settled(legacy_run, 60)
     parked = await lab.wait_settled(old_run, 60, {pb.RUN_STATUS_PAUSED_HUMAN})
     v1.stop()
@@ -245,7 +245,7 @@ async def checkpoint_schema_upgrade(lab: Lab) -> None:
     await lab.wait_settled(new_run, 60, {pb.RUN_STATUS_PAUSED_HUMAN})
     v2.stop()
     before_rollback = await lab.snapshot(new_run, "rollback drill: before the v1 executor reads the v2 checkpoint")
-    await lab.executor("executor-v1-rollback", agents, module="shared.acceptance.older_executor")
+    await lab.executor("executor-v1-rollback", agents, module="devstack.acceptance.older_executor")
     await lab.api.resume(TENANT, new_run, payload={"ok": True})
     rolled = await wait_until(lambda: _refused(lab, new_run), 30, "the v1 executor to refuse the v2 checkpoint")
     legacy_snap = await lab.snapshot(legacy_run, "legacy layout after the executor read it")

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.acceptance.procs import REPO_ROOT
+from devstack.acceptance.procs import REPO_ROOT
 
 MAX_ROWS = 200  # per query or log excerpt in a record; the full logs stay in the artifacts directory
 

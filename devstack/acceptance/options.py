@@ -1,4 +1,4 @@
-"""`agentrt acceptance` and `agentrt chaos`: their arguments here (cheap to import), their work imported lazily."""
+"""The arguments of `agentrt acceptance` and `agentrt chaos` and the suite's defaults; imports none of the suite."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def chaos_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--artifacts", type=Path, help="output directory (default artifacts/chaos/<time>)")
 
 
-def _quiet() -> None:
+def quiet() -> None:
     import os
     import warnings
 
@@ -44,30 +44,3 @@ def _quiet() -> None:
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     # The embedded PostgreSQL wheel asks platformdirs for a runtime dir that containers often lack.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"platformdirs(\..*)?$")
-
-
-def cmd_acceptance(args: argparse.Namespace) -> int:
-    import asyncio
-
-    _quiet()
-    from shared.acceptance.runner import main_async
-
-    return asyncio.run(main_async(args))
-
-
-def cmd_chaos(args: argparse.Namespace) -> int:
-    import asyncio
-
-    _quiet()
-    from shared.acceptance.chaos import main_async
-
-    return asyncio.run(main_async(args))
-
-
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("acceptance", help="the fault-injection acceptance suite (experiments 1-9, evidence records)")
-    acceptance_arguments(p)
-    p.set_defaults(func=cmd_acceptance)
-    p = sub.add_parser("chaos", help="the chaos soak: runs under random SIGKILLs and restarts, then invariants")
-    chaos_arguments(p)
-    p.set_defaults(func=cmd_chaos)

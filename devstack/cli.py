@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from shared.loop import run as run_loop
+from devstack.loop import run as run_loop
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -27,8 +27,8 @@ def _setup_logging(level: str) -> None:
 def cmd_migrate(args: argparse.Namespace) -> int:
     import asyncpg
 
+    from scheduler.config import SchedulerSettings
     from scheduler.migrate import available_migrations, migrate
-    from shared.config import SchedulerSettings
 
     settings = SchedulerSettings(**({"database_url": args.database_url} if args.database_url else {}))
 
@@ -46,8 +46,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
+    from scheduler.config import SchedulerSettings
     from scheduler.server import serve
-    from shared.config import SchedulerSettings
 
     overrides: dict[str, Any] = {}
     if args.database_url:
@@ -247,9 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="progress as log lines, not a live view")
     p.set_defaults(func=cmd_dev)
 
-    from shared.acceptance.cli import add_commands as add_acceptance_commands
-    from shared.cli_events import add_commands as add_event_commands
-    from shared.cli_runs import add_commands as add_run_commands
+    from devstack.acceptance.cli import add_commands as add_acceptance_commands
+    from devstack.cli_events import add_commands as add_event_commands
+    from devstack.cli_runs import add_commands as add_run_commands
 
     add_run_commands(sub)
     add_event_commands(sub)

@@ -1,6 +1,6 @@
-"""A downstream service for the suite: shared.consumer.EventConsumer applying each event to a business table.
+"""A downstream service for the suite: shared.client.consumer.EventConsumer applying each event to a business table.
 
-    python -m shared.acceptance.consumer_app    (settings: AGENTRT_* as for ConsumerSettings)
+    python -m devstack.acceptance.consumer_app    (settings: AGENTRT_* as for ConsumerSettings)
 
 `acceptance_effects` has no unique key on purpose: an event applied twice would
 show up as two rows. The dedupe is the library's consumed_events row, written
@@ -16,8 +16,8 @@ from typing import Any
 
 import asyncpg
 
+from shared.client.consumer import ConsumerSettings, EventConsumer
 from shared.cloudevents import AgentEvent
-from shared.consumer import ConsumerSettings, EventConsumer
 
 log = logging.getLogger("acceptance.consumer")
 

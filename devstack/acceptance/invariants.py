@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.acceptance.evidence import jsonable
+from devstack.acceptance.evidence import jsonable
 
 INVARIANTS: dict[str, str] = {
     # A run's checkpoints are exactly versions 1..version (CAS chain without gaps or extras).

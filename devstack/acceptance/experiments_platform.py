@@ -10,14 +10,14 @@ from typing import Any
 
 import grpc
 
-from shared.acceptance.agents import LOOKUP, NON_IDEMPOTENT, http_tool, scripted, three_step, tool_step, write_agents
-from shared.acceptance.api import STATUS, reason_of
-from shared.acceptance.evidence import jsonable
-from shared.acceptance.experiments_partition import partition
-from shared.acceptance.invariants import STUCK_SQL, violations
-from shared.acceptance.lab import TENANT, Lab
-from shared.acceptance.pipeline import Pipeline, TopicReader, read_all
-from shared.acceptance.procs import wait_until
+from devstack.acceptance.agents import LOOKUP, NON_IDEMPOTENT, http_tool, scripted, three_step, tool_step, write_agents
+from devstack.acceptance.api import STATUS, reason_of
+from devstack.acceptance.evidence import jsonable
+from devstack.acceptance.experiments_partition import partition
+from devstack.acceptance.invariants import STUCK_SQL, violations
+from devstack.acceptance.lab import TENANT, Lab
+from devstack.acceptance.pipeline import Pipeline, TopicReader, read_all
+from devstack.acceptance.procs import wait_until
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws

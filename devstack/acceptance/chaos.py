@@ -16,7 +16,7 @@ once. Then the faults stop and everything settles, and the soak checks:
   step's call recorded once in the ledger and once in the run's gapless journal;
 - at most one mock request per idempotency key for non-idempotent tools without lookup;
 - every outbox row published; the consumer applied every event exactly once;
-- the invariant queries (shared.acceptance.invariants) find no violations and no checkpoint version gaps.
+- the invariant queries (devstack.acceptance.invariants) find no violations and no checkpoint version gaps.
 
 It prints the figures and exits 1 on any violation. Evidence and every log go
 to the artifacts directory (default artifacts/chaos/<time>).
@@ -38,11 +38,11 @@ from pathlib import Path
 
 import grpc
 
-from shared.acceptance.agents import IDEMPOTENT, LOOKUP, NON_IDEMPOTENT, long_run, three_step, write_agents
-from shared.acceptance.experiments_platform import check_invariants
-from shared.acceptance.lab import Lab, Suite
-from shared.acceptance.pipeline import Pipeline, TopicReader, read_all
-from shared.acceptance.procs import Proc, wait_until
+from devstack.acceptance.agents import IDEMPOTENT, LOOKUP, NON_IDEMPOTENT, long_run, three_step, write_agents
+from devstack.acceptance.experiments_platform import check_invariants
+from devstack.acceptance.lab import Lab, Suite
+from devstack.acceptance.pipeline import Pipeline, TopicReader, read_all
+from devstack.acceptance.procs import Proc, wait_until
 
 AGENTS = {"chaos-nonidem": NON_IDEMPOTENT, "chaos-idem": IDEMPOTENT, "chaos-lookup": LOOKUP}
 LONG_AGENT = "chaos-long"
@@ -363,11 +363,12 @@ def write_summary(artifacts: Path, lab: Lab) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shared.acceptance.cli import chaos_arguments, cmd_chaos
+    from devstack.acceptance.options import chaos_arguments, quiet
 
     parser = argparse.ArgumentParser(prog="agentrt chaos", description=__doc__.split("\n")[0])
     chaos_arguments(parser)
-    return cmd_chaos(parser.parse_args(argv))
+    quiet()
+    return asyncio.run(main_async(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":

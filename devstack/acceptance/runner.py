@@ -26,10 +26,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from shared.acceptance.cli import DEFAULT_ARTIFACTS
-from shared.acceptance.evidence import format_table, summary_rows
-from shared.acceptance.lab import Lab, Suite
-from shared.acceptance.procs import PYTHON, REPO_ROOT, clean_env
+from devstack.acceptance.evidence import format_table, summary_rows
+from devstack.acceptance.lab import Lab, Suite
+from devstack.acceptance.options import DEFAULT_ARTIFACTS
+from devstack.acceptance.procs import PYTHON, REPO_ROOT, clean_env
 
 
 def default_artifacts() -> Path:
@@ -49,7 +49,7 @@ def netns_available() -> bool:
 
 
 async def run_experiments(suite: Suite, ids: list[str], repeat: int, hub: str = "") -> list[dict[str, Any]]:
-    from shared.acceptance.experiments import EXPERIMENTS
+    from devstack.acceptance.experiments import EXPERIMENTS
 
     suite.hub = hub
     records = []
@@ -77,7 +77,7 @@ def run_partition_in_hub(artifacts: Path, repeat: int, lease_ms: int) -> list[di
         return None
     try:
         subprocess.run(["ip", "-n", hub, "link", "set", "lo", "up"], check=True, timeout=10)
-        argv = ["ip", "netns", "exec", hub, PYTHON, "-m", "shared.acceptance.runner", "--only", "9",
+        argv = ["ip", "netns", "exec", hub, PYTHON, "-m", "devstack.acceptance.runner", "--only", "9",
                 "--repeat", str(repeat), "--artifacts", str(artifacts.resolve()), "--lease-ms", str(lease_ms),
                 "--hub", hub]
         print(f"  experiment 9 runs inside network namespace {hub}", flush=True)
@@ -102,7 +102,7 @@ def write_summary(artifacts: Path, summary: dict[str, Any]) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    from shared.acceptance.experiments import EXPERIMENTS
+    from devstack.acceptance.experiments import EXPERIMENTS
 
     ids = [i.strip() for i in args.only.split(",") if i.strip()] or list(EXPERIMENTS)
     unknown = [i for i in ids if i not in EXPERIMENTS]
@@ -142,11 +142,12 @@ async def main_async(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shared.acceptance.cli import acceptance_arguments, cmd_acceptance
+    from devstack.acceptance.options import acceptance_arguments, quiet
 
     parser = argparse.ArgumentParser(prog="agentrt acceptance", description=__doc__.split("\n")[0])
     acceptance_arguments(parser)
-    return cmd_acceptance(parser.parse_args(argv))
+    quiet()
+    return asyncio.run(main_async(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -23,13 +23,13 @@ from typing import Any
 
 import asyncpg
 
-from shared.acceptance.api import SETTLED, STATUS, Api
-from shared.acceptance.cli import LEASE_MS
-from shared.acceptance.evidence import Evidence, component_versions, git_commit, jsonable
-from shared.acceptance.procs import PYTHON, CommandLog, ExperimentError, Proc, wait_log, wait_until
+from devstack.acceptance.api import SETTLED, STATUS, Api
+from devstack.acceptance.evidence import Evidence, component_versions, git_commit, jsonable
+from devstack.acceptance.options import LEASE_MS
+from devstack.acceptance.procs import PYTHON, CommandLog, ExperimentError, Proc, wait_log, wait_until
+from devstack.embedded_pg import POSTGRES_BIN_PATH, EmbeddedPostgres, free_port
+from devstack.kafka_testing import TansuBroker, tansu_binary
 from shared.db import init_connection
-from shared.embedded_pg import POSTGRES_BIN_PATH, EmbeddedPostgres, free_port
-from shared.kafka_testing import TansuBroker, tansu_binary
 
 TENANT = "tenant-acceptance"
 
@@ -187,8 +187,8 @@ class Lab:
     async def runtime_database(self) -> str:
         """A fresh database with agentrt's schema, migrated by the CLI; the lab's SQL connection on it."""
         self.db_url = await self.database()
-        argv = [PYTHON, "-m", "shared.cli", "migrate", "--database-url", self.db_url]
-        self.commands.add(f"python -m shared.cli migrate --database-url {self.db_url}")
+        argv = [PYTHON, "-m", "devstack.cli", "migrate", "--database-url", self.db_url]
+        self.commands.add(f"python -m devstack.cli migrate --database-url {self.db_url}")
         done = await asyncio.to_thread(_run, argv)
         if done[0] != 0:
             raise ExperimentError(f"migrate failed: {done[1]}")
@@ -242,7 +242,7 @@ class Lab:
                "AGENTRT_BACKOFF_BASE_MS": "200", "AGENTRT_BACKOFF_CAP_MS": "2000", "AGENTRT_BACKOFF_JITTER_MS": "50",
                "AGENTRT_SHUTDOWN_GRACE_S": "1", "AGENTRT_DB_COMMAND_TIMEOUT_S": "10"}
         env.update({f"AGENTRT_{k.upper()}": str(v) for k, v in settings.items()})
-        proc = self.spawn(name, [PYTHON, "-m", "shared.cli", "scheduler"], env, prefix)
+        proc = self.spawn(name, [PYTHON, "-m", "devstack.cli", "scheduler"], env, prefix)
         await wait_log(proc, "scheduler listening on", 60)
         if not self.scheduler_addr:
             self.scheduler_addr = f"127.0.0.1:{port}"
@@ -250,7 +250,7 @@ class Lab:
         return proc
 
     async def executor(self, name: str, agents: Path, faults: Sequence[str] = (), slots: int = 4,
-                       scheduler_addr: str = "", prefix: list[str] | None = None, module: str = "shared.cli",
+                       scheduler_addr: str = "", prefix: list[str] | None = None, module: str = "devstack.cli",
                        wait: bool = True, **settings: Any) -> Proc:
         env = {"AGENTRT_SCHEDULER_ADDR": scheduler_addr or self.scheduler_addr, "AGENTRT_AGENTS_PATH": str(agents),
                "AGENTRT_WORKER_ID": f"{name}-{uuid.uuid4().hex[:6]}", "AGENTRT_HEALTH_ADDR": "",
@@ -260,7 +260,7 @@ class Lab:
             env["AGENTRT_FAULT_POINTS"] = json.dumps(list(faults))
             env["AGENTRT_FAULT_ACTION"] = "sigkill"
         env.update({f"AGENTRT_{k.upper()}": str(v) for k, v in settings.items()})
-        argv = [PYTHON, "-m", module] + (["executor"] if module == "shared.cli" else [])
+        argv = [PYTHON, "-m", module] + (["executor"] if module == "devstack.cli" else [])
         proc = self.spawn(name, argv, env, prefix)
         if wait:
             await wait_log(proc, "serving", 60)
@@ -273,7 +273,7 @@ class Lab:
                        prefix: list[str] | None = None) -> MockTool:
         port = free_port()
         db_path = self.dir / f"{name}.sqlite"
-        proc = self.spawn(name, [PYTHON, "-m", "shared.cli", "mocktool", "--host", host, "--port", str(port),
+        proc = self.spawn(name, [PYTHON, "-m", "devstack.cli", "mocktool", "--host", host, "--port", str(port),
                                  "--db", str(db_path)], {}, prefix)
         await wait_log(proc, "listening on", 60)
         return MockTool(proc, f"http://{url_host or ('127.0.0.1' if host == '0.0.0.0' else host)}:{port}", db_path)
@@ -297,7 +297,7 @@ class Lab:
         if fault_point:
             env["AGENTRT_FAULT_POINT"] = fault_point
         env.update({f"AGENTRT_{k.upper()}": str(v) for k, v in settings.items()})
-        proc = self.spawn(name, [PYTHON, "-m", "shared.cli", "relay"], env)
+        proc = self.spawn(name, [PYTHON, "-m", "devstack.cli", "relay"], env)
         if wait:
             await wait_log(proc, "started: topic", 60)
         return proc
@@ -309,7 +309,7 @@ class Lab:
                "AGENTRT_HEARTBEAT_INTERVAL_MS": "1000", "AGENTRT_RETRY_BACKOFF_BASE_MS": "50",
                "AGENTRT_RETRY_BACKOFF_CAP_MS": "1000", "AGENTRT_STARTUP_TIMEOUT_S": "30",
                "AGENTRT_KAFKA_REQUEST_TIMEOUT_MS": "5000"}
-        proc = self.spawn(name, [PYTHON, "-m", "shared.acceptance.consumer_app"], env)
+        proc = self.spawn(name, [PYTHON, "-m", "devstack.acceptance.consumer_app"], env)
         await wait_log(proc, "consumer ready", 60)
         return proc
 
@@ -366,7 +366,7 @@ class Lab:
 def _run(argv: list[str]) -> tuple[int, str]:
     import subprocess
 
-    from shared.acceptance.procs import REPO_ROOT, clean_env
+    from devstack.acceptance.procs import REPO_ROOT, clean_env
 
     done = subprocess.run(argv, cwd=REPO_ROOT, env=clean_env({}), capture_output=True, text=True, timeout=120)
     return done.returncode, (done.stdout + done.stderr)[-2000:]
