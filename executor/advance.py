@@ -1,7 +1,7 @@
 """From a checkpoint to the next state to persist and the action to take once it is persisted.
 
 Order of precedence: a recorded end, a durable wait, a persisted tool decision
-(executed, never re-sampled: invariant 6), a transient retry's next attempt,
+(executed, never re-sampled: docs/design.md §invariants, rule 6), a transient retry's next attempt,
 then — budgets permitting — a new proposal from the decider, validated here.
 """
 

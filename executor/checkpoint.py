@@ -1,6 +1,6 @@
 """The checkpoint an executor writes: an explicit, versioned schema.
 
-What a checkpoint holds (reference sections 6 and 9): the cursor and step index,
+What a checkpoint holds (docs/design.md §checkpoints): the cursor and step index,
 the validated decision (raw and schema result), tool name, normalised arguments
 and their hash, the step key and idempotency key, completed tool results, budget
 used, model / prompt / tool-schema / policy versions, and exceptions (parse
@@ -47,7 +47,7 @@ class _Model(BaseModel):
 
 
 class ToolDecision(_Model):
-    """A validated tool call, persisted before Tx1 (invariant 6)."""
+    """A validated tool call, persisted before Tx1 (docs/design.md §invariants, rule 6)."""
 
     step_key: str
     tool_name: str

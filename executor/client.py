@@ -3,7 +3,7 @@
 A call whose outcome is unknown (DEADLINE_EXCEEDED, UNAVAILABLE) is sent again
 with the very same request, so the same event id: the scheduler answers
 `replayed=true` from what committed, or runs it once. A new event id would
-make "did it commit?" undecidable (reference 6.1).
+make "did it commit?" undecidable (docs/design.md §commit-unknown).
 
 Writes go out through WriteBatch by default: while a batch is in flight, the
 writes of the process's other runs queue up and leave together in the next

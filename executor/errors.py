@@ -1,4 +1,4 @@
-"""Error classes (reference section 10): one explicit table from error code to class to action.
+"""Error classes (docs/design.md §in-doubt): one explicit table from error code to class to action.
 
 Whether to retry is decided by whether the error proves that no side effect
 happened, never by habit. Codes not in the table are treated as the most

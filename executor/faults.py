@@ -1,4 +1,4 @@
-"""Fault injection points (reference 13.1), for tests and the acceptance suite only.
+"""Fault injection points (docs/design.md §acceptance-and-evidence), for tests and the acceptance suite only.
 
 Each configured entry is a spec (shared.faults): a point name, optionally armed
 for one run, one occurrence or a probability, with its own action. By default

@@ -66,7 +66,7 @@ def tool_decision(state: State, proposal: Proposal, call: ToolCall, ids: RunIds,
 
 
 def decided_tool(state: State, proposal: Proposal, decision: ToolDecision, *, needs_approval: bool) -> State:
-    """The validated decision goes into the checkpoint before Tx1 (invariant 6)."""
+    """The validated decision goes into the checkpoint before Tx1 (docs/design.md §invariants, rule 6)."""
     entry = _entry(state, proposal, decision.step_key, "tool", args=decision.request, model=proposal.model or None)
     update: dict[str, Any] = {
         "cursor": decision.step_key, "step_index": state.step_index + 1, "usage": _used(state, proposal),

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-# Tool contracts, by what the reference distinguishes (sections 7 and 13).
+# Tool contracts, by what docs/design.md §leases-and-fencing and §acceptance-and-evidence distinguish.
 NON_IDEMPOTENT = {"idempotent": False, "lookup": False, "fenced": False}  # no lookup, no idempotency contract
 IDEMPOTENT = {"idempotent": True, "lookup": False, "fenced": True}
 LOOKUP = {"idempotent": True, "lookup": True, "fenced": True}  # answers "did key K run?" and refuses old fences

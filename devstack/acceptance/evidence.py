@@ -1,6 +1,6 @@
-"""Evidence records (reference 13.3): one JSON file per experiment repetition, and the summary table.
+"""Evidence records (docs/design.md §acceptance-and-evidence): one JSON file per repetition, and the summary.
 
-Without such a record a recovery claim is only "design intent" (reference 13.3).
+Without such a record a recovery claim is only "design intent" (docs/design.md §acceptance-and-evidence).
 Field names follow the template; the Kubernetes fields are recorded as not
 applicable, since the suite runs processes on one host.
 """

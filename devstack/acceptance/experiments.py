@@ -1,4 +1,4 @@
-"""The reference matrix (13.2) plus the platform experiments of issue 6: id, title, injection, invariant, body."""
+"""The acceptance matrix (docs/design.md §acceptance-and-evidence): id, title, injection, invariant, body."""
 
 from __future__ import annotations
 

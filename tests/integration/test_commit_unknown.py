@@ -1,4 +1,4 @@
-"""Commit-unknown recovery (reference 6.1) through the scheduler's gRPC API, on a real PostgreSQL.
+"""Commit-unknown recovery (docs/design.md §commit-unknown) through the scheduler's gRPC API, on a real PostgreSQL.
 
 A client that did not see its commit's answer retries with the SAME event id:
   (a) the write and its event both committed → success, replayed, nothing written twice;

@@ -1,4 +1,4 @@
-"""Concurrent claims from several OS processes over 1,000 runs (reference section 5).
+"""Concurrent claims from several OS processes over 1,000 runs (docs/design.md §leases-and-fencing).
 
 Path 1: a scheduler subprocess (`python -m devstack.cli scheduler`) and several
 worker processes (tests/integration/_claim_worker.py) claiming through gRPC.

@@ -1,4 +1,4 @@
-"""Each error class (reference section 10) ends in its state, with the ledger row and reason right."""
+"""Each error class (docs/design.md §in-doubt) ends in its state, with the ledger row and reason right."""
 
 import json
 
