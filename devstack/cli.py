@@ -161,10 +161,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="agentrt", description="Durable runtime for long AI-agent tasks.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _service_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """migrate, scheduler, executor, mocktool, reconcile."""
     p = sub.add_parser("migrate", help="apply database migrations (safe from several replicas at once)")
     p.add_argument("--database-url", help="PostgreSQL URL (default: AGENTRT_DATABASE_URL)")
     p.set_defaults(func=cmd_migrate)
@@ -195,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="one sweep, print its report as JSON, exit")
     p.set_defaults(func=cmd_reconcile)
 
+
+def _relay_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """relay, and outbox operations."""
     p = sub.add_parser("relay", help="run the relay (outbox rows to Kafka as CloudEvents, per-run order)")
     p.add_argument("--database-url", help="PostgreSQL URL (default: AGENTRT_DATABASE_URL)")
     p.add_argument("--kafka-bootstrap", help="host:port[,host:port] (default: AGENTRT_KAFKA_BOOTSTRAP)")
@@ -217,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="why (required for skip; kept with the row)")
     p.set_defaults(func=cmd_outbox)
 
+
+def _dev_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("dev", help="the whole runtime on this machine (embedded PostgreSQL and Kafka), "
                                    "with the after-sales demo")
     p.add_argument("--data-dir", type=Path, default=Path(".agentrt"), help="kept between runs (default .agentrt)")
@@ -246,6 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary-json", type=Path, help="also write the closing summary to this file as JSON")
     p.add_argument("--plain", action="store_true", help="progress as log lines, not a live view")
     p.set_defaults(func=cmd_dev)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="agentrt", description="Durable runtime for long AI-agent tasks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _service_commands(sub)
+    _relay_commands(sub)
+    _dev_command(sub)
 
     from devstack.acceptance.cli import add_commands as add_acceptance_commands
     from devstack.cli_events import add_commands as add_event_commands

@@ -207,6 +207,23 @@ async def stale_fence(lab: Lab) -> None:
 # ---------------------------------------------------------------------------------------------- 5
 
 
+async def _legacy_layout_run(lab: Lab) -> str:
+    """Case (c): a legacy layout labelled schema 1, written by an older writer, then retried."""
+    assert lab.api is not None
+    legacy_run = await lab.submit("acc-e5", {"case": "legacy"})
+    lease = (await lab.api.work.ClaimWork(ws.ClaimWorkRequest(worker_id="legacy-writer", agents=["acc-e5"]),
+                                          timeout=15)).lease
+    ref = ws.LeaseRef(run_id=legacy_run, worker_id="legacy-writer", fencing_token=lease.run.fencing_token)
+    legacy_state = {"cursor": "a", "step": 1, "results": {"a": {"id": "legacy-1"}}}
+    await lab.api.work.SaveCheckpoint(ws.SaveCheckpointRequest(
+        lease=ref, expected_version=0, state_json=json.dumps(legacy_state), schema_version=1, step_key="a",
+        event_id=str(uuid.uuid4())), timeout=15)
+    await lab.api.work.FinishRun(ws.FinishRunRequest(lease=ref, expected_version=1, outcome=ws.FINISH_OUTCOME_RETRY,
+                                                     reason="legacy writer", event_id=str(uuid.uuid4())), timeout=15)
+    lab.commands.add(f"grpc ClaimWork/SaveCheckpoint(schema 1, legacy layout)/FinishRun RETRY on run {legacy_run}")
+    return legacy_run
+
+
 async def checkpoint_schema_upgrade(lab: Lab) -> None:
     """Old checkpoints read by a newer executor: migrated explicitly, or refused; never zero values."""
     await lab.runtime_database()
@@ -219,18 +236,7 @@ async def checkpoint_schema_upgrade(lab: Lab) -> None:
     agents = write_agents(lab.dir / "agents", agent)
     lab.ev.method = {"kind": "executor images: schema 1 (devstack.acceptance.older_executor) and schema 2 (as built)"}
     assert lab.api is not None
-    # (c) a legacy layout labelled schema 1, written by an older writer, then retried.
-    legacy_run = await lab.submit("acc-e5", {"case": "legacy"})
-    lease = (await lab.api.work.ClaimWork(ws.ClaimWorkRequest(worker_id="legacy-writer", agents=["acc-e5"]),
-                                          timeout=15)).lease
-    ref = ws.LeaseRef(run_id=legacy_run, worker_id="legacy-writer", fencing_token=lease.run.fencing_token)
-    legacy_state = {"cursor": "a", "step": 1, "results": {"a": {"id": "legacy-1"}}}
-    await lab.api.work.SaveCheckpoint(ws.SaveCheckpointRequest(
-        lease=ref, expected_version=0, state_json=json.dumps(legacy_state), schema_version=1, step_key="a",
-        event_id=str(uuid.uuid4())), timeout=15)
-    await lab.api.work.FinishRun(ws.FinishRunRequest(lease=ref, expected_version=1, outcome=ws.FINISH_OUTCOME_RETRY,
-                                                     reason="legacy writer", event_id=str(uuid.uuid4())), timeout=15)
-    lab.commands.add(f"grpc ClaimWork/SaveCheckpoint(schema 1, legacy layout)/FinishRun RETRY on run {legacy_run}")
+    legacy_run = await _legacy_layout_run(lab)
     # (a) a run parked at a v1 checkpoint by the executor as built.
     old_run = await lab.submit("acc-e5", {"case": "upgrade"})
     v1 = await lab.executor("executor-v1", agents, module="devstack.acceptance.older_executor")
