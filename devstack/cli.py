@@ -125,12 +125,24 @@ def cmd_relay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _outbox_settings(args: argparse.Namespace) -> Any:
+    """The relay's settings, but the database must be named: the relay's built-in default
+    (a local `agentrt` database) is a guess an operator command must not act on."""
+    from shared.errors import InvalidArgument
+
+    settings = _relay_settings(args)
+    if "database_url" not in settings.model_fields_set:
+        raise InvalidArgument("--database-url", "name the outbox's PostgreSQL with --database-url, "
+                                                "AGENTRT_DATABASE_URL or the config file's relay section")
+    return settings
+
+
 def cmd_outbox(args: argparse.Namespace) -> int:
     import getpass
 
     from relay import admin
 
-    settings = _relay_settings(args)
+    settings = _outbox_settings(args)
     if args.action == "status":
         result: Any = asyncio.run(admin.status(settings))
     elif args.action == "parked":
@@ -202,21 +214,32 @@ def _relay_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--health-addr", help="gRPC health host:port (default: AGENTRT_HEALTH_ADDR or 0.0.0.0:50053)")
     p.set_defaults(func=cmd_relay)
 
+    _outbox_command(sub)
+
+
+def _outbox_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """outbox status | parked | retry | skip; --database-url before or after the action."""
+    database_help = "PostgreSQL URL (default: AGENTRT_DATABASE_URL; required)"
     p = sub.add_parser("outbox", help="operate on the outbox: status, parked rows, retry or skip one")
-    p.add_argument("--database-url", help="PostgreSQL URL (default: AGENTRT_DATABASE_URL)")
-    outbox = p.add_subparsers(dest="action", required=True)
-    outbox.add_parser("status", help="events waiting, oldest age, parked rows, relays and their shards")
-    q = outbox.add_parser("parked", help="list parked rows")
-    q.add_argument("--state", default="PARKED", choices=["PARKED", "RETRY", "SKIPPED", "DELIVERED", "all"])
-    q.add_argument("--limit", type=int, default=100)
-    for action, text in (("retry", "let the relay try a parked row again"),
-                         ("skip", "drop a parked row for good; its run's later events flow again")):
-        q = outbox.add_parser(action, help=text)
-        q.add_argument("outbox_id", type=int, help="outbox id of the parked row")
-        q.add_argument("--operator", help="who decides (default: the OS user)")
-        q.add_argument("--note", required=action == "skip", default="",
-                       help="why (required for skip; kept with the row)")
+    p.add_argument("--database-url", help=database_help)
     p.set_defaults(func=cmd_outbox)
+    outbox = p.add_subparsers(dest="action", required=True)
+    actions = {"status": "events waiting, oldest age, parked rows, relays and their shards",
+               "parked": "list parked rows",
+               "retry": "let the relay try a parked row again",
+               "skip": "drop a parked row for good; its run's later events flow again"}
+    for action, text in actions.items():
+        q = outbox.add_parser(action, help=text)
+        # SUPPRESS: when not given here, the value given before the action (or none) stays.
+        q.add_argument("--database-url", default=argparse.SUPPRESS, help=database_help)
+        if action == "parked":
+            q.add_argument("--state", default="PARKED", choices=["PARKED", "RETRY", "SKIPPED", "DELIVERED", "all"])
+            q.add_argument("--limit", type=int, default=100)
+        elif action in ("retry", "skip"):
+            q.add_argument("outbox_id", type=int, help="outbox id of the parked row")
+            q.add_argument("--operator", help="who decides (default: the OS user)")
+            q.add_argument("--note", required=action == "skip", default="",
+                           help="why (required for skip; kept with the row)")
 
 
 def _dev_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -275,10 +298,18 @@ def _one_line(exc: BaseException) -> str:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "settings"
         return f"invalid setting {field}: {first['msg']}"
-    from shared.errors import AgentrtError
+    from shared.errors import AgentrtError, InvalidArgument
 
+    if isinstance(exc, InvalidArgument):
+        # The message names the field already ("run_id: is not a UUID"); one rebuilt from a
+        # server's status may name it twice ("run_id: run_id: ..."): say it once.
+        prefix = f"{exc.field}: "
+        problem = exc.message
+        while problem.startswith(prefix):
+            problem = problem.removeprefix(prefix)
+        return f"{prefix}{problem}"
     if isinstance(exc, AgentrtError):
-        return f"{exc.reason}: {exc.message}" if exc.reason != "INVALID_ARGUMENT" else exc.message
+        return f"{exc.reason}: {exc.message}"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

@@ -46,7 +46,7 @@ def _print_json(value: Any) -> None:
 
 def _print_runs(runs: list[RunInfo]) -> None:
     rows = [[str(getattr(run, column)) for column in RUN_COLUMNS] for run in runs]
-    widths = [max(len(column), *(len(row[i]) for row in rows)) for i, column in enumerate(RUN_COLUMNS)]
+    widths = [max([len(column), *(len(row[i]) for row in rows)]) for i, column in enumerate(RUN_COLUMNS)]
     print("  ".join(column.upper().ljust(widths[i]) for i, column in enumerate(RUN_COLUMNS)))
     for row in rows:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)))
@@ -89,9 +89,18 @@ async def _list(args: argparse.Namespace, client: AgentrtClient) -> None:
     if args.json:
         _print_json({"runs": [r.as_dict() for r in runs], "next_page_token": token})
         return
-    _print_runs(runs)
+    if runs:
+        _print_runs(runs)
+    else:
+        print(_no_runs(args, client.tenant))
     if token:
         print(f"(more: --page-token {token})")
+
+
+def _no_runs(args: argparse.Namespace, tenant: str) -> str:
+    filters = [f"status {', '.join(args.status)}" if args.status else "", f"agent {args.agent}" if args.agent else ""]
+    named = "; ".join(f for f in filters if f)
+    return f"no runs for tenant {tenant}" + (f" with {named}" if named else "")
 
 
 async def _watch(args: argparse.Namespace, client: AgentrtClient) -> None:
@@ -209,7 +218,7 @@ async def _status(args: argparse.Namespace, client: AgentrtClient) -> None:
     else:
         for name, state in health.items():
             print(f"{name:10} {services[name]:24} {state}")
-        print("runs:       " + ", ".join(f"{k} {v}" for k, v in sorted(stats["runs_by_status"].items())) or "none")
+        print("runs:       " + (", ".join(f"{k} {v}" for k, v in sorted(stats["runs_by_status"].items())) or "none"))
         print(f"queued:     oldest due {stats['oldest_queued_age_s']:.1f}s")
         print(f"in doubt:   {stats['in_doubt_runs']} (oldest {stats['oldest_in_doubt_age_s']:.1f}s)")
         print(f"outbox lag: {stats['outbox_pending']} pending (oldest {stats['outbox_oldest_pending_age_s']:.1f}s)")
