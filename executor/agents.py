@@ -1,4 +1,4 @@
-"""Agent definitions: one YAML or TOML file per agent version, loaded and validated at start.
+"""Agent definitions: one YAML or TOML file per agent version, or agents defined in code, loaded and validated at start.
 
 A definition names its decider, its tools (kind, contract flags, JSON Schema),
 its budgets and its model / prompt / policy versions. Anything invalid stops
@@ -7,6 +7,7 @@ the executor with one line naming the file and the field (`DefinitionError`).
 
 from __future__ import annotations
 
+import importlib
 import re
 import tomllib
 from collections.abc import Iterable
@@ -176,7 +177,16 @@ class OpenAIDecider(_Strict):
     context: ContextPolicy = Field(default_factory=ContextPolicy)
 
 
-DeciderDefinition = Annotated[ScriptedDecider | OpenAIDecider, Field(discriminator="kind")]
+class PythonDecider(_Strict):
+    """Decisions from your own code: `callable` is "package.module:function", given an executor.sdk.Context."""
+
+    kind: Literal["python"]
+    callable: str = Field(pattern=r"^[\w.]+:[\w.]+$")
+    # Deterministic and without I/O: the next decision may be made before Tx2 and saved with it.
+    pure: bool = False
+
+
+DeciderDefinition = Annotated[ScriptedDecider | OpenAIDecider | PythonDecider, Field(discriminator="kind")]
 
 
 class Budgets(_Strict):
@@ -297,8 +307,14 @@ def load_file(path: Path) -> AgentDefinition:
     return parse_definition(data, path)
 
 
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
 def definition_files(spec: str) -> list[Path]:
-    """The files `agents_path` names: a directory (its *.yaml/*.yml/*.toml) or comma-separated files."""
+    """The files `agents_path` names: a directory (its *.yaml/*.yml/*.toml) or comma-separated files.
+
+    A part that is no file or directory but a dotted module name is left to `definition_modules`.
+    """
     files: list[Path] = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         path = Path(part)
@@ -306,9 +322,32 @@ def definition_files(spec: str) -> list[Path]:
             files.extend(sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file()))
         elif path.is_file():
             files.append(path)
-        else:
+        elif not (_MODULE.match(part) and path.suffix not in SUFFIXES):
             raise DefinitionError(path, "(file)", "no such file or directory")
     return files
+
+
+def definition_modules(spec: str) -> list[AgentDefinition]:
+    """The agents defined in code in the modules `agents_path` names (executor.sdk's @agent, or
+    AgentDefinition objects at module level), in the order the modules define them."""
+    found: list[AgentDefinition] = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        if Path(part).exists() or not _MODULE.match(part) or Path(part).suffix in SUFFIXES:
+            continue
+        try:
+            module = importlib.import_module(part)
+        except Exception as exc:
+            raise DefinitionError(part, "(module)", f"cannot import: {type(exc).__name__}: {exc}") from None
+        except SystemExit:  # a module that exits at import is no agent module
+            raise DefinitionError(part, "(module)", "cannot import: the module called sys.exit") from None
+        defined = [value if isinstance(value, AgentDefinition) else value.definition
+                   for value in vars(module).values()
+                   if isinstance(value, AgentDefinition)
+                   or isinstance(getattr(value, "definition", None), AgentDefinition)]
+        if not defined:
+            raise DefinitionError(part, "(module)", "defines no agent (use executor.sdk's @agent)")
+        found.extend(defined)
+    return found
 
 
 class AgentCatalog:
@@ -326,9 +365,10 @@ class AgentCatalog:
     @classmethod
     def load(cls, spec: str) -> AgentCatalog:
         files = definition_files(spec)
-        if not files:
-            raise DefinitionError(spec, "(file)", "no agent definitions (*.yaml, *.yml, *.toml) found")
-        return cls(load_file(path) for path in files)
+        in_code = definition_modules(spec)
+        if not files and not in_code:
+            raise DefinitionError(spec, "(file)", "no agent definitions (*.yaml, *.yml, *.toml, or a module) found")
+        return cls([*(load_file(path) for path in files), *in_code])
 
     def names(self) -> list[str]:
         return sorted(self._by_name)

@@ -102,7 +102,7 @@ class ToolCalls:
         detail = outcome.detail + (f" {json.dumps(outcome.evidence)}" if outcome.evidence else "")
         if action is ErrorAction.FREEZE_IN_DOUBT:
             await self.lease.mark_in_doubt(decision.step_key, code, detail)
-            log.warning("run %s step %s in doubt: %s", self.lease.run.run_id, decision.step_key, code)
+            log.warning("run %s step %s in doubt: %s %s", self.lease.run.run_id, decision.step_key, code, detail[:500])
             return None
         retry = action is ErrorAction.RETRY_WITH_BACKOFF
         after = tool_result(state, decision, "FAILED", error_code=code, detail=outcome.detail,

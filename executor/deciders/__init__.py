@@ -1,10 +1,11 @@
-"""Deciders by kind: `scripted` (a deterministic plan) and `openai` (chat completions with tools)."""
+"""Deciders by kind: `scripted` (a deterministic plan), `openai` (chat completions with tools) and
+`python` (your own function, executor/sdk.py)."""
 
 from __future__ import annotations
 
 import aiohttp
 
-from executor.agents import AgentDefinition, DefinitionError, OpenAIDecider, ScriptedDecider
+from executor.agents import AgentDefinition, DefinitionError, OpenAIDecider, PythonDecider, ScriptedDecider
 from executor.deciders.base import Decider
 
 
@@ -14,6 +15,7 @@ class DeciderRegistry:
     def __init__(self, agents: list[AgentDefinition], session: aiohttp.ClientSession,
                  default_api_key: str | None = None) -> None:
         from executor.deciders.openai import OpenAIDeciderImpl
+        from executor.deciders.python import PythonDeciderImpl
         from executor.deciders.scripted import ScriptedDeciderImpl
 
         self._deciders: dict[tuple[str, str], Decider] = {}
@@ -21,6 +23,14 @@ class DeciderRegistry:
             decider: Decider
             if isinstance(agent.decider, ScriptedDecider):
                 decider = ScriptedDeciderImpl(agent.decider)
+            elif isinstance(agent.decider, PythonDecider):
+                try:
+                    decider = PythonDeciderImpl(agent.decider)
+                except (ImportError, AttributeError, ValueError) as exc:
+                    raise DefinitionError(agent.source, "decider.callable",
+                                          f"cannot import: {type(exc).__name__}: {exc}") from None
+                except TypeError as exc:  # not callable, or not with one argument
+                    raise DefinitionError(agent.source, "decider.callable", str(exc)) from None
             else:
                 assert isinstance(agent.decider, OpenAIDecider)
                 try:

@@ -11,17 +11,34 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from executor.agents import PythonTool
 from executor.tools.base import LookupOutcome, ToolCallContext, ToolOutcome, ToolRefused, ToolRetryLater
 
+log = logging.getLogger(__name__)
+
 
 class CallableImportError(Exception):
-    def __init__(self, field: str, exc: BaseException) -> None:
-        super().__init__(f"cannot import: {type(exc).__name__}: {exc}")
+    """A tool's callable (or lookup_callable) cannot be imported, or cannot be called as declared."""
+
+    def __init__(self, field: str, exc: BaseException | None = None, message: str = "") -> None:
+        super().__init__(message or f"cannot import: {type(exc).__name__}: {exc}")
         self.field = field
+
+
+def _check_signature(field: str, path: str, func: Callable[..., Any], expected: str) -> None:
+    """Found when the executor starts, not as an unknown outcome of the first call."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # no signature to inspect (a builtin): the first call will tell
+        return
+    try:
+        signature.bind(object(), object())
+    except TypeError as exc:
+        raise CallableImportError(field, message=f"{path}{signature} cannot be called as {expected}: {exc}") from None
 
 
 def import_callable(path: str) -> Callable[..., Any]:
@@ -45,7 +62,11 @@ class PythonToolAdapter:
     def __init__(self, tool: PythonTool) -> None:
         self.tool = tool
         self.func = self._import("callable", tool.callable)
+        _check_signature("callable", tool.callable, self.func, "(arguments, ToolCallContext)")
         self.lookup_func = self._import("lookup_callable", tool.lookup_callable) if tool.lookup_callable else None
+        if self.lookup_func is not None:
+            _check_signature("lookup_callable", str(tool.lookup_callable), self.lookup_func,
+                             "(idempotency_key, ToolCallContext)")
 
     @staticmethod
     def _import(field: str, path: str) -> Callable[..., Any]:
@@ -64,6 +85,10 @@ class PythonToolAdapter:
         except TimeoutError:
             return ToolOutcome.failure("timeout", f"no answer within {self.tool.timeout_s}s")
         except Exception as exc:
+            # It may have acted before it raised: an unknown outcome. Its type and message go to the
+            # log here and, with the in-doubt freeze, to the run's pause reason and history.
+            log.warning("tool %s at %s raised %s: %s", self.tool.name, ctx.step_key, type(exc).__name__, exc,
+                        exc_info=exc)
             return ToolOutcome.failure("tool_crashed", f"{type(exc).__name__}: {exc}")
         if isinstance(result, ToolOutcome):
             return result

@@ -1,0 +1,1 @@
+"""Example agents beside the demo: code-first agents written with executor.sdk."""

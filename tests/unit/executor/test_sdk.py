@@ -1,0 +1,141 @@
+"""Code-first agents (executor.sdk): definitions from decorators, typed tools, the python decider, module loading."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import pytest
+from code_first_agents import greet, greeter
+
+from executor.agents import AgentCatalog, DefinitionError, PythonDecider, parse_definition
+from executor.checkpoint import HistoryEntry
+from executor.deciders import DeciderRegistry
+from executor.deciders.python import PythonDeciderImpl
+from executor.decisions import DecisionContext, Finish, Invalid, Sleep, ToolCall
+from executor.sdk import Context, ToolCallContext, ToolRefused
+from executor.steps import initial_state
+from executor.tools import ToolRegistry
+
+MODULE = "code_first_agents"  # pytest puts this folder (no __init__.py) on sys.path
+CTX = ToolCallContext(run_id="r", tenant_id="t", step_key="hello@0/attempt-1", idempotency_key="k", fencing_token=3)
+
+
+def test_an_agent_in_code_is_a_definition_with_a_python_decider_and_typed_tool_schemas() -> None:
+    definition = greeter.definition
+    assert (definition.name, definition.version, definition.budgets.max_steps) == ("greeter", "2", 5)
+    assert definition.decider == PythonDecider(kind="python", callable=f"{MODULE}:greeter")
+    [tool] = definition.tools
+    assert tool.name == "greet" and tool.contract.idempotent and not tool.contract.lookup
+    assert tool.input_schema["required"] == ["name"]
+    assert tool.input_schema["properties"]["times"]["type"] == "integer"
+    # The same definition through the YAML path: a code-first agent is an ordinary definition.
+    again = parse_definition(definition.model_dump(mode="json"))
+    assert again.decider == definition.decider and again.tools == definition.tools
+
+
+def test_a_typed_tool_validates_its_arguments_and_answers_json() -> None:
+    assert asyncio.run(greet({"name": "ada", "times": 2}, CTX)) == {"text": "hello ada hello ada"}
+    with pytest.raises(ToolRefused, match="greet: times: Input should be a valid integer"):
+        asyncio.run(greet({"name": "ada", "times": "often"}, CTX))
+
+
+def test_the_executor_loads_agents_from_a_module_beside_files(tmp_path: Path) -> None:
+    other = greeter.definition.model_dump(mode="json") | {"name": "from-yaml"}
+    import yaml
+
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(other))
+    catalog = AgentCatalog.load(f"{tmp_path},{MODULE}")
+    assert catalog.names() == ["from-yaml", "greeter"]
+    assert catalog.get("greeter") is not None and catalog.get("greeter").source == f"{MODULE} (code)"
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("no_such_module_here", "no_such_module_here: (module): cannot import: ModuleNotFoundError"),
+    ("json", "json: (module): defines no agent (use executor.sdk's @agent)"),
+    ("./missing.yaml", "missing.yaml: (file): no such file or directory"),
+])
+def test_a_module_that_gives_no_agents_is_one_line(spec: str, message: str) -> None:
+    with pytest.raises(DefinitionError) as caught:
+        AgentCatalog.load(spec)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def _context(**state_update: object) -> DecisionContext:
+    state = initial_state(greeter.definition).model_copy(update=state_update)
+    return DecisionContext(agent=greeter.definition, run_id="run-1", tenant_id="t", input={"name": "ada"},
+                           state=state)
+
+
+def test_the_python_decider_proposes_with_a_node_per_step_and_keeps_the_agents_state() -> None:
+    decider = PythonDeciderImpl(greeter.definition.decider)  # type: ignore[arg-type]
+    first = asyncio.run(decider.decide(_context()))
+    assert first.decision == ToolCall("greet", {"name": "ada"}, node="hello") and first.node == "hello@0"
+    entry = HistoryEntry(index=0, node="hello@0", step_key="hello@0/attempt-1", kind="tool", tool="greet")
+    results = {"hello@0/attempt-1": {"status": "SUCCEEDED", "response": {"text": "hi"}}}
+    second = asyncio.run(decider.decide(_context(step_index=1, history=[entry], tool_results=results)))
+    assert second.decision == Sleep(10) and second.node == "nap@1" and second.agent_state == {"napped": True}
+    third = asyncio.run(decider.decide(_context(step_index=2, history=[entry], tool_results=results,
+                                                agent_state={"napped": True})))
+    assert third.decision == Finish({"text": "hi"}) and third.agent_state is None
+
+
+@pytest.mark.parametrize(("func", "kind", "detail"), [
+    ("broken", "decider_error", "RuntimeError: no idea what to do"),
+    ("not_a_decision", "parse_failure", "the decider returned dict, not a ToolCall"),
+])
+def test_a_decider_that_raises_or_returns_no_decision_is_an_invalid_decision(func: str, kind: str,
+                                                                               detail: str) -> None:
+    decider = PythonDeciderImpl(PythonDecider(kind="python", callable=f"{MODULE}:{func}"))
+    proposal = asyncio.run(decider.decide(_context()))
+    assert isinstance(proposal.decision, Invalid) and proposal.decision.kind == kind
+    assert proposal.decision.detail.startswith(detail)
+
+
+def test_an_async_decider_reports_usage() -> None:
+    decider = PythonDeciderImpl(PythonDecider(kind="python", callable=f"{MODULE}:async_finish"))
+    proposal = asyncio.run(decider.decide(_context(step_index=4)))
+    assert proposal.decision == Finish({"step": 4}) and (proposal.tokens, proposal.cost_usd) == (12, 0.5)
+
+
+def test_context_reads_results_by_node_and_the_last_input() -> None:
+    entries = [HistoryEntry(index=0, node="hello@0", step_key="hello@0/attempt-1", kind="tool", tool="greet"),
+               HistoryEntry(index=1, node="ask@1", step_key="ask@1/attempt-1", kind="input"),
+               HistoryEntry(index=2, node="hello@2", step_key="hello@2/attempt-2", kind="tool", tool="greet")]
+    results = {"hello@0/attempt-1": {"status": "SUCCEEDED", "response": 1},
+               "hello@2/attempt-2": {"status": "FAILED", "error_code": "tool_refused", "detail": "no"}}
+    ctx = Context.of(_context(history=entries, tool_results=results, inputs={"ask@1/attempt-1": {"ok": True}}))
+    latest = ctx.result("hello")
+    assert latest is not None and not latest.ok and latest.error_code == "tool_refused"
+    assert ctx.result("nobody") is None and ctx.last_input() == {"ok": True}
+    with pytest.raises(TypeError):
+        ctx.input["name"] = "eve"  # type: ignore[index]
+
+
+def _definition(decider_callable: str, tool_callable: str) -> dict[str, object]:
+    return {"name": "checked", "version": "1", "decider": {"kind": "python", "callable": decider_callable},
+            "tools": [{"name": "t", "kind": "python", "callable": tool_callable}]}
+
+
+@pytest.mark.parametrize(("decider", "tool", "field", "problem"), [
+    (f"{MODULE}:greeter", f"{MODULE}:wrong_signature", "tools.0.callable",
+     f"{MODULE}:wrong_signature(args: 'dict[str, Any]') -> 'dict[str, Any]' cannot be called as "
+     "(arguments, ToolCallContext): too many positional arguments"),
+    (f"{MODULE}:takes_nothing", f"{MODULE}:greet", "decider.callable",
+     f"{MODULE}:takes_nothing cannot be called with one argument (the Context): too many positional arguments"),
+    (f"{MODULE}:nowhere", f"{MODULE}:greet", "decider.callable",
+     f"cannot import: AttributeError: module '{MODULE}' has no attribute 'nowhere'"),
+])
+def test_callables_that_cannot_be_called_as_declared_stop_the_executor_at_start(
+        decider: str, tool: str, field: str, problem: str) -> None:
+    definition = parse_definition(_definition(decider, tool), "checked.yaml")
+
+    async def build() -> None:
+        async with aiohttp.ClientSession() as session:
+            ToolRegistry([definition], session)
+            DeciderRegistry([definition], session)
+
+    with pytest.raises(DefinitionError) as caught:
+        asyncio.run(build())
+    assert (caught.value.field, caught.value.problem) == (field, problem)
