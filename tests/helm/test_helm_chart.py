@@ -7,7 +7,9 @@ probes, resources and a locked-down security context on every container; the
 migrations as a hook Job (or a plain Job, an init container, or nothing);
 credentials only from existing Secrets; values.schema.json guarding values;
 grace periods longer than the lease; NetworkPolicies, PDBs, HPA and the
-checksum/config roll-out annotation.
+checksum/config roll-out annotation; the executors' agents (inline definitions in a
+ConfigMap of the chart by default, an existing ConfigMap, modules in the image;
+none is refused at render time).
 
 Each values case is rendered once per module (see `renders`).
 """
@@ -446,6 +448,9 @@ BAD_VALUES = {
     "lease too short": "config:\n  scheduler:\n    lease_duration_ms: 10\n",
     "unknown migration mode": "migrations:\n  mode: sometimes\n",
     "probe handler override": "defaults:\n  livenessProbe:\n    exec:\n      command: [true]\n",
+    "agent file the executor skips": "executor:\n  agents:\n    definitions:\n      hello: 'format: 1'\n",
+    "agent module with a dash": "executor:\n  agents:\n    modules: [my-agents]\n",
+    "agents ConfigMap under its old key": "executor:\n  agents:\n    configMap: my-agents\n",
 }
 
 
@@ -670,6 +675,133 @@ def test_network_policies_limit_each_component(renders: Renders) -> None:
     tight = policies(renders("init-container-values"))
     assert egress_ports(tight["executor"]) == {50051}
     assert tight["relay"]["spec"]["ingress"] == []
+
+
+# --- Agents ---------------------------------------------------------------------------------
+
+AGENTS_DIR = "/etc/agentrt/agents"
+NO_AGENTS = "executor.agents: the executors have no agents"
+
+
+def executor_config(r: Rendered) -> dict[str, Any]:
+    config = yaml.safe_load(r.named("ConfigMap", f"{fullname(r.values)}-config")["data"]["config.yaml"])
+    return dict(config["executor"])
+
+
+def agents_volume(r: Rendered) -> dict[str, Any] | None:
+    """The executor's agents volume, after checking that it is mounted (read-only) at the agents path."""
+    pod = r.deployment("executor")["spec"]["template"]["spec"]
+    volumes = [v for v in pod["volumes"] if v["name"] == "agents"]
+    mounts = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "agents"]
+    if not volumes:
+        assert not mounts
+        return None
+    (mount,) = mounts
+    assert mount == {"name": "agents", "mountPath": AGENTS_DIR, "readOnly": True}
+    (volume,) = volumes
+    return dict(volume)
+
+
+def load_agents(configmap: dict[str, Any], where: Path) -> list[Any]:
+    """Every definition of a rendered ConfigMap, parsed as the executor parses it, then loaded as it loads the
+    mounted directory."""
+    from executor.agents import AgentCatalog, parse_definition
+
+    parsed = [parse_definition(yaml.safe_load(text), name) for name, text in configmap["data"].items()]
+    where.mkdir()
+    for name, text in configmap["data"].items():
+        (where / name).write_text(text)
+    catalog = AgentCatalog.load(str(where))
+    assert catalog.names() == sorted(d.name for d in parsed)
+    return parsed
+
+
+def test_default_executors_serve_the_starter_agent_from_the_charts_configmap(renders: Renders,
+                                                                             tmp_path: Path) -> None:
+    r = renders("defaults")
+    assert executor_config(r)["agents_path"] == AGENTS_DIR
+    volume = agents_volume(r)
+    assert volume == {"name": "agents", "configMap": {"name": f"{RELEASE}-agentrt-agents"}}
+    configmap = r.named("ConfigMap", f"{RELEASE}-agentrt-agents")
+    assert set(configmap["data"]) == {"hello.yaml"}
+    (hello,) = load_agents(configmap, tmp_path / "agents")
+    assert (hello.name, hello.version, hello.tools) == ("hello", "1", [])
+    assert [node.id for node in hello.decider.plan] == ["pause", "done"]
+    executor = r.deployment("executor")["spec"]["template"]["metadata"]["annotations"]
+    assert "checksum/agents" in executor
+    assert "checksum/agents" not in r.deployment("scheduler")["spec"]["template"]["metadata"]["annotations"]
+    assert "agentrt runs submit hello" in r.notes
+
+
+def test_inline_definitions_merge_with_the_default_and_roll_the_executors(chart: helm.Chart, renders: Renders,
+                                                                          tmp_path: Path) -> None:
+    demo = (ROOT / "devstack" / "agents" / "after_sales_return.yaml").read_text()
+    as_mapping = {"format": 1, "name": "noop", "version": "2", "decider": {"kind": "scripted", "plan": [
+        {"id": "done", "finish": None}]}}
+    r = render(chart, {"executor": {"agents": {"definitions": {"after_sales_return.yaml": demo,
+                                                                "noop.yaml": as_mapping}}}})
+    configmap = r.named("ConfigMap", f"{RELEASE}-agentrt-agents")
+    assert set(configmap["data"]) == {"hello.yaml", "after_sales_return.yaml", "noop.yaml"}
+    assert {d.name for d in load_agents(configmap, tmp_path / "agents")} == {"hello", "after_sales_return", "noop"}
+    for doc in r.docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+    def annotations(rendered: Rendered) -> dict[str, str]:
+        return dict(rendered.deployment("executor")["spec"]["template"]["metadata"]["annotations"])
+
+    default = annotations(renders("defaults"))
+    changed = annotations(r)
+    assert changed["checksum/agents"] != default["checksum/agents"]
+    assert changed["checksum/config"] == default["checksum/config"]
+
+    only = render(chart, {"executor": {"agents": {"definitions": {"hello.yaml": None, "noop.yaml": as_mapping}}}})
+    assert set(only.named("ConfigMap", f"{RELEASE}-agentrt-agents")["data"]) == {"noop.yaml"}
+
+
+def test_an_existing_configmap_is_mounted_instead(renders: Renders) -> None:
+    r = renders("production-values")
+    assert r.values["executor"]["agents"]["existingConfigMap"] == "prod-agent-definitions"
+    assert executor_config(r)["agents_path"] == AGENTS_DIR
+    assert agents_volume(r) == {"name": "agents", "configMap": {"name": "prod-agent-definitions"}}
+    assert not [d for d in r.of_kind("ConfigMap") if d["metadata"]["name"].endswith("-agents")]
+    assert "checksum/agents" not in r.deployment("executor")["spec"]["template"]["metadata"]["annotations"]
+    assert 'ConfigMap "prod-agent-definitions"' in r.notes
+
+
+def test_modules_of_code_first_agents_become_the_agents_setting(chart: helm.Chart) -> None:
+    r = render(chart, {"image": {"repository": "registry.example.com/my-agents"},
+                       "executor": {"agents": {"modules": ["mypkg.agents", "other.agents"]}}})
+    assert executor_config(r)["agents_path"] == "mypkg.agents,other.agents"
+    assert agents_volume(r) is None
+    assert not [d for d in r.of_kind("ConfigMap") if d["metadata"]["name"].endswith("-agents")]
+    assert "mypkg.agents, other.agents" in r.notes
+    for doc in r.docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("agents", [
+    {"definitions": None},
+    {"definitions": {"hello.yaml": None}},
+    {"definitions": None, "existingConfigMap": "", "modules": []},
+])
+def test_executors_without_agents_are_refused_at_render_time(agents: dict[str, Any], chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match=re.escape(NO_AGENTS)) as refused:
+        render(chart, {"executor": {"agents": agents}})
+    for way in ("executor.agents.definitions", "executor.agents.existingConfigMap", "executor.agents.modules"):
+        assert way in str(refused.value)
+
+
+def test_a_configmap_and_modules_combine_and_no_executors_need_no_agents(chart: helm.Chart) -> None:
+    both = render(chart, {"executor": {"agents": {"existingConfigMap": "mine", "modules": ["mypkg.agents"]}}})
+    assert executor_config(both)["agents_path"] == f"{AGENTS_DIR},mypkg.agents"
+    assert agents_volume(both) == {"name": "agents", "configMap": {"name": "mine"}}
+    assert not [d for d in both.of_kind("ConfigMap") if d["metadata"]["name"].endswith("-agents")]
+    with pytest.raises(helm.HelmRenderError, match=re.escape("name it .yaml")):
+        render(chart, {"executor": {"agents": {"definitions": {"x.toml": {"name": "x"}}}}})
+    # no executors here: nothing needs agents
+    r = render(chart, {"executor": {"enabled": False, "agents": {"definitions": None}}})
+    assert set(r.deployments()) == {"scheduler", "relay"}
+    assert "agents_path" not in executor_config(r)
 
 
 # --- NOTES --------------------------------------------------------------------------------

@@ -163,6 +163,49 @@ the pod is killed.
 {{- end -}}
 {{- end -}}
 
+{{/*
+The executors' agents: an existing ConfigMap and/or modules of code-first agents in the image;
+without either, the inline definitions (the default). "true" when the inline ones are used.
+*/}}
+{{- define "agentrt.agentsInline" -}}
+{{- $agents := .Values.executor.agents | default dict -}}
+{{- if and .Values.executor.enabled (not $agents.existingConfigMap) (not $agents.modules) $agents.definitions -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Where a ConfigMap of agent definitions is mounted in the executor pods. */}}
+{{- define "agentrt.agentsMountPath" -}}/etc/agentrt/agents{{- end -}}
+
+{{/* The ConfigMap of agent definitions the executors mount, or "" (only modules, or no executor). */}}
+{{- define "agentrt.agentsConfigMap" -}}
+{{- if .Values.executor.enabled -}}
+{{- if .Values.executor.agents.existingConfigMap -}}
+{{- .Values.executor.agents.existingConfigMap -}}
+{{- else if include "agentrt.agentsInline" . -}}
+{{- include "agentrt.fullname" . }}-agents
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The executors' agents_path: the mounted ConfigMap's directory and the modules, comma-separated;
+"" without executors. Fails when the executors would have no agent.
+*/}}
+{{- define "agentrt.agentsPath" -}}
+{{- if .Values.executor.enabled -}}
+{{- $parts := list -}}
+{{- if include "agentrt.agentsConfigMap" . -}}
+{{- $parts = append $parts (include "agentrt.agentsMountPath" .) -}}
+{{- end -}}
+{{- $parts = concat $parts (.Values.executor.agents.modules | default list) -}}
+{{- if not $parts -}}
+{{- fail "executor.agents: the executors have no agents; set executor.agents.definitions (definition files inline), executor.agents.existingConfigMap (a ConfigMap of definition files) or executor.agents.modules (Python modules of code-first agents in your image)" -}}
+{{- end -}}
+{{- join "," $parts -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The application config file (config.yaml of the ConfigMap). */}}
 {{- define "agentrt.configFile" -}}
 {{- $config := deepCopy (.Values.config | default dict) -}}
@@ -175,8 +218,9 @@ the pod is killed.
       "service_name" "agentrt-executor"
       "scheduler_addr" (include "agentrt.schedulerAddress" .)
       "health_addr" (printf "0.0.0.0:%d" (int .Values.executor.healthPort)) -}}
-{{- if .Values.executor.agents.configMap -}}
-{{- $_ := set $executorDerived "agents_path" "/etc/agentrt/agents" -}}
+{{- $agentsPath := include "agentrt.agentsPath" . -}}
+{{- if $agentsPath -}}
+{{- $_ := set $executorDerived "agents_path" $agentsPath -}}
 {{- end -}}
 {{- $executor := mustMergeOverwrite (deepCopy ($config.executor | default dict)) $executorDerived -}}
 {{- $relayDerived := dict
