@@ -1,5 +1,6 @@
 """The first hour of a new user (issue 15), through the real `agentrt` command against a live scheduler:
-an empty runs list, the outbox's database named on the subcommand (or not at all), a bad run id."""
+an empty runs list, the outbox's database named on the subcommand (or not at all), a bad run id, and the
+starter agent a default Helm install serves."""
 
 import asyncio
 import json
@@ -7,6 +8,8 @@ import os
 import sys
 
 import pytest
+import yaml
+from executor_support import executor
 from support import scheduler_stack, submit
 from tests_paths import REPO
 
@@ -79,3 +82,23 @@ async def test_outbox_subcommands_take_the_database_url(db_url):
 async def test_outbox_without_a_database_url_is_one_readable_line(action):
     code, out, err = await agentrt("outbox", *action)
     assert (code, out, err) == (1, "", NO_DATABASE + "\n")
+
+
+async def test_the_charts_starter_agent_completes_a_run_submitted_through_the_cli(db_url, tmp_path):
+    """What a default `helm install` serves (executor.agents.definitions in helm/agentrt/values.yaml), loaded
+    from a directory as the executors load the mounted ConfigMap."""
+    values = yaml.safe_load((REPO / "helm" / "agentrt" / "values.yaml").read_text())
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    for name, text in values["executor"]["agents"]["definitions"].items():
+        (agents / name).write_text(text)
+    async with scheduler_stack(db_url) as stack, executor(stack, agents):
+        code, out, err = await agentrt("runs", "submit", "hello", "--input", '{"name": "Ada"}', "--tenant", "demo",
+                                       "--json", "--addr", stack.addr)
+        assert code == 0, err
+        run_id = json.loads(out)["run_id"]
+        code, out, err = await agentrt("runs", "watch", run_id, "--tenant", "demo", "--json", "--addr", stack.addr)
+        assert code == 0, err
+        last = json.loads(out.strip().splitlines()[-1])
+    assert last["status"] == "COMPLETED", last
+    assert last["result"] == {"greeting": "hello from agentrt", "run_id": run_id, "input": {"name": "Ada"}}
