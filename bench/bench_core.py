@@ -411,8 +411,8 @@ async def explain_claim(conn: asyncpg.Connection) -> tuple[str, float]:
     tx = conn.transaction()
     await tx.start()
     try:
-        rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + Q["claim_work"], "bench-explain", LEASE_MS,
-                                [AGENT])
+        rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + Q["claim_work"],
+                                *Q.claim_work.args(worker_id="bench-explain", lease_ms=LEASE_MS, agents=[AGENT]))
     finally:
         await tx.rollback()
     plan = "\n".join(r[0] for r in rows)
@@ -426,8 +426,12 @@ async def generic_plan(conn: asyncpg.Connection) -> str:
     await tx.start()
     try:
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        await conn.execute("PREPARE bench_claim(text, int, text[]) AS " + Q["claim_work"])
-        rows = await conn.fetch(f"EXPLAIN EXECUTE bench_claim('x', {LEASE_MS}, '{{{AGENT}}}')")
+        # The statement's parameters in its $n order (named: worker_id, lease_ms, agents).
+        types = {"worker_id": "text", "lease_ms": "int", "agents": "text[]"}
+        values = {"worker_id": "'x'", "lease_ms": str(LEASE_MS), "agents": f"'{{{AGENT}}}'"}
+        params = Q.claim_work.params
+        await conn.execute(f"PREPARE bench_claim({', '.join(types[p] for p in params)}) AS " + Q["claim_work"])
+        rows = await conn.fetch(f"EXPLAIN EXECUTE bench_claim({', '.join(values[p] for p in params)})")
     finally:
         await tx.rollback()
     return "\n".join(r[0] for r in rows)

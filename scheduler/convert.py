@@ -1,4 +1,4 @@
-"""Database rows to protobuf messages (and the JSON text fields they carry)."""
+"""The store's typed rows (scheduler/rows.py) to protobuf messages (and the JSON text fields they carry)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from scheduler.rows import CheckpointRow, EventRow, ExecutionRow, JournalRow, RunRow
 from shared.canonical import canonical_json
 from shared.gen.agentrt.v1 import common_pb2 as pb
 
@@ -35,96 +36,96 @@ def set_time(message: Any, field: str, value: dt.datetime | None) -> None:
         getattr(message, field).CopyFrom(ts)
 
 
-def run_to_proto(row: Any) -> pb.Run:
+def run_to_proto(row: RunRow) -> pb.Run:
     run = pb.Run(
-        run_id=str(row["id"]),
-        tenant_id=row["tenant_id"],
-        agent_name=row["agent_name"],
-        agent_version=row["agent_version"],
-        status=RUN_STATUS[row["status"]],
-        version=row["version"],
-        fencing_token=row["fencing_token"],
-        attempt_count=row["attempt_count"],
-        max_attempts=row["max_attempts"],
-        input_json=json_text(row["input"]),
-        labels=row["labels"],
-        current_step_key=row["current_step_key"] or "",
-        terminal_reason=row["terminal_reason"] or "",
-        pause_reason=row["pause_reason"] or "",
-        cancel_requested=row["cancel_requested_at"] is not None,
-        client_request_id=row["client_request_id"] or "",
-        result_json=json_text(row["result"]),
-        lease_owner=row["lease_owner"] or "",
-        human_input_json=json_text(row["human_input"]),
+        run_id=str(row.id),
+        tenant_id=row.tenant_id,
+        agent_name=row.agent_name,
+        agent_version=row.agent_version,
+        status=RUN_STATUS[row.status],
+        version=row.version,
+        fencing_token=row.fencing_token,
+        attempt_count=row.attempt_count,
+        max_attempts=row.max_attempts,
+        input_json=json_text(row.input),
+        labels=row.labels,
+        current_step_key=row.current_step_key or "",
+        terminal_reason=row.terminal_reason or "",
+        pause_reason=row.pause_reason or "",
+        cancel_requested=row.cancel_requested_at is not None,
+        client_request_id=row.client_request_id or "",
+        result_json=json_text(row.result),
+        lease_owner=row.lease_owner or "",
+        human_input_json=json_text(row.human_input),
     )
-    run.budget.max_steps = row["budget_max_steps"]
-    run.budget.max_tokens = row["budget_max_tokens"]
-    run.budget.max_cost_usd = row["budget_max_cost_usd"]
-    set_time(run.budget, "deadline", row["deadline_at"])
+    run.budget.max_steps = row.budget_max_steps
+    run.budget.max_tokens = row.budget_max_tokens
+    run.budget.max_cost_usd = row.budget_max_cost_usd
+    set_time(run.budget, "deadline", row.deadline_at)
     for name in ("next_attempt_at", "created_at", "updated_at", "finished_at", "lease_expires_at"):
-        set_time(run, name, row[name])
+        set_time(run, name, getattr(row, name))
     return run
 
 
-def checkpoint_to_proto(row: Any, run_id: Any = None) -> pb.Checkpoint:
+def checkpoint_to_proto(row: CheckpointRow, run_id: Any = None) -> pb.Checkpoint:
     checkpoint = pb.Checkpoint(
-        run_id=str(run_id if run_id is not None else row["run_id"]),
-        version=row["version"],
-        state_json=json_text(row["state_json"]),
-        state_hash=bytes(row["state_hash"]).hex(),
-        schema_version=row["schema_version"],
-        fencing_token=row["fencing_token"],
-        event_id=str(row["event_id"]),
+        run_id=str(run_id if run_id is not None else row.run_id),
+        version=row.version,
+        state_json=json_text(row.state_json),
+        state_hash=bytes(row.state_hash).hex(),
+        schema_version=row.schema_version,
+        fencing_token=row.fencing_token,
+        event_id=str(row.event_id),
     )
-    set_time(checkpoint, "created_at", row["created_at"])
+    set_time(checkpoint, "created_at", row.created_at)
     return checkpoint
 
 
-def execution_to_proto(row: Any, run_id: Any = None) -> pb.ToolExecution:
+def execution_to_proto(row: ExecutionRow, run_id: Any = None) -> pb.ToolExecution:
     execution = pb.ToolExecution(
-        execution_id=str(row["id"]),
-        run_id=str(run_id if run_id is not None else row["run_id"]),
-        step_key=row["step_key"],
-        tool_name=row["tool_name"],
-        idempotency_key=row["idempotency_key"],
-        request_json=json_text(row["request_json"]),
-        request_hash=bytes(row["request_hash"]).hex(),
-        status=TOOL_STATUS[row["status"]],
-        remote_resource_id=row["remote_resource_id"] or "",
-        response_json=json_text(row["response_json"]),
-        error_code=row["error_code"] or "",
-        fencing_token=row["fencing_token"],
-        reconciliation_evidence_json=json_text(row["reconciliation_evidence"]),
+        execution_id=str(row.id),
+        run_id=str(run_id if run_id is not None else row.run_id),
+        step_key=row.step_key,
+        tool_name=row.tool_name,
+        idempotency_key=row.idempotency_key,
+        request_json=json_text(row.request_json),
+        request_hash=bytes(row.request_hash).hex(),
+        status=TOOL_STATUS[row.status],
+        remote_resource_id=row.remote_resource_id or "",
+        response_json=json_text(row.response_json),
+        error_code=row.error_code or "",
+        fencing_token=row.fencing_token,
+        reconciliation_evidence_json=json_text(row.reconciliation_evidence),
     )
     for name in ("outbound_intent_at", "completed_at", "reconciled_at"):
-        set_time(execution, name, row[name])
+        set_time(execution, name, getattr(row, name))
     return execution
 
 
-def event_to_proto(row: Any) -> pb.OutboxEvent:
+def event_to_proto(row: EventRow) -> pb.OutboxEvent:
     event = pb.OutboxEvent(
-        id=row["id"],
-        event_id=str(row["event_id"]),
-        run_id=str(row["run_id"]),
-        event_type=row["event_type"],
-        payload_json=json_text(row["payload"]),
-        fencing_token=row["fencing_token"],
-        run_version=row["run_version"],
-        traceparent=row["traceparent"] or "",
+        id=row.id,
+        event_id=str(row.event_id),
+        run_id=str(row.run_id),
+        event_type=row.event_type,
+        payload_json=json_text(row.payload),
+        fencing_token=row.fencing_token,
+        run_version=row.run_version,
+        traceparent=row.traceparent or "",
     )
-    set_time(event, "created_at", row["created_at"])
-    set_time(event, "published_at", row["published_at"])
+    set_time(event, "created_at", row.created_at)
+    set_time(event, "published_at", row.published_at)
     return event
 
 
-def journal_to_proto(row: Any, *, with_time: bool = True) -> pb.JournalEntry:
+def journal_to_proto(row: JournalRow, *, with_time: bool = True) -> pb.JournalEntry:
     """One journal row (history_journal, read_journal: detail as stored text) as its message.
 
     A takeover reads every entry of a long run: no per-entry JSON work here, and ReadJournal
     leaves out the time (`with_time=False`), which executors do not read.
     """
-    entry = pb.JournalEntry(seq=row[0], kind=row[1], step_key=row[2], node=row[3], tool=row[4],
-                            detail_json=row[5], run_version=row[6])
+    entry = pb.JournalEntry(seq=row.seq, kind=row.kind, step_key=row.step_key, node=row.node, tool=row.tool,
+                            detail_json=row.detail_text, run_version=row.run_version)
     if with_time:
-        entry.created_at.FromDatetime(row[7])
+        entry.created_at.FromDatetime(row.created_at)
     return entry

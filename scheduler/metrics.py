@@ -11,6 +11,7 @@ import contextlib
 import logging
 from typing import Any
 
+from scheduler.rows import GlobalStats
 from shared.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -35,15 +36,15 @@ class SchedulerMetrics:
         self.rpcs.labels(method, code).inc()
         self.rpc_seconds.labels(method).observe(seconds)
 
-    def apply(self, row: Any) -> None:
-        by_status = row["by_status"]
+    def apply(self, row: GlobalStats) -> None:
+        by_status = row.by_status
         for status in STATUSES:
             self.runs.labels(status).set(by_status.get(status, 0))
-        self.oldest_queued.set(float(row["oldest_queued_s"] or 0))
-        self.oldest_in_doubt.set(float(row["oldest_in_doubt_s"] or 0))
-        self.outbox_pending.set(row["outbox_pending"])
-        self.outbox_age.set(float(row["outbox_oldest_s"] or 0))
-        self.commit_unknown.set(row["commit_unknown_inconsistent"])
+        self.oldest_queued.set(float(row.oldest_queued_s or 0))
+        self.oldest_in_doubt.set(float(row.oldest_in_doubt_s or 0))
+        self.outbox_pending.set(row.outbox_pending)
+        self.outbox_age.set(float(row.outbox_oldest_s or 0))
+        self.commit_unknown.set(row.commit_unknown_inconsistent)
 
     def start(self, addr: str, store: Any, refresh_s: float = 10.0) -> int | None:
         port = self.metrics.serve(addr)

@@ -3,7 +3,7 @@
 grpcio decodes a request before any servicer code runs, and a protobuf
 DecodeError there reaches the caller as UNKNOWN ("Unexpected <class
 DecodeError>"). The deserializers registered here return a `MalformedRequest`
-instead; the `rpc` decorator (scheduler/service.py) answers it INVALID_ARGUMENT
+instead; the `rpc` decorator (scheduler/rpc.py) answers it INVALID_ARGUMENT
 naming the message type, before the handler body runs. A message over the gRPC
 receive limit never gets this far: gRPC answers it RESOURCE_EXHAUSTED.
 

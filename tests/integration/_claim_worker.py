@@ -114,11 +114,13 @@ async def store_main(args: argparse.Namespace, record: Recorder) -> None:
             lease = LeaseRef(run["id"], worker, fence)
             try:
                 version, _ = await store.save_checkpoint(
-                    lease, run["version"], {"worker": worker, "fence": fence}, 1, None, uuid.uuid4(),
-                    "agent.checkpoint", {})
+                    lease, expected_version=run["version"], state={"worker": worker, "fence": fence},
+                    schema_version=1, step_key=None, event_id=uuid.uuid4(), event_type="agent.checkpoint",
+                    event_payload={})
                 record(op="save", run=run_id, fence=fence, worker=worker, version=version)
-                await store.finish_run(lease, version, "COMPLETED", "", {"by": worker}, 0, False, "",
-                                       uuid.uuid4())
+                await store.finish_run(lease, expected_version=version, outcome="COMPLETED", reason="",
+                                       result={"by": worker}, sleep_ms=0, pause_when_exhausted=False,
+                                       error_class="", event_id=uuid.uuid4())
                 record(op="done", run=run_id, fence=fence, worker=worker)
             except LeaseLost:
                 record(op="lost", run=run_id, fence=fence, worker=worker)

@@ -105,10 +105,11 @@ async def test_half_of_a_commit_freezes_the_run(db_url, db):
         request = last_tx2(ref, end_event_id=end_event_id)
         # Half of this very write: its end event, bound to the write as the real statement binds it.
         binding = tx2_binding(
-            LeaseRef(uuid.UUID(ref.run_id), ref.worker_id, ref.fencing_token), 1, S1, "SUCCEEDED",
-            request.next_step_key, sha256_of(json.loads(request.state_json)), 1, json.loads(request.response_json),
-            "r-1", None, None, uuid.UUID(request.event_id),
-            RunEnd("COMPLETED", "", None, "", uuid.UUID(end_event_id)))
+            LeaseRef(uuid.UUID(ref.run_id), ref.worker_id, ref.fencing_token), expected_version=1, step_key=S1,
+            outcome="SUCCEEDED", next_step_key=request.next_step_key,
+            state_hash=sha256_of(json.loads(request.state_json)), schema_version=1,
+            response=json.loads(request.response_json), remote_resource_id="r-1", error_code=None, evidence=None,
+            event_id=uuid.UUID(request.event_id), end=RunEnd("COMPLETED", "", None, "", uuid.UUID(end_event_id)))
         await db.execute(
             "INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version, "
             "write_op, write_hash) "

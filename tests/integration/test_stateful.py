@@ -305,7 +305,7 @@ class Runtime(RuleBasedStateMachine):
         # A retried cancel of a cancelled run answers with the outcome; other ended runs refuse.
         expected: Outcome = InvalidTransition if status in TERMINAL and not flagged else None
         picture = self.picture(run_id)
-        result = self.call(expected, lambda: self.store.cancel_run(TENANT, run_id, "stateful cancel"))
+        result = self.call(expected, lambda: self.store.cancel_run(TENANT, run_id, reason="stateful cancel"))
         after = self.row(run_id)
         if result is None or status in TERMINAL or (status in LEASED and flagged):
             assert self.picture(run_id) == picture
@@ -325,7 +325,7 @@ class Runtime(RuleBasedStateMachine):
         expected: Outcome = None if status == "PAUSED_HUMAN" else InvalidTransition
         before = self.picture(run_id)
         result = self.call(expected, lambda: self.store.resume_run(
-            TENANT, run_id, {"decision": "APPROVE", "input": None, "operator": "op", "comment": None}))
+            TENANT, run_id, human_input={"decision": "APPROVE", "input": None, "operator": "op", "comment": None}))
         after = self.row(run_id)
         if result is None:
             assert self.picture(run_id) == before
@@ -354,8 +354,9 @@ class Runtime(RuleBasedStateMachine):
         journaled = outcome != "UNKNOWN" and schema >= 2
         before = self.picture(run_id)
         result = self.call(expected, lambda: self.store.resolve_tool_execution(
-            TENANT, run_id, step, outcome, {"ok": True} if outcome == "SUCCEEDED" else None,  # type: ignore[arg-type]
-            None, {"looked_up": True}, "reconciler", None))
+            TENANT, run_id, step_key=step, outcome=outcome,  # type: ignore[arg-type]
+            result={"ok": True} if outcome == "SUCCEEDED" else None, remote_resource_id=None,
+            evidence={"looked_up": True}, resolved_by="reconciler", event_id=None))
         after = self.row(run_id)
         if result is None:
             assert self.picture(run_id) == before
@@ -432,7 +433,8 @@ class Runtime(RuleBasedStateMachine):
                     behind += version - keep_last > previous + max_versions
             doomed = {key for key in checkpoints if key[0] in horizons and key[1] <= horizons[key[0]]}
             last, looked_at, deleted, more = self.wait(
-                self.store.prune_checkpoints(after, batch_runs, keep_last, max_versions))
+                self.store.prune_checkpoints(after=after, batch_runs=batch_runs, keep_last=keep_last,
+                                             max_versions_per_run=max_versions))
             assert (last, looked_at, deleted, more) == (batch[-1] if batch else None, len(batch), len(doomed), behind)
             self.pruned.update(horizons)
             assert {r["id"]: r["checkpoints_pruned_through"] for r in self.fetch(
@@ -587,8 +589,9 @@ class Runtime(RuleBasedStateMachine):
         event_id = uuid.uuid4()
         journal, entries, continues = self.make_journal(lease.run_id, journal_mode)
         schema = 2 if entries or self.journals[lease.run_id] or n % 2 else 1  # a journaled run stays on 2
-        args = (lease, expected_version, state, schema, step, event_id, "agent.checkpoint", {})
-        make = lambda: self.store.save_checkpoint(*args, journal=journal)  # noqa: E731
+        args = (lease, dict(expected_version=expected_version, state=state, schema_version=schema, step_key=step,
+                            event_id=event_id, event_type="agent.checkpoint", event_payload={}))
+        make = lambda: self.store.save_checkpoint(args[0], **args[1], journal=journal)  # noqa: E731
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -642,7 +645,7 @@ class Runtime(RuleBasedStateMachine):
         args, journal, version = self.saves[-1 - i % len(self.saves)]
         run_id = args[0].run_id
         before = self.picture(run_id)
-        result = self.call(None, lambda: self.store.save_checkpoint(*args, journal=journal))
+        result = self.call(None, lambda: self.store.save_checkpoint(args[0], **args[1], journal=journal))
         assert result == (version, True)
         assert self.picture(run_id) == before
 
@@ -667,7 +670,8 @@ class Runtime(RuleBasedStateMachine):
         key = f"idem:{lease.run_id}:{step}"
         execution_id, event_id = uuid.uuid4(), uuid.uuid4()
         make = lambda: self.store.begin_tool_call(  # noqa: E731
-            lease, current["version"], step, TOOL, key, request, execution_id, event_id)
+            lease, expected_version=current["version"], step_key=step, tool_name=TOOL, idempotency_key=key,
+            request=request, execution_id=execution_id, event_id=event_id)
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -748,12 +752,14 @@ class Runtime(RuleBasedStateMachine):
             state["pending_tool"] = {"step_key": intent.step_key, "tool_name": TOOL, "request": decided,
                                      "request_hash": request_hash(TOOL, decided).hex()}
             make: Callable[[], Awaitable[Any]] = lambda: self.store.complete_and_begin_tool_call(  # noqa: E731
-                lease, version, step, succeeded, {"answer": 1}, None, error_code, state, schema, None,
-                event_id, intent, journal=journal)
+                lease, expected_version=version, step_key=step, succeeded=succeeded, response={"answer": 1},
+                remote_resource_id=None, error_code=error_code, state=state, schema_version=schema, evidence=None,
+                event_id=event_id, intent=intent, journal=journal)
         else:
             make = lambda: self.store.complete_tool_call(  # noqa: E731
-                lease, version, step, succeeded, {"answer": 1}, None, error_code, state, schema,
-                None, None, event_id, end=end, journal=journal)
+                lease, expected_version=version, step_key=step, succeeded=succeeded, response={"answer": 1},
+                remote_resource_id=None, error_code=error_code, state=state, schema_version=schema,
+                next_step_key=None, evidence=None, event_id=event_id, end=end, journal=journal)
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -825,7 +831,8 @@ class Runtime(RuleBasedStateMachine):
         step = self.tool_step(lease.run_id, other_step)
         version = self.row(lease.run_id)["version"]
         make = lambda: self.store.tool_not_executed(  # noqa: E731
-            lease, version, step, "NOT_FOUND_DOWNSTREAM", {"lookup": "absent"}, uuid.uuid4())
+            lease, expected_version=version, step_key=step, error_code="NOT_FOUND_DOWNSTREAM",
+            evidence={"lookup": "absent"}, event_id=uuid.uuid4())
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -857,7 +864,7 @@ class Runtime(RuleBasedStateMachine):
     def do_mark_tool_in_doubt(self, lease: LeaseRef, other_step: bool) -> None:
         step = self.tool_step(lease.run_id, other_step)
         make = lambda: self.store.mark_tool_in_doubt(  # noqa: E731
-            lease, step, "TIMEOUT", "no answer in 30 s", uuid.uuid4())
+            lease, step_key=step, error_code="TIMEOUT", detail="no answer in 30 s", event_id=uuid.uuid4())
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -888,9 +895,11 @@ class Runtime(RuleBasedStateMachine):
     def do_finish(self, lease: LeaseRef, outcome: str, pause_when_exhausted: bool, skew: int) -> None:
         version = self.row(lease.run_id)["version"] + skew
         event_id = uuid.uuid4()
-        args = (lease, version, outcome, f"finish {outcome}", {"done": True} if outcome == "COMPLETED" else None,
-                LONG_MS if outcome == "SLEEP" else 0, pause_when_exhausted, "", event_id)
-        make = lambda: self.store.finish_run(*args)  # noqa: E731
+        args = (lease, dict(expected_version=version, outcome=outcome, reason=f"finish {outcome}",
+                            result={"done": True} if outcome == "COMPLETED" else None,
+                            sleep_ms=LONG_MS if outcome == "SLEEP" else 0, pause_when_exhausted=pause_when_exhausted,
+                            error_class="", event_id=event_id))
+        make = lambda: self.store.finish_run(args[0], **args[1])  # noqa: E731
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -937,7 +946,7 @@ class Runtime(RuleBasedStateMachine):
         args, (status, next_at, _) = self.finishes[-1 - i % len(self.finishes)]
         run_id = args[0].run_id
         before = self.picture(run_id)
-        result = self.call(None, lambda: self.store.finish_run(*args))
+        result = self.call(None, lambda: self.store.finish_run(args[0], **args[1]))
         assert result == (status, next_at, True)
         assert self.picture(run_id) == before
 
@@ -960,15 +969,19 @@ class Runtime(RuleBasedStateMachine):
         event_id = event["event_id"]
         write_op, make = {
             "save": ("SaveCheckpoint", lambda: self.store.save_checkpoint(
-                lease, version, {"reused": True}, 1, None, event_id, "agent.checkpoint", {})),
+                lease, expected_version=version, state={"reused": True}, schema_version=1, step_key=None,
+                event_id=event_id, event_type="agent.checkpoint", event_payload={})),
             "begin": ("BeginToolCall", lambda: self.store.begin_tool_call(
-                lease, version, step, TOOL, f"reuse-{uuid.uuid4()}", {"reused": True}, uuid.uuid4(), event_id)),
+                lease, expected_version=version, step_key=step, tool_name=TOOL, idempotency_key=f"reuse-{uuid.uuid4()}",
+                request={"reused": True}, execution_id=uuid.uuid4(), event_id=event_id)),
             "finish": ("FinishRun", lambda: self.store.finish_run(
-                lease, version, "FAILED", "reused", None, 0, False, "", event_id)),
+                lease, expected_version=version, outcome="FAILED", reason="reused", result=None, sleep_ms=0,
+                pause_when_exhausted=False, error_class="", event_id=event_id)),
             "in_doubt": ("MarkToolInDoubt", lambda: self.store.mark_tool_in_doubt(
-                lease, step, "reused", "", event_id)),
+                lease, step_key=step, error_code="reused", detail="", event_id=event_id)),
             "not_executed": ("CompleteToolCall.NOT_EXECUTED", lambda: self.store.tool_not_executed(
-                lease, version, step, "reused", {"reused": True}, event_id)),
+                lease, expected_version=version, step_key=step, error_code="reused", evidence={"reused": True},
+                event_id=event_id)),
         }[op]
         if event["run_id"] != lease.run_id:
             expected: Outcome = InvalidArgument

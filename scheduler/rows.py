@@ -1,0 +1,273 @@
+"""What the store hands the RPC layer: typed rows and named results, never asyncpg Records.
+
+Row classes are frozen dataclasses built from a record by field name (`RunRow.of(record)`);
+columns a statement adds beyond a class's fields are left out. Subscripting by column name
+(`row["status"]`) still works, for callers written against records. Results of writes are
+NamedTuples, so `version, replayed = await store.save_checkpoint(...)` reads as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Mapping
+from typing import Any, ClassVar, NamedTuple, Self
+
+# ------------------------------------------------------------------ rows
+
+
+class Row:
+    """Base of the typed rows: built by field name, readable by column name."""
+
+    __slots__ = ()
+    _names: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._names = ()  # filled in once the dataclass decorator has run (see `of`)
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any], **overrides: Any) -> Self:
+        names = cls._names or cls._field_names()
+        present = set(record.keys())
+        values = {name: record[name] for name in names if name in present}
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def _field_names(cls) -> tuple[str, ...]:
+        cls._names = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        return cls._names
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def keys(self) -> tuple[str, ...]:
+        return type(self)._names or type(self)._field_names()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunRow(Row):
+    """An agent_runs row (`SELECT *`), plus what lock_run/read_run/end_run/claim_work add."""
+
+    id: uuid.UUID
+    tenant_id: str
+    agent_name: str
+    agent_version: str
+    status: str
+    version: int
+    fencing_token: int
+    lease_owner: str | None
+    lease_expires_at: dt.datetime | None
+    next_attempt_at: dt.datetime | None
+    attempt_count: int
+    max_attempts: int
+    current_step_key: str | None
+    checkpoint_schema_version: int
+    model_version: str | None
+    prompt_version: str | None
+    input: Any
+    labels: Any
+    budget_max_steps: int
+    budget_max_tokens: int
+    budget_max_cost_usd: float
+    deadline_at: dt.datetime | None
+    client_request_id: str | None
+    submit_hash: bytes | None
+    result: Any
+    terminal_reason: str | None
+    pause_reason: str | None
+    human_input: Any
+    cancel_requested_at: dt.datetime | None
+    cancel_reason: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    finished_at: dt.datetime | None
+    last_event_id: uuid.UUID | None
+    journal_length: int
+    checkpoints_pruned_through: int
+    lease_live: bool | None = None
+    db_now: dt.datetime | None = None
+    doubted_intents: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExecutionRow(Row):
+    """A tool_executions (ledger) row."""
+
+    id: uuid.UUID
+    run_id: uuid.UUID
+    step_key: str
+    tool_name: str
+    idempotency_key: str
+    request_json: Any
+    request_hash: bytes
+    status: str
+    remote_resource_id: str | None
+    response_json: Any
+    error_code: str | None
+    fencing_token: int
+    outbound_intent_at: dt.datetime | None
+    completed_at: dt.datetime | None
+    reconciled_at: dt.datetime | None
+    reconciliation_evidence: Any
+    intent_event_id: uuid.UUID | None = None
+    resolved_by: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckpointRow(Row):
+    """An agent_checkpoints row."""
+
+    run_id: uuid.UUID
+    version: int
+    state_json: Any
+    state_hash: bytes
+    schema_version: int
+    fencing_token: int
+    event_id: uuid.UUID
+    created_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EventRow(Row):
+    """An outbox row."""
+
+    id: int
+    event_id: uuid.UUID
+    run_id: uuid.UUID
+    tenant_id: str
+    event_type: str
+    payload: Any
+    fencing_token: int | None
+    run_version: int | None
+    traceparent: str | None
+    tracestate: str | None
+    published_at: dt.datetime | None
+    created_at: dt.datetime
+    write_op: str | None = None
+    write_hash: bytes | None = None
+
+
+class JournalRow(NamedTuple):
+    """One journal entry in history_journal's / read_journal's column order (`JournalRow(*record)`):
+    the detail as the text jsonb prints, so a long run's journal costs no JSON work per entry."""
+
+    seq: int
+    kind: str
+    step_key: str
+    node: str
+    tool: str
+    detail_text: str
+    run_version: int
+    created_at: dt.datetime
+    page_bytes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TenantStats(Row):
+    """tenant_stats: one tenant's counts and ages by database time."""
+
+    by_status: dict[str, int]
+    oldest_queued_s: float | None
+    in_doubt: int
+    oldest_in_doubt_s: float | None
+    outbox_pending: int
+    outbox_oldest_s: float | None
+    db_now: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GlobalStats(Row):
+    """global_stats: the metrics' view of all tenants."""
+
+    by_status: dict[str, int]
+    oldest_queued_s: float | None
+    oldest_in_doubt_s: float | None
+    outbox_pending: int
+    outbox_oldest_s: float | None
+    commit_unknown_inconsistent: int
+
+
+# ------------------------------------------------------------------ results
+
+
+class Submitted(NamedTuple):
+    run: RunRow
+    created: bool  # False: the same client_request_id was already submitted with this payload
+
+
+class Resolved(NamedTuple):
+    run: RunRow
+    execution: ExecutionRow
+
+
+class Written(NamedTuple):
+    """SaveCheckpoint."""
+
+    version: int
+    replayed: bool
+
+
+class Began(NamedTuple):
+    """BeginToolCall (Tx1). `existing` is never a licence to resend."""
+
+    execution: ExecutionRow
+    existing: bool
+    replayed: bool
+
+
+class Completed(NamedTuple):
+    """CompleteToolCall (Tx2, with or without the run's end) and its NOT_EXECUTED form."""
+
+    version: int
+    status: str
+    replayed: bool
+
+
+class Chained(NamedTuple):
+    """CompleteAndBeginToolCall: the new version and the next step's ledger row."""
+
+    version: int
+    execution: ExecutionRow
+    replayed: bool
+
+
+class Finished(NamedTuple):
+    """FinishRun."""
+
+    status: str
+    next_attempt_at: dt.datetime | None
+    replayed: bool
+
+
+class JournalPage(NamedTuple):
+    entries: list[JournalRow]
+    more: bool
+
+
+class CompactJournalPage(NamedTuple):
+    entries_json: str  # one JSON array text, built by PostgreSQL
+    more: bool
+
+
+class Pruned(NamedTuple):
+    """One pruning statement: the last run id it looked at, how many runs, checkpoints deleted, and
+    runs with more to prune than one statement takes."""
+
+    last_id: uuid.UUID | None
+    runs: int
+    deleted: int
+    behind: int
+
+
+__all__ = ["Began", "Chained", "CheckpointRow", "CompactJournalPage", "Completed", "EventRow", "ExecutionRow",
+           "Finished", "GlobalStats", "JournalPage", "JournalRow", "Pruned", "Resolved", "Row", "RunRow",
+           "Submitted", "TenantStats", "Written"]

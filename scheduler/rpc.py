@@ -1,0 +1,105 @@
+"""What the RPC handlers share: the typed-error-to-status wrapper, the lease and event id of a
+request, and the enum maps and limits of both services.
+
+Handlers validate, call the Store, and convert; they hold no SQL. Every typed
+error becomes a gRPC status through shared.errors' one table; anything else is
+logged here and answered INTERNAL without a stack trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from scheduler import convert
+from scheduler import validate as v
+from scheduler.store import LeaseRef
+from scheduler.wire import MalformedRequest
+from shared.canonical import uuid7
+from shared.errors import AgentrtError, InvalidArgument, status_code_for, to_grpc_status
+from shared.gen.agentrt.v1 import run_service_pb2 as rs
+from shared.gen.agentrt.v1 import work_service_pb2 as ws
+from shared.tracing import annotate
+
+log = logging.getLogger("scheduler.service")
+R = TypeVar("R")
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
+
+STATUS_FILTER = {number: name for name, number in convert.RUN_STATUS.items()}
+RESUME = {rs.RESUME_DECISION_APPROVE: "APPROVE", rs.RESUME_DECISION_REJECT: "REJECT",
+           rs.RESUME_DECISION_INPUT: "INPUT"}
+RESOLVE = {rs.RESOLUTION_OUTCOME_SUCCEEDED: "SUCCEEDED", rs.RESOLUTION_OUTCOME_NOT_EXECUTED: "NOT_EXECUTED",
+            rs.RESOLUTION_OUTCOME_UNKNOWN: "UNKNOWN"}
+TOOL_OUTCOME = {ws.TOOL_OUTCOME_SUCCEEDED: "SUCCEEDED", ws.TOOL_OUTCOME_FAILED: "FAILED",
+                 ws.TOOL_OUTCOME_NOT_EXECUTED: "NOT_EXECUTED"}
+HISTORY_PART = {rs.HISTORY_PART_CHECKPOINTS: "checkpoints", rs.HISTORY_PART_TOOL_EXECUTIONS: "tool_executions",
+                 rs.HISTORY_PART_EVENTS: "events", rs.HISTORY_PART_JOURNAL: "journal"}
+DEFINITE_OUTCOME = {ws.TOOL_OUTCOME_SUCCEEDED: "SUCCEEDED", ws.TOOL_OUTCOME_FAILED: "FAILED"}
+FINISH_OUTCOME = {ws.FINISH_OUTCOME_COMPLETED: "COMPLETED", ws.FINISH_OUTCOME_FAILED: "FAILED",
+           ws.FINISH_OUTCOME_PAUSED_HUMAN: "PAUSED_HUMAN", ws.FINISH_OUTCOME_RETRY: "RETRY",
+           ws.FINISH_OUTCOME_SLEEP: "SLEEP"}
+MAX_PAGE_SIZE = 500
+MAX_JOURNAL_PAGE_SIZE = 5000  # ReadJournal
+DEFAULT_JOURNAL_PAGE_SIZE = 1000
+MAX_TOOL_RESULT_STEPS = 500  # GetToolResults
+MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
+
+
+def rpc(handler: Handler[R]) -> Handler[R]:
+    """Maps typed errors to statuses; nothing else (and no stack trace) reaches the client.
+
+    Bytes that did not decode as the request message arrive as a MalformedRequest (wire.py)
+    and are answered INVALID_ARGUMENT before the handler runs.
+    """
+
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            if isinstance(request, MalformedRequest):
+                raise request.error()
+            return await handler(self, request, context)
+        except AgentrtError as error:
+            annotate(error_reason=error.reason)
+            await context.abort_with_status(to_grpc_status(error))
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception:
+            log.exception("unhandled error in %s", handler.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error (logged by the scheduler)")
+        raise AssertionError("unreachable")
+
+    wrapper.core = handler  # type: ignore[attr-defined]  # the body without the status mapping (WriteBatch)
+    return wrapper
+
+
+def lease_of(request: Any) -> LeaseRef:
+    run_id, worker, fence = v.require_lease(request.lease)
+    annotate(run_id=str(run_id), fencing_token=fence, worker_id=worker)
+    return LeaseRef(run_id, worker, fence)
+
+
+def event_id_of(value: str) -> uuid.UUID:
+    return v.require_uuid("event_id", value)
+
+
+def expected_version_of(value: int) -> int:
+    if value < 0:
+        raise InvalidArgument("expected_version", "must not be negative")
+    return value
+
+
+def batch_error(error: AgentrtError) -> ws.WriteBatchError:
+    code = status_code_for(error)
+    return ws.WriteBatchError(code=code.value[0], message=error.message, reason=error.reason,
+                              metadata=error.metadata)
+
+
+
+def new_event_id() -> str:
+    return str(uuid7())

@@ -1,0 +1,236 @@
+"""RunService: the public, tenant-scoped API (submit, read, list, cancel, resume, resolve, history,
+stats). Handlers validate, call the Store, and convert (scheduler/rpc.py has the shared wrapper).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import uuid
+from typing import cast
+
+import grpc
+
+from scheduler import convert
+from scheduler import validate as v
+from scheduler.config import SchedulerSettings
+from scheduler.notifier import WorkNotifier
+from scheduler.rpc import HISTORY_PART, MAX_PAGE_SIZE, RESOLVE, RESUME, STATUS_FILTER, rpc
+from scheduler.store import (
+    HISTORY_PARTS,
+    HistoryCursor,
+    ResolveOutcome,
+    Store,
+    SubmitSpec,
+)
+from shared.errors import InvalidArgument
+from shared.gen.agentrt.v1 import common_pb2 as pb
+from shared.gen.agentrt.v1 import run_service_pb2 as rs
+from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
+from shared.tracing import annotate, current_trace
+
+
+class RunServicer(rs_grpc.RunServiceServicer):
+    def __init__(self, store: Store, settings: SchedulerSettings, notifier: WorkNotifier | None = None) -> None:
+        self.store = store
+        self.notifier = notifier
+        self.settings = settings
+        self.limit = settings.max_payload_bytes
+
+    def _tenant(self, context: grpc.aio.ServicerContext) -> str:
+        tenant = v.tenant_from_metadata(context.invocation_metadata())
+        annotate(tenant_id=tenant)
+        return tenant
+
+    @rpc
+    async def SubmitRun(self, request: rs.SubmitRunRequest, context: grpc.aio.ServicerContext) -> rs.SubmitRunResponse:
+        tenant = self._tenant(context)
+        agent = v.require_name("agent_name", request.agent_name)
+        version = v.optional_text("agent_version", request.agent_version, max_len=100) or ""
+        payload = v.parse_json("input_json", request.input_json, self.limit, default={})
+        client_request_id = v.optional_text("client_request_id", request.client_request_id, max_len=200)
+        if request.max_attempts < 0 or request.max_attempts > 1000:
+            raise InvalidArgument("max_attempts", "must be between 0 (server default) and 1000")
+        budget = request.budget
+        if budget.max_steps < 0:
+            raise InvalidArgument("budget.max_steps", "must not be negative")
+        if budget.max_tokens < 0:
+            raise InvalidArgument("budget.max_tokens", "must not be negative")
+        v.require_non_negative("budget.max_cost_usd", budget.max_cost_usd)
+        try:
+            deadline = budget.deadline.ToDatetime(tzinfo=dt.UTC) if budget.HasField("deadline") else None
+        except ValueError:  # seconds past year 9999 or nanos out of range
+            raise InvalidArgument("budget.deadline", "is not a valid timestamp") from None
+        labels = dict(request.labels)
+        if len(labels) > 64 or any(len(k) > 100 or len(val) > 500 for k, val in labels.items()):
+            raise InvalidArgument("labels", "at most 64 labels, keys up to 100 and values up to 500 characters")
+        if any("\x00" in k or "\x00" in val for k, val in labels.items()):
+            raise InvalidArgument("labels", "must not contain NUL characters")
+        spec = SubmitSpec(
+            agent_name=agent, agent_version=version, input=payload, client_request_id=client_request_id,
+            max_attempts=request.max_attempts or self.settings.default_max_attempts, labels=labels,
+            max_steps=budget.max_steps, max_tokens=budget.max_tokens, max_cost_usd=budget.max_cost_usd,
+            deadline_at=deadline,
+        )
+        row, created = await self.store.submit_run(tenant, spec, current_trace())
+        if created and self.notifier is not None:
+            self.notifier.poke()
+        annotate(run_id=str(row.id), run_version=row.version, fencing_token=row.fencing_token)
+        return rs.SubmitRunResponse(run=convert.run_to_proto(row), created=created)
+
+    @rpc
+    async def GetRun(self, request: rs.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.Run:
+        tenant = self._tenant(context)
+        run_id = v.require_uuid("run_id", request.run_id)
+        annotate(run_id=str(run_id))
+        row = await self.store.get_run(tenant, run_id)
+        annotate(fencing_token=row.fencing_token, run_version=row.version)
+        return convert.run_to_proto(row)
+
+    @rpc
+    async def ListRuns(self, request: rs.ListRunsRequest, context: grpc.aio.ServicerContext) -> rs.ListRunsResponse:
+        tenant = self._tenant(context)
+        statuses = sorted({v.require_enum("statuses", s, STATUS_FILTER) for s in request.statuses}) or None
+        agent = v.require_name("agent_name", request.agent_name) if request.agent_name else None
+        if request.page_size < 0 or request.page_size > MAX_PAGE_SIZE:
+            raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
+        size = request.page_size or 50
+        filter_key = json.dumps([statuses, agent])
+        after = _decode_page_token(request.page_token, filter_key) if request.page_token else None
+        rows = await self.store.list_runs(tenant, statuses=statuses, agent_name=agent, after=after, limit=size + 1)
+        token = ""
+        if len(rows) > size:
+            rows = rows[:size]
+            token = _encode_page_token(rows[-1].created_at, rows[-1].id, filter_key)
+        return rs.ListRunsResponse(runs=[convert.run_to_proto(r) for r in rows], next_page_token=token)
+
+    @rpc
+    async def CancelRun(self, request: rs.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.Run:
+        tenant = self._tenant(context)
+        run_id = v.require_uuid("run_id", request.run_id)
+        annotate(run_id=str(run_id))
+        reason = v.optional_text("reason", request.reason, max_len=1000) or "cancelled by request"
+        row = await self.store.cancel_run(tenant, run_id, reason=reason, trace=current_trace())
+        return convert.run_to_proto(row)
+
+    @rpc
+    async def ResumeRun(self, request: rs.ResumeRunRequest, context: grpc.aio.ServicerContext) -> pb.Run:
+        tenant = self._tenant(context)
+        run_id = v.require_uuid("run_id", request.run_id)
+        annotate(run_id=str(run_id))
+        decision = v.require_enum("decision", request.decision, RESUME)
+        operator = v.require_text("operator", request.operator)
+        value = v.parse_json("input_json", request.input_json, self.limit, default=None)
+        comment = v.optional_text("comment", request.comment, max_len=2000)
+        human_input = {"decision": decision, "input": value, "operator": operator, "comment": comment}
+        row = await self.store.resume_run(tenant, run_id, human_input=human_input, trace=current_trace())
+        return convert.run_to_proto(row)
+
+    @rpc
+    async def ResolveToolExecution(self, request: rs.ResolveToolExecutionRequest,
+                                   context: grpc.aio.ServicerContext) -> rs.ResolveToolExecutionResponse:
+        tenant = self._tenant(context)
+        run_id = v.require_uuid("run_id", request.run_id)
+        annotate(run_id=str(run_id))
+        step_key = v.require_step_key("step_key", request.step_key)
+        outcome = v.require_enum("outcome", request.outcome, RESOLVE)
+        tool_response = self.settings.limits.tool_response
+        v.require_size("result_json", request.result_json, tool_response, "max_tool_response_bytes")
+        result = v.parse_json("result_json", request.result_json, tool_response, required=outcome == "SUCCEEDED",
+                              object_only=False)
+        evidence = v.parse_json("evidence_json", request.evidence_json, self.limit, required=True)
+        resolved_by = v.require_text("resolved_by", request.resolved_by)
+        rule_version = v.optional_text("rule_version", request.rule_version, max_len=200)
+        remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
+        event_id = v.optional_uuid("event_id", request.event_id)
+        evidence = {**evidence, "resolved_by": resolved_by, "rule_version": rule_version}
+        run, execution = await self.store.resolve_tool_execution(
+            tenant, run_id, step_key=step_key, outcome=cast(ResolveOutcome, outcome), result=result,
+            remote_resource_id=remote_id, evidence=evidence, resolved_by=resolved_by, event_id=event_id,
+            trace=current_trace())
+        return rs.ResolveToolExecutionResponse(run=convert.run_to_proto(run),
+                                               execution=convert.execution_to_proto(execution))
+
+    @rpc
+    async def GetRunHistory(self, request: rs.GetRunHistoryRequest, context: grpc.aio.ServicerContext) -> rs.RunHistory:
+        tenant = self._tenant(context)
+        run_id = v.require_uuid("run_id", request.run_id)
+        annotate(run_id=str(run_id))
+        if request.page_size < 0 or request.page_size > MAX_PAGE_SIZE:
+            raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
+        parts = frozenset(v.require_enum("include", p, HISTORY_PART) for p in request.include) or frozenset(
+            HISTORY_PARTS)
+        cursor = _decode_history_token(request.page_token, run_id, parts) if request.page_token else HistoryCursor()
+        history, following = await self.store.history(tenant, run_id, parts=parts, cursor=cursor,
+                                                      page_size=request.page_size or 100, page_bytes=4 * self.limit)
+        return rs.RunHistory(
+            run=convert.run_to_proto(history.run),
+            checkpoints=[convert.checkpoint_to_proto(c) for c in history.checkpoints],
+            tool_executions=[convert.execution_to_proto(e) for e in history.executions],
+            events=[convert.event_to_proto(e) for e in history.events],
+            journal=[convert.journal_to_proto(j) for j in history.journal],
+            next_page_token="" if following.exhausted else _encode_history_token(following, run_id, parts),
+        )
+
+
+    @rpc
+    async def GetStats(self, request: rs.GetStatsRequest, context: grpc.aio.ServicerContext) -> rs.RunStats:
+        tenant = self._tenant(context)
+        row = await self.store.tenant_stats(tenant)
+        stats = rs.RunStats(
+            runs_by_status={name: int(n) for name, n in row.by_status.items()},
+            oldest_queued_age_s=float(row.oldest_queued_s or 0), in_doubt_runs=row.in_doubt,
+            oldest_in_doubt_age_s=float(row.oldest_in_doubt_s or 0), outbox_pending=row.outbox_pending,
+            outbox_oldest_pending_age_s=float(row.outbox_oldest_s or 0),
+        )
+        convert.set_time(stats, "database_time", row.db_now)
+        return stats
+
+
+def _encode_page_token(created_at: dt.datetime, run_id: uuid.UUID, filter_key: str) -> str:
+    raw = json.dumps({"c": created_at.isoformat(), "i": str(run_id), "f": filter_key})
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _decode_page_token(token: str, filter_key: str) -> tuple[dt.datetime, uuid.UUID]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        created_at, run_id = dt.datetime.fromisoformat(data["c"]).astimezone(dt.UTC), uuid.UUID(data["i"])
+        same_filter = data["f"] == filter_key
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+        raise InvalidArgument("page_token", "is not a token this server issued") from None
+    if not same_filter:
+        raise InvalidArgument("page_token", "was issued for a different filter")
+    return created_at, run_id
+
+
+def _encode_history_token(cursor: HistoryCursor, run_id: uuid.UUID, parts: frozenset[str]) -> str:
+    ledger = cursor.tool_executions
+    raw = json.dumps({"r": str(run_id), "p": sorted(parts), "c": cursor.checkpoints, "e": cursor.events,
+                      "j": cursor.journal,
+                      "l": [ledger[0].isoformat(), str(ledger[1])] if isinstance(ledger, tuple) else ledger})
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _decode_history_token(token: str, run_id: uuid.UUID, parts: frozenset[str]) -> HistoryCursor:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        ledger = data["l"]
+        if isinstance(ledger, list):
+            ledger = (dt.datetime.fromisoformat(ledger[0]), uuid.UUID(ledger[1]))
+        elif ledger not in (None, "start"):
+            raise ValueError("ledger cursor")
+        cursor = HistoryCursor(checkpoints=data["c"], tool_executions=ledger, events=data["e"],
+                               journal=data.get("j"))
+        if not all(c is None or (isinstance(c, int) and not isinstance(c, bool) and c >= 0)
+                   for c in (cursor.checkpoints, cursor.events, cursor.journal)):
+            raise ValueError("cursor")
+        same = data["r"] == str(run_id) and data["p"] == sorted(parts)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError):
+        raise InvalidArgument("page_token", "is not a token this server issued") from None
+    if not same:
+        raise InvalidArgument("page_token", "was issued for another run or another include list")
+    return cursor
+
+

@@ -1,0 +1,147 @@
+"""What every part of the store shares: the pool, the retry/unavailable wrapper, the fenced-write
+runner and the one outbox insert of the operator paths.
+
+Statements come from sql/queries.sql (scheduler/queries.py) and run with their parameters by
+name (`shared.db.fetchrow(conn, Q.x, name=...)`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
+
+import asyncpg
+from asyncpg import Record
+
+from scheduler.config import SchedulerSettings
+from scheduler.queries import Q
+from scheduler.rows import RunRow
+from scheduler.states import Op, sources
+from scheduler.store_types import LeaseRef, WriteBinding
+from shared.canonical import uuid7
+from shared.db import CONNECTION_ERRORS, RETRYABLE, Query, execute, fetchrow, init_connection
+from shared.errors import AgentrtError, NotFound, Unavailable
+from shared.tracing import Trace, annotate
+
+log = logging.getLogger("scheduler.store")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+COMMIT_UNKNOWN_COUNTER = "commit_unknown_inconsistent"
+_ASSERT_SQLSTATE = "AR001"
+
+
+def db_call(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Retries serialization failures/deadlocks (bounded); a lost database is UNAVAILABLE."""
+
+    @functools.wraps(func)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        for attempt in range(5):
+            try:
+                return await func(*args, **kwargs)
+            except RETRYABLE:
+                if attempt == 4:
+                    raise Unavailable("database kept aborting the transaction; retry") from None
+                await asyncio.sleep(0.005 * 2**attempt)
+            except AgentrtError:
+                raise
+            except CONNECTION_ERRORS as exc:
+                raise Unavailable(f"database unavailable: {type(exc).__name__}") from None
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+def prefixed(row: Record, prefix: str) -> dict[str, Any] | None:
+    """The columns of `row` named `prefix...` (without it); None when all are NULL (a LEFT JOIN missed)."""
+    data = {key[len(prefix):]: row[key] for key in row.keys() if key.startswith(prefix)}
+    if all(value is None for value in data.values()):
+        return None
+    return data
+
+
+def fence_params(lease: LeaseRef, op: Op) -> dict[str, Any]:
+    """The `fenced_guard` fragment's parameters: the lease and the statuses `op` may start from."""
+    return {"run_id": lease.run_id, "worker_id": lease.worker_id, "fencing_token": lease.fencing_token,
+            "allowed_statuses": sources(op)}
+
+
+def trace_params(trace: Trace) -> dict[str, str | None]:
+    return {"traceparent": trace.traceparent, "tracestate": trace.tracestate}
+
+
+def binding_params(binding: WriteBinding) -> dict[str, Any]:
+    return {"write_op": binding.op, "write_hash": binding.digest}
+
+
+async def fenced_write(conn: asyncpg.Connection, query: Query, **params: Any) -> Record | None:
+    """Runs one single-statement fenced write from queries.sql, its parameters by name.
+
+    None when it matched no row, or when a unique key (an event id already used)
+    or an agentrt_assert refused it; nothing was written then, and the caller
+    explains why (replay by event id, or the refusal diagnosis in scheduler/replay.py).
+    """
+    try:
+        row = await fetchrow(conn, query, **params)
+    except asyncpg.UniqueViolationError:
+        return None
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate != _ASSERT_SQLSTATE:
+            raise
+        return None
+    if row is not None:
+        annotate(tenant_id=row["tenant_id"])
+    return row
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Release hook: nothing to undo, so no extra round trip per call.
+
+    asyncpg's default reset sends `SELECT pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL` on every release: one more round trip per RPC. Pool
+    connections never take session advisory locks, open cursors outside a
+    transaction, LISTEN (the notifier has its own connection) or SET session
+    settings, so there is nothing for it to undo. The pool still rolls back a
+    transaction left open and drops listeners before calling this hook.
+    """
+
+
+async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
+                       command_timeout: float = 30.0) -> asyncpg.Pool:
+    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init_connection,
+                                     command_timeout=command_timeout, reset=_keep_session)
+    assert pool is not None
+    return pool
+
+
+class StoreBase:
+    def __init__(self, pool: asyncpg.Pool, settings: SchedulerSettings) -> None:
+        self.pool = pool
+        self.settings = settings
+
+    @staticmethod
+    async def _lock_tenant_run(conn: asyncpg.Connection, tenant_id: str, run_id: uuid.UUID) -> Record:
+        run = await fetchrow(conn, Q.lock_run, run_id=run_id)
+        if run is None or run["tenant_id"] != tenant_id:
+            raise NotFound(f"run {run_id} not found", run_id=run_id)
+        return run
+
+    @staticmethod
+    async def _event(conn: asyncpg.Connection, run: Record | RunRow, event_type: str, payload: dict[str, Any],
+                     trace: Trace, *, event_id: uuid.UUID | None = None,
+                     bound: tuple[str, bytes] | None = None) -> None:
+        """One outbox row announcing a change of the locked `run`, in its transaction."""
+        await execute(
+            conn, Q.insert_event, event_id=event_id or uuid7(), run_id=run["id"], tenant_id=run["tenant_id"],
+            event_type=event_type, payload={"status": run["status"], **payload},
+            fencing_token=run["fencing_token"], run_version=run["version"], **trace_params(trace),
+            write_op=bound[0] if bound else None, write_hash=bound[1] if bound else None)
+
+
+__all__ = ["COMMIT_UNKNOWN_COUNTER", "StoreBase", "binding_params", "connect_pool", "db_call", "fence_params",
+           "fenced_write", "log", "prefixed", "trace_params"]

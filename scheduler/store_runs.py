@@ -1,0 +1,329 @@
+"""The RunService side of the store: submit, read, list, cancel, resume, resolve, history, stats.
+
+Operator paths (cancel, resume, resolve) lock the run row, check the
+transition table in code, then write, in one explicit transaction. No network
+call other than to PostgreSQL ever happens while a run row is locked.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import asyncpg
+from asyncpg import Record
+
+from scheduler.queries import Q
+from scheduler.replay import Recovery
+from scheduler.rows import (
+    CheckpointRow,
+    EventRow,
+    ExecutionRow,
+    GlobalStats,
+    JournalRow,
+    Pruned,
+    Resolved,
+    RunRow,
+    Submitted,
+    TenantStats,
+)
+from scheduler.states import LEASED, TERMINAL, Op, RunStatus, transition
+from scheduler.store_core import db_call, trace_params
+from scheduler.store_types import (
+    HISTORY_PARTS,
+    HISTORY_START,
+    History,
+    HistoryCursor,
+    HistoryPage,
+    ResolveOutcome,
+    SubmitSpec,
+)
+from shared.canonical import sha256_of, uuid7
+from shared.db import execute, fetch, fetchrow, fetchval
+from shared.errors import AlreadyExists, InvalidArgument, InvalidTransition, NotFound, Unavailable
+from shared.tracing import NO_TRACE, Trace
+
+_RESOLVE_OP = {"SUCCEEDED": Op.RESOLVE_SUCCEEDED, "NOT_EXECUTED": Op.RESOLVE_NOT_EXECUTED,
+               "UNKNOWN": Op.RESOLVE_UNKNOWN}
+
+
+class RunStore(Recovery):
+    @db_call
+    async def submit_run(self, tenant_id: str, spec: SubmitSpec, trace: Trace = NO_TRACE) -> Submitted:
+        digest = spec.submit_hash() if spec.client_request_id else None
+        async with self.pool.acquire() as conn:
+            row = await fetchrow(
+                conn, Q.submit_run, run_id=uuid7(), tenant_id=tenant_id, agent_name=spec.agent_name,
+                agent_version=spec.agent_version, input=spec.input, labels=spec.labels,
+                max_attempts=spec.max_attempts, max_steps=spec.max_steps, max_tokens=spec.max_tokens,
+                max_cost_usd=spec.max_cost_usd, deadline_at=spec.deadline_at,
+                client_request_id=spec.client_request_id, submit_hash=digest, event_id=uuid7(),
+                **trace_params(trace))
+            if row is not None:
+                return Submitted(RunRow.of(row), True)
+            existing = await fetchrow(conn, Q.get_run_by_client_request, tenant_id=tenant_id,
+                                      client_request_id=spec.client_request_id)
+        if existing is None:  # deleted between the two statements: retention never deletes runs
+            raise Unavailable("submit raced with a concurrent change; retry")
+        if bytes(existing["submit_hash"]) != digest:
+            raise AlreadyExists(
+                "client_request_id was already used with a different payload",
+                client_request_id=spec.client_request_id, run_id=existing["id"],
+            )
+        return Submitted(RunRow.of(existing), False)
+
+    @db_call
+    async def get_run(self, tenant_id: str, run_id: uuid.UUID) -> RunRow:
+        async with self.pool.acquire() as conn:
+            row = await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id)
+        if row is None:
+            raise NotFound(f"run {run_id} not found", run_id=run_id)
+        return RunRow.of(row)
+
+    @db_call
+    async def list_runs(self, tenant_id: str, *, statuses: list[str] | None, agent_name: str | None,
+                        after: tuple[dt.datetime, uuid.UUID] | None, limit: int) -> list[RunRow]:
+        async with self.pool.acquire() as conn:
+            rows = await fetch(conn, Q.list_runs, tenant_id=tenant_id, statuses=statuses, agent_name=agent_name,
+                               after_created_at=after[0] if after else None, after_id=after[1] if after else None,
+                               limit=limit)
+        return [RunRow.of(row) for row in rows]
+
+    @db_call
+    async def cancel_run(self, tenant_id: str, run_id: uuid.UUID, *, reason: str,
+                         trace: Trace = NO_TRACE) -> RunRow:
+        async with self.pool.acquire() as conn, conn.transaction():
+            run = await self._lock_tenant_run(conn, tenant_id, run_id)
+            status = RunStatus(run["status"])
+            if status in TERMINAL and run["cancel_requested_at"] is not None:
+                return RunRow.of(run)  # cancelled already: a retried cancel answers with the outcome
+            if status in LEASED:
+                if run["cancel_requested_at"] is not None:
+                    return RunRow.of(run)  # already flagged: cancelling twice is not an error
+                transition(status, Op.REQUEST_CANCEL)
+                updated = await fetchrow(conn, Q.request_cancel, run_id=run_id, reason=reason)
+                assert updated is not None
+                await self._event(conn, updated, "agent.cancel_requested", {"reason": reason}, trace)
+                return RunRow.of(updated)
+            transition(status, Op.CANCEL)
+            updated = await fetchrow(conn, Q.end_run, run_id=run_id, reason=f"cancelled: {reason}", cancel=True,
+                                     cancel_reason=reason)
+            assert updated is not None
+            await self._event(conn, updated, "agent.run_cancelled",
+                              {"reason": reason, "intents_in_doubt": updated["doubted_intents"]}, trace)
+            return RunRow.of(updated)
+
+    @db_call
+    async def resume_run(self, tenant_id: str, run_id: uuid.UUID, *, human_input: dict[str, Any],
+                         trace: Trace = NO_TRACE) -> RunRow:
+        async with self.pool.acquire() as conn, conn.transaction():
+            run = await self._lock_tenant_run(conn, tenant_id, run_id)
+            transition(run["status"], Op.RESUME)
+            updated = await fetchrow(conn, Q.resume_run, run_id=run_id, human_input=human_input)
+            assert updated is not None
+            await self._event(conn, updated, "agent.run_resumed",
+                              {"decision": human_input.get("decision"),
+                               "operator": human_input.get("operator")}, trace)
+            await execute(conn, Q.notify_work, agent_name=updated["agent_name"])
+            return RunRow.of(updated)
+
+    @db_call
+    async def resolve_tool_execution(
+        self, tenant_id: str, run_id: uuid.UUID, *, step_key: str, outcome: ResolveOutcome, result: Any,
+        remote_resource_id: str | None, evidence: dict[str, Any], resolved_by: str, event_id: uuid.UUID | None,
+        trace: Trace = NO_TRACE,
+    ) -> Resolved:
+        """Applies evidence to an IN_DOUBT ledger row, atomically with the run's move
+        (docs/design.md §in-doubt).
+
+        SUCCEEDED writes the result and a new checkpoint (the latest state with
+        the result recorded under tool_results[step_key] and pending_tool cleared),
+        like Tx2, and re-queues the run. NOT_EXECUTED closes the row (kept, with
+        evidence) and re-queues. UNKNOWN records the evidence and keeps the pause.
+
+        A run on checkpoint schema 2 or later keeps tool answers in the ledger
+        only: SUCCEEDED's checkpoint is the latest state without pending_tool and
+        with journal_len counting a "result" journal entry appended with it;
+        NOT_EXECUTED appends that entry without a checkpoint (the next holder
+        learns of it through the lease's journal_length).
+        """
+        event_id = event_id or uuid7()
+        binding = sha256_of({"run_id": str(run_id), "step_key": step_key, "outcome": outcome, "result": result,
+                             "remote_resource_id": remote_resource_id, "evidence": evidence,
+                             "resolved_by": resolved_by})
+        async with self.pool.acquire() as conn, conn.transaction():
+            previous = await fetchrow(conn, Q.event_by_id, event_id=event_id)
+            if previous is not None:
+                if previous["run_id"] != run_id or previous["event_type"] != "agent.tool_resolved":
+                    raise InvalidArgument("event_id", "already used for another write")
+                if previous["write_hash"] is not None and bytes(previous["write_hash"]) != binding:
+                    raise AlreadyExists("event_id was already used for another resolution (another payload); "
+                                        "nothing was written", field="event_id")
+                run = await self._lock_tenant_run(conn, tenant_id, run_id)
+                execution = await fetchrow(conn, Q.tool_execution_for_step, run_id=run_id, step_key=step_key)
+                return Resolved(RunRow.of(run), ExecutionRow.of(execution))  # type: ignore[arg-type]
+            run = await self._lock_tenant_run(conn, tenant_id, run_id)
+            transition(run["status"], _RESOLVE_OP[outcome])
+            execution = await fetchrow(conn, Q.lock_tool_execution, run_id=run_id, step_key=step_key)
+            if execution is None:
+                raise NotFound(f"no tool execution for step {step_key!r} of run {run_id}", step_key=step_key)
+            if execution["status"] != "IN_DOUBT":
+                raise InvalidTransition(
+                    f"tool execution {step_key!r} is {execution['status']}, only IN_DOUBT rows are resolved",
+                    status=execution["status"],
+                )
+            execution = await fetchrow(
+                conn, Q.resolve_tool_execution, run_id=run_id, step_key=step_key,
+                status="IN_DOUBT" if outcome == "UNKNOWN" else outcome,
+                response=result if outcome == "SUCCEEDED" else None, remote_resource_id=remote_resource_id,
+                evidence=evidence, resolved_by=resolved_by)
+            assert execution is not None
+            if outcome != "UNKNOWN":
+                run = await self._requeue_resolved(conn, run, execution, step_key=step_key, outcome=outcome,
+                                                   result=result, remote_resource_id=remote_resource_id,
+                                                   resolved_by=resolved_by, event_id=event_id)
+            await self._event(conn, run, "agent.tool_resolved",
+                              {"step_key": step_key, "outcome": outcome, "resolved_by": resolved_by,
+                               "evidence": evidence}, trace, event_id=event_id,
+                              bound=("ResolveToolExecution", binding))
+            return Resolved(RunRow.of(run), ExecutionRow.of(execution))
+
+    async def _requeue_resolved(self, conn: asyncpg.Connection, run: Record, execution: Record, *, step_key: str,
+                                outcome: ResolveOutcome, result: Any, remote_resource_id: str | None,
+                                resolved_by: str, event_id: uuid.UUID) -> Record:
+        """A definite resolution's checkpoint (SUCCEEDED), journal entry (schema 2) and the run back to QUEUED."""
+        run_id = run["id"]
+        version = run["version"]
+        latest = await fetchrow(conn, Q.latest_checkpoint, run_id=run_id)
+        schema_version = latest["schema_version"] if latest else run["checkpoint_schema_version"]
+        journaled = schema_version >= 2
+        if outcome == "SUCCEEDED":
+            state = dict(latest["state_json"]) if latest else {}
+            state.pop("pending_tool", None)
+            if journaled:
+                state["journal_len"] = run["journal_length"] + 1
+            else:
+                results = dict(state.get("tool_results") or {})
+                results[step_key] = {"status": "SUCCEEDED", "response": result,
+                                     "remote_resource_id": remote_resource_id, "resolved_by": resolved_by}
+                state["tool_results"] = results
+            version += 1
+            await execute(conn, Q.insert_checkpoint, run_id=run_id, version=version, state=state,
+                          state_hash=sha256_of(state), schema_version=schema_version,
+                          fencing_token=run["fencing_token"], event_id=event_id)
+        if journaled:
+            detail: dict[str, Any] = {"status": outcome, "resolved_by": resolved_by}
+            if outcome == "SUCCEEDED":
+                detail["remote_resource_id"] = remote_resource_id
+            await execute(conn, Q.append_journal_entry, run_id=run_id, seq=run["journal_length"] + 1, kind="result",
+                          step_key=step_key, node="", tool=execution["tool_name"], detail=detail,
+                          fencing_token=run["fencing_token"], run_version=version)
+        requeued = await fetchrow(conn, Q.requeue_resolved, run_id=run_id, version=version,
+                                  journal_added=1 if journaled else 0)
+        assert requeued is not None
+        await execute(conn, Q.notify_work, agent_name=requeued["agent_name"])
+        return requeued
+
+    @db_call
+    async def history(self, tenant_id: str, run_id: uuid.UUID, *, parts: frozenset[str] = frozenset(HISTORY_PARTS),
+                      cursor: HistoryCursor = HISTORY_START, page_size: int = 100,
+                      page_bytes: int = 4 << 20) -> HistoryPage:
+        """One page of a run's history: up to `page_size` items of each part in `parts`, after `cursor`.
+
+        The page stops adding items past `page_bytes` of JSON (one item at least, so
+        every page moves on). Returns the page and the cursor of the next one
+        (`exhausted` when nothing is left). One snapshot for the whole page.
+        """
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            run = await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id)
+            if run is None:
+                raise NotFound(f"run {run_id} not found", run_id=run_id)
+            page_rows = await self._history_rows(conn, run_id, parts, cursor, page_size + 1)
+        taken: dict[str, list[Record]] = {part: [] for part in HISTORY_PARTS}
+        used = 0
+        more: dict[str, bool] = {}
+        for part in HISTORY_PARTS:
+            rows = page_rows.get(part, [])
+            for row in rows[:page_size]:
+                size = row["page_bytes"] or 0
+                if used and used + size > page_bytes:
+                    break
+                taken[part].append(row)
+                used += size
+            more[part] = len(taken[part]) < len(rows)
+        last = {part: taken[part][-1] if taken[part] else None for part in HISTORY_PARTS}
+        checkpoints, executions, events = last["checkpoints"], last["tool_executions"], last["events"]
+        entry = last["journal"]
+        next_cursor = HistoryCursor(
+            checkpoints=None if "checkpoints" not in page_rows or not more["checkpoints"] else (
+                checkpoints["version"] if checkpoints else cursor.checkpoints),
+            tool_executions=None if "tool_executions" not in page_rows or not more["tool_executions"] else (
+                (executions["outbound_intent_at"], executions["id"]) if executions else cursor.tool_executions),
+            events=None if "events" not in page_rows or not more["events"] else (
+                events["id"] if events else cursor.events),
+            journal=None if "journal" not in page_rows or not more["journal"] else (
+                entry["seq"] if entry else cursor.journal),
+        )
+        history = History(run=RunRow.of(run), checkpoints=[CheckpointRow.of(r) for r in taken["checkpoints"]],
+                           executions=[ExecutionRow.of(r) for r in taken["tool_executions"]],
+                           events=[EventRow.of(r) for r in taken["events"]],
+                           journal=[JournalRow(*r) for r in taken["journal"]])
+        return HistoryPage(history, next_cursor)
+
+    @staticmethod
+    async def _history_rows(conn: asyncpg.Connection, run_id: uuid.UUID, parts: frozenset[str],
+                            cursor: HistoryCursor, limit: int) -> dict[str, list[Record]]:
+        """Up to `limit` rows of each part asked for and not exhausted, after its cursor."""
+        page_rows: dict[str, list[Record]] = {}
+        if "checkpoints" in parts and cursor.checkpoints is not None:
+            page_rows["checkpoints"] = await fetch(conn, Q.history_checkpoints, run_id=run_id,
+                                                   after_version=cursor.checkpoints, limit=limit)
+        after = cursor.tool_executions
+        if "tool_executions" in parts and after is not None:
+            after_at, after_id = after if isinstance(after, tuple) else (None, None)
+            page_rows["tool_executions"] = await fetch(conn, Q.history_tool_executions, run_id=run_id,
+                                                       after_at=after_at, after_id=after_id, limit=limit)
+        if "events" in parts and cursor.events is not None:
+            page_rows["events"] = await fetch(conn, Q.history_events, run_id=run_id, after_id=cursor.events,
+                                              limit=limit)
+        if "journal" in parts and cursor.journal is not None:
+            page_rows["journal"] = await fetch(conn, Q.history_journal, run_id=run_id, after_seq=cursor.journal,
+                                               limit=limit)
+        return page_rows
+
+    @db_call
+    async def global_stats(self) -> GlobalStats:
+        async with self.pool.acquire() as conn:
+            row = await fetchrow(conn, Q.global_stats)
+        assert row is not None
+        return GlobalStats.of(row)
+
+    @db_call
+    async def tenant_stats(self, tenant_id: str) -> TenantStats:
+        async with self.pool.acquire() as conn:
+            row = await fetchrow(conn, Q.tenant_stats, tenant_id=tenant_id)
+        assert row is not None
+        return TenantStats.of(row)
+
+    @db_call
+    async def prune_checkpoints(self, *, after: uuid.UUID, batch_runs: int, keep_last: int,
+                                max_versions_per_run: int) -> Pruned:
+        """One pruning statement over the runs after `after` (docs/design.md §checkpoints).
+
+        `behind` counts runs with more to prune than this statement took.
+        """
+        async with self.pool.acquire() as conn:
+            row = await fetchrow(conn, Q.prune_checkpoints, after_id=after, batch_runs=batch_runs,
+                                 keep_last=keep_last, max_versions=max_versions_per_run)
+        assert row is not None
+        return Pruned(row["last_id"], row["runs"], row["deleted"], row["behind"])
+
+    @db_call
+    async def counter(self, name: str) -> int:
+        async with self.pool.acquire() as conn:
+            value = await fetchval(conn, Q.get_counter, name=name)
+        return int(value or 0)
+
+
+__all__ = ["RunStore"]
