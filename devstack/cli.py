@@ -301,13 +301,7 @@ def _one_line(exc: BaseException) -> str:
     from shared.errors import AgentrtError, InvalidArgument
 
     if isinstance(exc, InvalidArgument):
-        # The message names the field already ("run_id: is not a UUID"); one rebuilt from a
-        # server's status may name it twice ("run_id: run_id: ..."): say it once.
-        prefix = f"{exc.field}: "
-        problem = exc.message
-        while problem.startswith(prefix):
-            problem = problem.removeprefix(prefix)
-        return f"{prefix}{problem}"
+        return exc.message  # "run_id: is not a UUID: ..." names its field once
     if isinstance(exc, AgentrtError):
         return f"{exc.reason}: {exc.message}"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

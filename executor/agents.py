@@ -223,6 +223,8 @@ class AgentDefinition(_Strict):
     name: str = Field(pattern=_NAME)
     version: str = Field(min_length=1, max_length=100)
     description: str = ""
+    # JSON Schema of the run's input: the scheduler checks every submit against it (the agent registry).
+    input_schema: dict[str, Any] | None = None
     decider: DeciderDefinition
     tools: list[ToolDefinition] = Field(default_factory=list)
     budgets: Budgets = Field(default_factory=Budgets)
@@ -237,6 +239,11 @@ class AgentDefinition(_Strict):
 
     @model_validator(mode="after")
     def _references(self) -> AgentDefinition:
+        if self.input_schema is not None:
+            try:
+                jsonschema.Draft202012Validator.check_schema(self.input_schema)
+            except jsonschema.SchemaError as exc:
+                raise _FieldProblem("input_schema", f"not a valid JSON Schema: {exc.message}") from None
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
             raise ValueError("tool names must be unique")

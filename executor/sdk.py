@@ -286,17 +286,21 @@ class CodeAgent:
 
 
 def agent(*, name: str, version: str, tools: Sequence[CodeTool | ToolDefinition] = (), description: str = "",
+          input: type[BaseModel] | None = None,
           max_steps: int = 0, max_tokens: int = 0, max_cost_usd: float = 0.0, deadline_s: float = 0.0,
           policy: Policy | None = None, prompt_version: str = "", pure: bool = False,
           ) -> Callable[[Callable[[Context], Any]], CodeAgent]:
     """Declares an agent whose decider is the decorated function (see the module's docstring).
 
+    `input`, a pydantic model, declares the run's input: its JSON Schema is registered with the
+    scheduler, which refuses a submit whose input does not match (INVALID_ARGUMENT with the path).
     `pure=True` promises the function is deterministic and does no I/O: the executor may then
     decide the next step before a tool result commits and save both in one transaction.
     """
     def wrap(func: Callable[[Context], Any]) -> CodeAgent:
         definitions = [t.definition if isinstance(t, CodeTool) else t for t in tools]
         data = {"name": name, "version": version, "description": description or (inspect.getdoc(func) or ""),
+                "input_schema": _schema(input) if input is not None else None,
                 "decider": PythonDecider(kind="python", callable=_path(func), pure=pure), "tools": definitions,
                 "budgets": Budgets(max_steps=max_steps, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
                                    deadline_s=deadline_s),

@@ -151,7 +151,9 @@ def _typed(reason: str, message: str, metadata: Any) -> AgentrtError | None:
     if cls is None:
         return None
     if cls is InvalidArgument:
-        return InvalidArgument(metadata.get("field", "?"), message or "")
+        # The server's message names the field already ("run_id: is not a UUID"): keep the problem only.
+        field = metadata.get("field", "?")
+        return InvalidArgument(field, (message or "").removeprefix(f"{field}: "))
     exc = cls.__new__(cls)
     AgentrtError.__init__(exc, message or reason, **dict(metadata))
     return exc

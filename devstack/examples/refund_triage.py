@@ -23,6 +23,13 @@ TOOLS_URL = os.environ.get("AGENTRT_EXAMPLE_TOOLS_URL", "http://127.0.0.1:8089")
 APPROVAL_SCORE = 0.7
 
 
+class RefundInput(BaseModel):
+    """The run's input: the scheduler checks every submit against its JSON Schema."""
+
+    order_id: int = Field(ge=1)
+    refund_amount: float = Field(default=0, ge=0)
+
+
 class OrderRef(BaseModel):
     order_id: int = Field(ge=1)
 
@@ -62,7 +69,8 @@ class Summary(BaseModel):
     approved_by_person: bool
 
 
-@agent(name="refund_triage", version="1", tools=[read_order, score_risk, create_label], max_steps=20)
+@agent(name="refund_triage", version="1", input=RefundInput, tools=[read_order, score_risk, create_label],
+       max_steps=20)
 def refund_triage(ctx: Context) -> ToolCall | WaitForInput | Finish | Fail | Step:
     """Refund triage: read the order, score the risk, ask a person above the threshold, create a label."""
     order_id = int(ctx.input["order_id"])

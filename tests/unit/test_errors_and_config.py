@@ -63,3 +63,22 @@ def test_bad_settings_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTRT_CONFIG_FILE", str(tmp_path / "missing.yaml"))
     with pytest.raises(ValueError, match="no such file"):
         SchedulerSettings()
+
+
+def test_an_invalid_argument_rebuilt_from_a_status_names_its_field_once() -> None:
+    sent = errors.InvalidArgument("run_id", "is not a UUID: 'x'")
+    status = errors.to_grpc_status(sent)
+
+    class Failed(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return status.code  # type: ignore[no-any-return]
+
+        def details(self) -> str:
+            return status.details  # type: ignore[no-any-return]
+
+        def trailing_metadata(self) -> object:
+            return status.trailing_metadata
+
+    got = errors.from_rpc_error(Failed())
+    assert isinstance(got, errors.InvalidArgument) and got.field == "run_id"
+    assert got.message == "run_id: is not a UUID: 'x'" == sent.message
