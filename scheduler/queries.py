@@ -1,4 +1,9 @@
-"""Loads scheduler/sql/queries.sql: named blocks `-- name: X`, parsed once at import."""
+"""Loads scheduler/sql/queries.sql once at import: named blocks `-- name: X` with `:name`
+parameters and `{fragment}` inclusions, rewritten to positional SQL by shared/db.py.
+
+`Q.x` is the `Query` to run by keyword (`shared.db.fetchrow(conn, Q.x, run_id=...)`);
+`Q["x"]` is its SQL text, as PostgreSQL takes it (EXPLAIN, PREPARE).
+"""
 
 from __future__ import annotations
 
