@@ -169,7 +169,8 @@ class Scheduler:
         self.addr = f"127.0.0.1:{free_port()}"
         self.proc, self.log_path = procs.start(
             ["scheduler"], {"AGENTRT_DATABASE_URL": db_url, "AGENTRT_LISTEN_ADDR": self.addr,
-                            "AGENTRT_LOG_LEVEL": "WARNING", "AGENTRT_LEASE_DURATION_MS": str(lease_ms)},
+                            "AGENTRT_LOG_LEVEL": "WARNING", "AGENTRT_LEASE_DURATION_MS": str(lease_ms),
+                            "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false"},  # runs submitted before executors
             "scheduler")
 
     async def wait_serving(self, limit_s: float = 30.0) -> None:

@@ -72,7 +72,8 @@ async def _submit(args: argparse.Namespace, client: AgentrtClient) -> None:
     labels = dict(label.split("=", 1) for label in args.label or [] if "=" in label)
     run, created = await client.submit(args.agent, payload, client_request_id=args.request_id,
                                        agent_version=args.agent_version or "", max_attempts=args.max_attempts,
-                                       labels=labels, max_steps=args.max_steps)
+                                       labels=labels, max_steps=args.max_steps,
+                                       allow_unregistered=args.allow_unregistered)
     if args.json:
         _print_json({**run.as_dict(), "created": created})
     else:
@@ -245,7 +246,30 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=10.0, help="per-call deadline in seconds")
 
 
-def add_commands(sub: Any) -> None:
+async def _agents(args: argparse.Namespace, client: AgentrtClient) -> None:
+    agents = await client.agents()
+    if args.json:
+        _print_json({"agents": [a.as_dict() for a in agents]})
+        return
+    if not agents:
+        print("no agents: no live executor has registered any")
+        return
+    width = max(len(f"{a.name} {a.version}") for a in agents)
+    for a in agents:
+        print(f"{a.name + ' ' + a.version:{width}}  executors: {', '.join(a.executors)}  "
+              f"tools: {', '.join(a.tool_names) or '-'}{'  (input schema)' if a.input_schema else ''}")
+
+
+def _agent_commands(sub: Any) -> None:
+    agents = sub.add_parser("agents", help="the agents live executors serve").add_subparsers(
+        dest="agents_command", required=True)
+    p = agents.add_parser("list", help="agents, versions and the executors serving them")
+    _common(p)
+    p.set_defaults(func=_runner(_agents))
+
+
+def _run_commands(sub: Any) -> None:
+
     runs = sub.add_parser("runs", help="submit and operate runs").add_subparsers(dest="runs_command", required=True)
 
     p = runs.add_parser("submit", help="submit a run (idempotent with --request-id)")
@@ -257,6 +281,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--max-attempts", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=0)
     p.add_argument("--label", action="append", help="key=value (repeatable)")
+    p.add_argument("--allow-unregistered", action="store_true",
+                   help="queue it even when no live executor serves the agent (one deployed later)")
     p.set_defaults(func=_runner(_submit))
 
     p = runs.add_parser("get", help="show one run")
@@ -306,6 +332,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--comment")
     p.set_defaults(func=_runner(_resume))
 
+
+def add_commands(sub: Any) -> None:
+    _run_commands(sub)
     p = sub.add_parser("status", help="service health, runs by status, queue and in-doubt ages, outbox lag")
     _common(p)
     p.add_argument("--service", action="append", help="also check NAME=HOST:PORT's gRPC health (repeatable)")
@@ -324,6 +353,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--result", help="the tool's result as JSON (with --succeeded)")
     p.add_argument("--operator", default=os.environ.get("USER", "operator"))
     p.set_defaults(func=_runner(_resolve))
+    _agent_commands(sub)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -220,6 +220,20 @@ class WorkClient:
             out.extend(reply.executions)
         return out
 
+    async def register_agents(self, worker_id: str, agents: list[ws.AgentRegistration],
+                              ttl_ms: int) -> ws.RegisterAgentsResponse | None:
+        """The agents this executor serves (all of them; an empty list withdraws them). Idempotent.
+
+        None: the scheduler predates the agent registry (UNIMPLEMENTED)."""
+        request = ws.RegisterAgentsRequest(worker_id=worker_id, agents=agents, ttl_ms=ttl_ms)
+        try:
+            return await self.stub.RegisterAgents(request, timeout=self.rpc_timeout_s,
+                                                  metadata=inject_metadata(self._auth))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise from_rpc_error(exc) from None
+
     async def _read(self, method: Any, request: Any) -> Any:
         delay = 0.05
         for attempt in range(5):

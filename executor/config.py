@@ -33,6 +33,9 @@ class ExecutorSettings(ComponentSettings):
     batch_writes: bool = True
     batch_max_items: int = Field(64, ge=1, le=256)
     batch_in_flight: int = Field(2, ge=1, le=64)
+    # The agents this executor serves are registered with the scheduler for this long, refreshed
+    # every third of it (a submit for an agent no live executor serves is refused).
+    registration_ttl_ms: int = Field(30_000, ge=1_000, le=3_600_000)
     health_addr: str = "0.0.0.0:50052"
     # SIGTERM: stop claiming, cancel model calls at once, give in-flight tool
     # calls and scheduler writes until this many seconds, then exit.

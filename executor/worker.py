@@ -1,7 +1,9 @@
 """The executor's worker: N run slots, claim loops, one heartbeat per held lease, ordered shutdown.
 
-Shutdown order (SIGTERM): health NOT_SERVING → stop claiming and starting
-steps (model calls are cancelled) → let in-flight tool calls and scheduler
+Start: adapters and deciders (a bad definition stops here) → the scheduler
+channel → the agents registered (executor/registration.py) → health →
+claimers. Shutdown order (SIGTERM): health NOT_SERVING → stop claiming and
+starting steps (model calls are cancelled) → withdraw the agents → let in-flight tool calls and scheduler
 writes finish for most of the grace period → cancel tool calls → cancel what
 is left → close adapters, deciders and the channel. Leases left behind lapse
 and are taken over. `stop()` is safe to call twice.
@@ -30,6 +32,7 @@ from executor.driver import RunDriver, Services
 from executor.faults import Faults, InjectedCrash
 from executor.lease import HeldLease
 from executor.metrics import executor_metrics
+from executor.registration import Registration
 from executor.shutdown import Shutdown, Stopped
 from executor.tools import ToolRegistry
 from shared.errors import AgentrtError
@@ -62,6 +65,8 @@ class Worker:
         self._health_server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None  # type: ignore[name-defined]
         self.services: Services | None = None
+        self.registration: Registration | None = None
+        self._registration_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         s = self.settings
@@ -83,6 +88,9 @@ class Worker:
         self.services = Services(catalog=self.catalog, deciders=deciders, tools=tools, client=client,
                                  worker_id=self.worker_id, faults=self.faults, shutdown=self.shutdown,
                                  tracer=self.tracer)
+        self.registration = Registration(client, self.catalog, self.worker_id, s.registration_ttl_ms, self.shutdown)
+        await self.registration.register_once()  # before the first claim; the refresh task retries a failure
+        self._registration_task = asyncio.create_task(self.registration.run(), name="agent-registration")
         await self._start_health()
         self._exported_metrics = executor_metrics(self)
         self.metrics_port = self._exported_metrics.serve(s.metrics_addr)
@@ -172,6 +180,10 @@ class Worker:
             await self._health.enter_graceful_shutdown()
         self.shutdown.begin_stopping()
         await asyncio.gather(*self._claimers, return_exceptions=True)
+        if self._registration_task is not None:
+            await asyncio.gather(self._registration_task, return_exceptions=True)
+        if self.registration is not None:
+            await self.registration.withdraw()  # no new runs for agents nobody serves any more
         running = set(self.active.values())
         if running:
             _, running = await asyncio.wait(running, timeout=max(0.0, grace * 0.8))

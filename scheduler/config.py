@@ -44,6 +44,10 @@ class SchedulerSettings(ComponentSettings):
     shutdown_grace_s: float = Field(10.0, ge=0)
     # Tracing of each SQL statement (asyncpg instrumentation): off by default for speed.
     trace_sql: bool = False
+    # SubmitRun refuses an agent (or version) that no live executor has registered (AGENT_NOT_REGISTERED)
+    # unless the submit sets allow_unregistered; false admits every agent (inputs are still checked
+    # against the schema of a registered version).
+    require_registered_agents: bool = True
     # Executors must present this token on WorkService calls (`authorization: Bearer …`).
     # Unset = WorkService open to anyone who reaches the port: development only.
     work_token: SecretStr | None = None

@@ -271,3 +271,15 @@ class Pruned(NamedTuple):
 __all__ = ["Began", "Chained", "CheckpointRow", "CompactJournalPage", "Completed", "EventRow", "ExecutionRow",
            "Finished", "GlobalStats", "JournalPage", "JournalRow", "Pruned", "Resolved", "Row", "RunRow",
            "Submitted", "TenantStats", "Written"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RegisteredAgentRow(Row):
+    """A live agent version of the registry, with the executors serving it."""
+
+    agent_name: str
+    agent_version: str
+    input_schema: dict[str, Any] | None
+    tool_names: list[str]
+    executors: list[str]
+    last_seen: dt.datetime

@@ -8,7 +8,7 @@ import base64
 import datetime as dt
 import json
 import uuid
-from typing import cast
+from typing import Any, cast
 
 import grpc
 
@@ -16,6 +16,7 @@ from scheduler import convert
 from scheduler import validate as v
 from scheduler.config import SchedulerSettings
 from scheduler.notifier import WorkNotifier
+from scheduler.registry import admit
 from scheduler.rpc import HISTORY_PART, MAX_PAGE_SIZE, RESOLVE, RESUME, STATUS_FILTER, rpc
 from scheduler.store import (
     HISTORY_PARTS,
@@ -24,7 +25,8 @@ from scheduler.store import (
     Store,
     SubmitSpec,
 )
-from shared.errors import InvalidArgument
+from shared.canonical import canonical_json
+from shared.errors import AgentNotRegistered, InvalidArgument
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
@@ -73,6 +75,7 @@ class RunServicer(rs_grpc.RunServiceServicer):
             max_steps=budget.max_steps, max_tokens=budget.max_tokens, max_cost_usd=budget.max_cost_usd,
             deadline_at=deadline,
         )
+        await self._admit(tenant, spec, payload, request.allow_unregistered)
         row, created = await self.store.submit_run(tenant, spec, current_trace())
         if created and self.notifier is not None:
             self.notifier.poke()
@@ -173,6 +176,30 @@ class RunServicer(rs_grpc.RunServiceServicer):
             next_page_token="" if following.exhausted else _encode_history_token(following, run_id, parts),
         )
 
+
+    async def _admit(self, tenant: str, spec: SubmitSpec, payload: Any, allow_unregistered: bool) -> None:
+        """The agent registry's check (scheduler/registry.py), before anything is written. A retry of a
+        submit that created its run is answered as before, even when its agent is no longer served."""
+        allow = allow_unregistered or not self.settings.require_registered_agents
+        versions = await self.store.live_agent_versions(spec.agent_name)
+        try:
+            admit(versions, spec.agent_name, spec.agent_version, payload, allow_unregistered=allow)
+        except AgentNotRegistered:
+            if spec.client_request_id is None or await self.store.run_for_request(
+                    tenant, spec.client_request_id) is None:
+                raise
+
+    @rpc
+    async def ListAgents(self, request: rs.ListAgentsRequest,
+                         context: grpc.aio.ServicerContext) -> rs.ListAgentsResponse:
+        self._tenant(context)  # the registry is every tenant's, but the API is called as one
+        response = rs.ListAgentsResponse()
+        for row in await self.store.registered_agents():
+            agent = response.agents.add(
+                name=row.agent_name, version=row.agent_version, tool_names=row.tool_names, executors=row.executors,
+                input_schema_json=canonical_json(row.input_schema) if row.input_schema is not None else "")
+            convert.set_time(agent, "last_seen", row.last_seen)
+        return response
 
     @rpc
     async def GetStats(self, request: rs.GetStatsRequest, context: grpc.aio.ServicerContext) -> rs.RunStats:

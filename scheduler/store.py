@@ -8,7 +8,8 @@
 - scheduler/replay.py: commit-unknown replay and the refusal diagnosis;
 - scheduler/store_runs.py: RunService's reads and operator writes;
 - scheduler/store_work.py, scheduler/store_work_tools.py: the lease holder's
-  claim, heartbeat and fenced writes.
+  claim, heartbeat and fenced writes;
+- scheduler/store_registry.py: the agent registry.
 
 Every statement is a named block of sql/queries.sql run with its parameters by
 name; the fenced writes share one guard (docs/design.md §leases-and-fencing).
@@ -36,6 +37,7 @@ from scheduler.rows import (
 )
 from scheduler.states import TERMINAL
 from scheduler.store_core import COMMIT_UNKNOWN_COUNTER, connect_pool, db_call
+from scheduler.store_registry import AgentSpec, RegistryStore
 from scheduler.store_runs import RunStore
 from scheduler.store_types import (
     HISTORY_PARTS,
@@ -60,15 +62,51 @@ from shared.db import init_connection
 from shared.tracing import Trace
 
 
-class Store(RunStore, WorkStore):
-    """Every read and write of run state: RunService's side (`RunStore`) and WorkService's (`WorkStore`)."""
+class Store(RunStore, WorkStore, RegistryStore):
+    """Every read and write of run state: RunService's side (`RunStore`), WorkService's (`WorkStore`)
+    and the agent registry (`RegistryStore`)."""
 
 
 _init_connection = init_connection  # the name tests/integration/test_stateful.py still imports
 
-__all__ = ["COMMIT_UNKNOWN_COUNTER", "HISTORY_PARTS", "NO_JOURNAL", "TERMINAL", "Began", "Chained", "CheckpointRow",
-           "Claimed", "CompactJournalPage", "Completed", "Effect", "EventRow", "ExecutionRow", "Finished",
-           "GlobalStats", "History", "HistoryCursor", "HistoryPage", "Journal", "JournalPage", "JournalRow",
-           "LeaseRef", "Pruned", "ResolveOutcome", "Resolved", "RunEnd", "RunRow", "Store", "SubmitSpec",
-           "TenantStats", "ToolIntent", "Trace", "WriteBinding", "Written", "bind_write", "connect_pool", "db_call",
-           "tx2_binding"]
+__all__ = [
+    "COMMIT_UNKNOWN_COUNTER",
+    "HISTORY_PARTS",
+    "NO_JOURNAL",
+    "TERMINAL",
+    "AgentSpec",
+    "Began",
+    "Chained",
+    "CheckpointRow",
+    "Claimed",
+    "CompactJournalPage",
+    "Completed",
+    "Effect",
+    "EventRow",
+    "ExecutionRow",
+    "Finished",
+    "GlobalStats",
+    "History",
+    "HistoryCursor",
+    "HistoryPage",
+    "Journal",
+    "JournalPage",
+    "JournalRow",
+    "LeaseRef",
+    "Pruned",
+    "ResolveOutcome",
+    "Resolved",
+    "RunEnd",
+    "RunRow",
+    "Store",
+    "SubmitSpec",
+    "TenantStats",
+    "ToolIntent",
+    "Trace",
+    "WriteBinding",
+    "Written",
+    "bind_write",
+    "connect_pool",
+    "db_call",
+    "tx2_binding",
+]

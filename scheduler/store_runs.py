@@ -74,6 +74,14 @@ class RunStore(Recovery):
         return Submitted(RunRow.of(existing), False)
 
     @db_call
+    async def run_for_request(self, tenant_id: str, client_request_id: str) -> RunRow | None:
+        """The tenant's run submitted with `client_request_id`, if any."""
+        async with self.pool.acquire() as conn:
+            row = await fetchrow(conn, Q.get_run_by_client_request, tenant_id=tenant_id,
+                                 client_request_id=client_request_id)
+        return RunRow.of(row) if row is not None else None
+
+    @db_call
     async def get_run(self, tenant_id: str, run_id: uuid.UUID) -> RunRow:
         async with self.pool.acquire() as conn:
             row = await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+import jsonschema
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -36,6 +37,7 @@ from scheduler.rpc import (
 )
 from scheduler.store import (
     NO_JOURNAL,
+    AgentSpec,
     Journal,
     RunEnd,
     Store,
@@ -160,6 +162,26 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             if run.status == "WAITING_TOOL" and claimed.step_execution.status == "OUTBOUND_INTENT":
                 lease.pending_tool.CopyFrom(execution)
         return ws.ClaimWorkResponse(lease=lease)
+
+    @rpc
+    async def RegisterAgents(self, request: ws.RegisterAgentsRequest,
+                             context: grpc.aio.ServicerContext) -> ws.RegisterAgentsResponse:
+        worker = v.require_text("worker_id", request.worker_id)
+        if not 1_000 <= request.ttl_ms <= 3_600_000:
+            raise InvalidArgument("ttl_ms", "must be between 1000 and 3600000")
+        if len(request.agents) > 1000:
+            raise InvalidArgument("agents", "at most 1000 agent versions per executor")
+        specs: dict[tuple[str, str], AgentSpec] = {}
+        for index, item in enumerate(request.agents):
+            spec = _agent_spec(f"agents[{index}]", item, self.limit)
+            if (spec.name, spec.version) in specs:
+                raise InvalidArgument(f"agents[{index}]", f"{spec.name} {spec.version} is listed twice")
+            specs[(spec.name, spec.version)] = spec
+        annotate(worker_id=worker)
+        expires = await self.store.register_agents(worker, agents=list(specs.values()), ttl_ms=request.ttl_ms)
+        response = ws.RegisterAgentsResponse()
+        convert.set_time(response, "expires_at", expires)
+        return response
 
     @rpc
     async def Heartbeat(self, request: ws.HeartbeatRequest, context: grpc.aio.ServicerContext) -> ws.HeartbeatResponse:
@@ -383,3 +405,20 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         return ws.GetToolResultsResponse(executions=[convert.execution_to_proto(row) for row in rows])
 
 
+def _agent_spec(field: str, item: ws.AgentRegistration, limit: int) -> AgentSpec:
+    name = v.require_name(f"{field}.name", item.name)
+    version = v.require_text(f"{field}.version", item.version, max_len=100)
+    schema = v.parse_json(f"{field}.input_schema_json", item.input_schema_json, limit) if item.input_schema_json \
+        else None
+    if schema is not None:
+        if not isinstance(schema, dict):
+            raise InvalidArgument(f"{field}.input_schema_json", "must be a JSON Schema object")
+        try:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise InvalidArgument(f"{field}.input_schema_json", f"is not a valid JSON Schema: {exc.message}") \
+                from None
+    if len(item.tool_names) > 1000:
+        raise InvalidArgument(f"{field}.tool_names", "at most 1000 tools")
+    tools = tuple(v.require_name(f"{field}.tool_names", t) for t in item.tool_names)
+    return AgentSpec(name=name, version=version, input_schema=schema, tool_names=tools)

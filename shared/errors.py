@@ -87,6 +87,12 @@ class RunFrozen(AgentrtError):
     reason = "COMMIT_STATE_INCONSISTENT"
 
 
+class AgentNotRegistered(AgentrtError):
+    """SubmitRun for an agent (or version) that no live executor has registered."""
+
+    reason = "AGENT_NOT_REGISTERED"
+
+
 class SchemaMismatch(AgentrtError):
     reason = "SCHEMA_MISMATCH"
 
@@ -110,6 +116,7 @@ STATUS_CODES: dict[type[AgentrtError], grpc.StatusCode] = {
     DecisionNotCheckpointed: grpc.StatusCode.FAILED_PRECONDITION,
     RunFrozen: grpc.StatusCode.FAILED_PRECONDITION,
     SchemaMismatch: grpc.StatusCode.FAILED_PRECONDITION,
+    AgentNotRegistered: grpc.StatusCode.FAILED_PRECONDITION,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     AgentrtError: grpc.StatusCode.INTERNAL,
 }

@@ -40,7 +40,10 @@ class Stack:
 async def scheduler_stack(db_url: str, tracer_provider: Any = None, **overrides: Any) -> AsyncIterator[Stack]:
     values: dict[str, Any] = {"database_url": db_url, "listen_addr": "127.0.0.1:0", "claim_poll_interval_ms": 50,
                               "backoff_base_ms": 100, "backoff_cap_ms": 1000, "backoff_jitter_ms": 10,
-                              "shutdown_grace_s": 1}
+                              "shutdown_grace_s": 1,
+                              # Most tests submit runs no executor serves (they act as the executor):
+                              # tests/integration/test_agent_registry.py turns the check on.
+                              "require_registered_agents": False}
     settings = SchedulerSettings(**{**values, **overrides})
     server = SchedulerServer(settings, tracer_provider=tracer_provider)
     port = await server.start()

@@ -240,7 +240,10 @@ class Lab:
         env = {"AGENTRT_DATABASE_URL": self.db_url, "AGENTRT_LISTEN_ADDR": f"{listen_host}:{port}",
                "AGENTRT_LEASE_DURATION_MS": str(self.suite.lease_ms), "AGENTRT_CLAIM_POLL_INTERVAL_MS": "100",
                "AGENTRT_BACKOFF_BASE_MS": "200", "AGENTRT_BACKOFF_CAP_MS": "2000", "AGENTRT_BACKOFF_JITTER_MS": "50",
-               "AGENTRT_SHUTDOWN_GRACE_S": "1", "AGENTRT_DB_COMMAND_TIMEOUT_S": "10"}
+               "AGENTRT_SHUTDOWN_GRACE_S": "1", "AGENTRT_DB_COMMAND_TIMEOUT_S": "10",
+               # The experiments submit runs before (or while no) executor serves them: recovery is
+               # under test here, not admission (tests/integration/test_agent_registry.py is).
+               "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false"}
         env.update({f"AGENTRT_{k.upper()}": str(v) for k, v in settings.items()})
         proc = self.spawn(name, [PYTHON, "-m", "devstack.cli", "scheduler"], env, prefix)
         await wait_log(proc, "scheduler listening on", 60)

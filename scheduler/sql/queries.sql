@@ -439,7 +439,11 @@ FROM run;
 WITH run AS (
   UPDATE agent_runs AS r
   SET status = 'PAUSED_INDOUBT', lease_owner = NULL, lease_expires_at = NULL,
-      pause_reason = 'tool outcome unknown: ' || :error_code, last_event_id = :event_id,
+      -- What the tool said (a python tool's exception type and message, a timeout's detail) goes
+      -- into the reason a person reads first: `agentrt runs get`.
+      pause_reason = 'tool outcome unknown: ' || :error_code
+                     || CASE WHEN :detail::text <> '' THEN ': ' || left(:detail::text, 300) ELSE '' END,
+      last_event_id = :event_id,
       updated_at = clock_timestamp()
   WHERE {fenced_guard}
     AND {open_step}
@@ -800,3 +804,50 @@ SELECT
     WHERE published_at IS NULL) AS outbox_oldest_s,
   (SELECT coalesce(max(value), 0) FROM runtime_counters WHERE name = 'commit_unknown_inconsistent')
     AS commit_unknown_inconsistent;
+
+-- The agent registry (docs/design.md §agents): registrations are timed by the database clock, like leases.
+
+-- name: register_agents
+-- The whole set one executor serves now, in one statement: its rows for agents
+-- it no longer lists go, the listed ones are (re)written with a new expiry, and
+-- other executors' rows that lapsed a day ago are cleared away. Parallel
+-- arrays, one element per agent; :tools holds each agent's tool names as JSON.
+WITH listed AS (
+  SELECT l.name, l.version, nullif(l.input_schema, '')::jsonb AS input_schema,
+         ARRAY(SELECT jsonb_array_elements_text(l.tools::jsonb)) AS tool_names
+  FROM unnest(:names::text[], :versions::text[], :schemas::text[], :tools::text[])
+       AS l(name, version, input_schema, tools)
+), gone AS (
+  DELETE FROM agent_registry AS r
+  WHERE (r.worker_id = :worker_id
+         AND NOT EXISTS (SELECT 1 FROM listed WHERE listed.name = r.agent_name AND listed.version = r.agent_version))
+     OR (r.worker_id <> :worker_id AND r.expires_at < clock_timestamp() - interval '1 day')
+), written AS (
+  INSERT INTO agent_registry (agent_name, agent_version, worker_id, input_schema, tool_names, registered_at,
+                              expires_at)
+  SELECT name, version, :worker_id, input_schema, tool_names, clock_timestamp(),
+         clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000)
+  FROM listed
+  ON CONFLICT (agent_name, agent_version, worker_id) DO UPDATE
+  SET input_schema = EXCLUDED.input_schema, tool_names = EXCLUDED.tool_names,
+      registered_at = EXCLUDED.registered_at, expires_at = EXCLUDED.expires_at
+)
+SELECT clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000) AS expires_at;
+
+-- name: live_versions
+-- The versions of one agent that a live executor serves, each with the input
+-- schema of its latest registration.
+SELECT DISTINCT ON (agent_version) agent_version, input_schema
+FROM agent_registry
+WHERE agent_name = :agent_name AND expires_at > clock_timestamp()
+ORDER BY agent_version, registered_at DESC;
+
+-- name: list_agents
+-- Every live agent version with the executors serving it; its schema and tools
+-- are those of the latest registration.
+SELECT DISTINCT ON (agent_name, agent_version) agent_name, agent_version, input_schema, tool_names,
+       array_agg(worker_id) OVER same AS executors, max(registered_at) OVER same AS last_seen
+FROM agent_registry
+WHERE expires_at > clock_timestamp()
+WINDOW same AS (PARTITION BY agent_name, agent_version)
+ORDER BY agent_name, agent_version, registered_at DESC;

@@ -96,6 +96,28 @@ class RunInfo:
 
 
 @dataclass(frozen=True)
+class AgentInfo:
+    name: str
+    version: str
+    executors: list[str]
+    tool_names: list[str]
+    input_schema: dict[str, Any] | None
+    last_seen: dt.datetime | None
+
+    @classmethod
+    def from_proto(cls, agent: rs.RegisteredAgent) -> AgentInfo:
+        return cls(name=agent.name, version=agent.version, executors=list(agent.executors),
+                   tool_names=list(agent.tool_names),
+                   input_schema=json.loads(agent.input_schema_json) if agent.input_schema_json else None,
+                   last_seen=agent.last_seen.ToDatetime(tzinfo=dt.UTC) if agent.HasField("last_seen") else None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "executors": self.executors,
+                "tool_names": self.tool_names, "input_schema": self.input_schema,
+                "last_seen": self.last_seen.isoformat() if self.last_seen else None}
+
+
+@dataclass(frozen=True)
 class History:
     run: RunInfo
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
@@ -151,12 +173,16 @@ class AgentrtClient:
     async def submit(self, agent_name: str, input: dict[str, Any] | None = None, *,
                      client_request_id: str | None = None, agent_version: str = "", max_attempts: int = 0,
                      labels: dict[str, str] | None = None, max_steps: int = 0, max_tokens: int = 0,
-                     max_cost_usd: float = 0.0, deadline: dt.datetime | None = None) -> tuple[RunInfo, bool]:
-        """Returns (run, created). The same client_request_id always answers with the same run."""
+                     max_cost_usd: float = 0.0, deadline: dt.datetime | None = None,
+                     allow_unregistered: bool = False) -> tuple[RunInfo, bool]:
+        """Returns (run, created). The same client_request_id always answers with the same run.
+
+        An agent (or version) no live executor serves is refused (FailedPrecondition,
+        AGENT_NOT_REGISTERED) unless `allow_unregistered` queues it for one deployed later."""
         request = rs.SubmitRunRequest(
             agent_name=agent_name, agent_version=agent_version, input_json=json.dumps(input or {}),
             client_request_id=client_request_id or f"client-{uuid.uuid4()}", max_attempts=max_attempts,
-            labels=labels or {},
+            labels=labels or {}, allow_unregistered=allow_unregistered,
         )
         request.budget.max_steps = max_steps
         request.budget.max_tokens = max_tokens
@@ -165,6 +191,11 @@ class AgentrtClient:
             request.budget.deadline.FromDatetime(deadline)
         reply = await self._call(self._stub.SubmitRun, request)
         return RunInfo.from_proto(reply.run), reply.created
+
+    async def agents(self) -> list[AgentInfo]:
+        """The agents live executors serve, by name and version, with the executors serving each."""
+        reply = await self._call(self._stub.ListAgents, rs.ListAgentsRequest())
+        return [AgentInfo.from_proto(a) for a in reply.agents]
 
     async def get(self, run_id: str) -> RunInfo:
         return RunInfo.from_proto(await self._call(self._stub.GetRun, rs.GetRunRequest(run_id=run_id)))

@@ -46,7 +46,8 @@ SETTINGS = {"max_payload_bytes": LIMIT, "lease_duration_ms": 3_600_000}
 S1, S2, TOOL = "refund.create/attempt-1", "refund.notify/attempt-1", "payments.refund"
 REQ2 = {"order": 7, "notify": True}
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
-TABLES = ("agent_runs", "agent_checkpoints", "tool_executions", "outbox", "runtime_counters", "run_journal")
+TABLES = ("agent_runs", "agent_checkpoints", "tool_executions", "outbox", "runtime_counters", "run_journal",
+          "agent_registry")
 
 
 # ---------------------------------------------------------------------- the runs every request refers to
@@ -127,6 +128,11 @@ def base_request(rpc: str, w: World) -> Message:
         return rs.GetRunHistoryRequest(run_id=w.queued)
     if rpc == "GetStats":
         return rs.GetStatsRequest()
+    if rpc == "ListAgents":
+        return rs.ListAgentsRequest()
+    if rpc == "RegisterAgents":
+        return ws.RegisterAgentsRequest(worker_id="w-new", ttl_ms=30_000, agents=[ws.AgentRegistration(
+            name="bi-reg", version="1", input_schema_json='{"type": "object"}', tool_names=["t.one"])])
     if rpc == "ClaimWork":
         return ws.ClaimWorkRequest(worker_id="w-new", agents=["bi-queued"], wait_ms=0)
     if rpc == "Heartbeat":
@@ -169,10 +175,10 @@ def base_request(rpc: str, w: World) -> Message:
 
 
 RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "ResumeRun", "ResolveToolExecution", "GetRunHistory",
-            "GetStats")
+            "GetStats", "ListAgents")
 WORK_RPCS = ("ClaimWork", "Heartbeat", "SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "MarkToolInDoubt",
-             "FinishRun", "CompleteAndBeginToolCall", "WriteBatch", "ReadJournal", "GetToolResults")
-WRITES = WORK_RPCS[1:-3]  # the fenced ones
+             "FinishRun", "CompleteAndBeginToolCall", "WriteBatch", "ReadJournal", "GetToolResults", "RegisterAgents")
+WRITES = WORK_RPCS[1:-4]  # the fenced ones
 HOLDER_READS = ("ReadJournal", "GetToolResults")  # reads for the live lease holder only
 # A fenced write's single call -> its WriteBatchItem field.
 ITEM_OPS = {method: op for op, method in WRITE_OPS.items()}
@@ -516,6 +522,22 @@ CASES: list[Bad] = [
     Bad("GetToolResults", "too many step_keys", put(step_keys=[f"s/{n}" for n in range(501)]), "step_keys"),
     Bad("GetToolResults", "step key with newline", put(step_keys=[S1, "a\nb"]), "step_keys"),
     Bad("GetToolResults", "step key empty", put(step_keys=[""]), "step_keys"),
+    # ---- RegisterAgents
+    Bad("RegisterAgents", "worker_id missing", put(worker_id=CLEAR), "worker_id"),
+    Bad("RegisterAgents", "ttl_ms too short", put(ttl_ms=999), "ttl_ms"),
+    Bad("RegisterAgents", "ttl_ms too long", put(ttl_ms=3_600_001), "ttl_ms"),
+    Bad("RegisterAgents", "agent name with spaces", lambda r: setattr(r.agents[0], "name", "my agent"),
+        "agents[0].name"),
+    Bad("RegisterAgents", "agent version missing", lambda r: r.agents[0].ClearField("version"), "agents[0].version"),
+    Bad("RegisterAgents", "input schema not an object", lambda r: setattr(r.agents[0], "input_schema_json", "[1]"),
+        "agents[0].input_schema_json"),
+    Bad("RegisterAgents", "input schema not a schema",
+        lambda r: setattr(r.agents[0], "input_schema_json", '{"type": "no-such-type"}'), "agents[0].input_schema_json"),
+    Bad("RegisterAgents", "input schema not JSON", lambda r: setattr(r.agents[0], "input_schema_json", "{"),
+        "agents[0].input_schema_json"),
+    Bad("RegisterAgents", "tool name with spaces", lambda r: r.agents[0].tool_names.append("a tool"),
+        "agents[0].tool_names"),
+    Bad("RegisterAgents", "an agent version twice", lambda r: r.agents.append(r.agents[0]), "agents[1]"),
     # ---- WriteBatch (the call itself; its items are refused one by one: test_bad_batch_items_...)
     Bad("WriteBatch", "items empty", put(items=[]), "items"),
     Bad("WriteBatch", "too many items",

@@ -120,7 +120,8 @@ async def test_an_executor_error_after_sending_freezes_the_step_instead_of_loopi
 
     run, hist, _ = await run_once(db_url, tmp_path, lambda m: None, definition=definition)
     assert run.status == pb.RUN_STATUS_PAUSED_INDOUBT
-    assert run.pause_reason == "tool outcome unknown: executor_error"
+    # The reason says what went wrong, not only its class.
+    assert run.pause_reason.startswith("tool outcome unknown: executor_error: executor error: "), run.pause_reason
     [row] = hist.tool_executions
     assert row.status == pb.TOOL_EXECUTION_STATUS_IN_DOUBT
 

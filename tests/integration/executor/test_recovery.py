@@ -147,7 +147,8 @@ async def test_a_waiting_tool_run_with_an_unknown_checkpoint_is_frozen_not_guess
         async with executor(stack, tmp_path / "agents"):
             final = await wait_status(stack, run.run_id, *END)
         assert final.status == pb.RUN_STATUS_PAUSED_INDOUBT
-        assert final.pause_reason == "tool outcome unknown: checkpoint_unsupported"
+        assert final.pause_reason.startswith(
+            "tool outcome unknown: checkpoint_unsupported: checkpoint schema version 7 is not supported")
         [event] = [e for e in (await history(stack, run.run_id)).events if e.event_type == "agent.tool_in_doubt"]
         assert "checkpoint schema version 7 is not supported" in json.loads(event.payload_json)["detail"]
         assert mock.calls_by_key() == {}

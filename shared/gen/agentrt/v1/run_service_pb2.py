@@ -26,7 +26,7 @@ from shared.gen.agentrt.v1 import common_pb2 as agentrt_dot_v1_dot_common__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61gentrt/v1/run_service.proto\x12\nagentrt.v1\x1a\x17\x61gentrt/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x02\n\x10SubmitRunRequest\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\x12\x19\n\x11\x63lient_request_id\x18\x04 \x01(\t\x12\x14\n\x0cmax_attempts\x18\x05 \x01(\x05\x12\"\n\x06\x62udget\x18\x06 \x01(\x0b\x32\x12.agentrt.v1.Budget\x12\x38\n\x06labels\x18\x07 \x03(\x0b\x32(.agentrt.v1.SubmitRunRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x11SubmitRunResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.agentrt.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"u\n\x0fListRunsRequest\x12\'\n\x08statuses\x18\x01 \x03(\x0e\x32\x15.agentrt.v1.RunStatus\x12\x12\n\nagent_name\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"J\n\x10ListRunsResponse\x12\x1d\n\x04runs\x18\x01 \x03(\x0b\x32\x0f.agentrt.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x87\x01\n\x10ResumeRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12,\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0e\x32\x1a.agentrt.v1.ResumeDecision\x12\x12\n\ninput_json\x18\x03 \x01(\t\x12\x10\n\x08operator\x18\x04 \x01(\t\x12\x0f\n\x07\x63omment\x18\x05 \x01(\t\"\xf4\x01\n\x1bResolveToolExecutionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08step_key\x18\x02 \x01(\t\x12.\n\x07outcome\x18\x03 \x01(\x0e\x32\x1d.agentrt.v1.ResolutionOutcome\x12\x13\n\x0bresult_json\x18\x04 \x01(\t\x12\x1a\n\x12remote_resource_id\x18\x05 \x01(\t\x12\x15\n\revidence_json\x18\x06 \x01(\t\x12\x13\n\x0bresolved_by\x18\x07 \x01(\t\x12\x14\n\x0crule_version\x18\x08 \x01(\t\x12\x10\n\x08\x65vent_id\x18\t \x01(\t\"j\n\x1cResolveToolExecutionResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.agentrt.v1.Run\x12,\n\texecution\x18\x02 \x01(\x0b\x32\x19.agentrt.v1.ToolExecution\"w\n\x14GetRunHistoryRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12(\n\x07include\x18\x04 \x03(\x0e\x32\x17.agentrt.v1.HistoryPart\"\xf8\x01\n\nRunHistory\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.agentrt.v1.Run\x12+\n\x0b\x63heckpoints\x18\x02 \x03(\x0b\x32\x16.agentrt.v1.Checkpoint\x12\x32\n\x0ftool_executions\x18\x03 \x03(\x0b\x32\x19.agentrt.v1.ToolExecution\x12\'\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x17.agentrt.v1.OutboxEvent\x12\x17\n\x0fnext_page_token\x18\x05 \x01(\t\x12)\n\x07journal\x18\x06 \x03(\x0b\x32\x18.agentrt.v1.JournalEntry\"\x11\n\x0fGetStatsRequest\"\xc2\x02\n\x08RunStats\x12>\n\x0eruns_by_status\x18\x01 \x03(\x0b\x32&.agentrt.v1.RunStats.RunsByStatusEntry\x12\x1b\n\x13oldest_queued_age_s\x18\x02 \x01(\x01\x12\x15\n\rin_doubt_runs\x18\x03 \x01(\x03\x12\x1d\n\x15oldest_in_doubt_age_s\x18\x04 \x01(\x01\x12\x16\n\x0eoutbox_pending\x18\x05 \x01(\x03\x12#\n\x1boutbox_oldest_pending_age_s\x18\x06 \x01(\x01\x12\x31\n\rdatabase_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x33\n\x11RunsByStatusEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*\x85\x01\n\x0eResumeDecision\x12\x1f\n\x1bRESUME_DECISION_UNSPECIFIED\x10\x00\x12\x1b\n\x17RESUME_DECISION_APPROVE\x10\x01\x12\x1a\n\x16RESUME_DECISION_REJECT\x10\x02\x12\x19\n\x15RESUME_DECISION_INPUT\x10\x03*\x9e\x01\n\x11ResolutionOutcome\x12\"\n\x1eRESOLUTION_OUTCOME_UNSPECIFIED\x10\x00\x12 \n\x1cRESOLUTION_OUTCOME_SUCCEEDED\x10\x01\x12#\n\x1fRESOLUTION_OUTCOME_NOT_EXECUTED\x10\x02\x12\x1e\n\x1aRESOLUTION_OUTCOME_UNKNOWN\x10\x03*\x9e\x01\n\x0bHistoryPart\x12\x1c\n\x18HISTORY_PART_UNSPECIFIED\x10\x00\x12\x1c\n\x18HISTORY_PART_CHECKPOINTS\x10\x01\x12 \n\x1cHISTORY_PART_TOOL_EXECUTIONS\x10\x02\x12\x17\n\x13HISTORY_PART_EVENTS\x10\x03\x12\x18\n\x14HISTORY_PART_JOURNAL\x10\x04\x32\xc0\x04\n\nRunService\x12H\n\tSubmitRun\x12\x1c.agentrt.v1.SubmitRunRequest\x1a\x1d.agentrt.v1.SubmitRunResponse\x12\x34\n\x06GetRun\x12\x19.agentrt.v1.GetRunRequest\x1a\x0f.agentrt.v1.Run\x12\x45\n\x08ListRuns\x12\x1b.agentrt.v1.ListRunsRequest\x1a\x1c.agentrt.v1.ListRunsResponse\x12:\n\tCancelRun\x12\x1c.agentrt.v1.CancelRunRequest\x1a\x0f.agentrt.v1.Run\x12:\n\tResumeRun\x12\x1c.agentrt.v1.ResumeRunRequest\x1a\x0f.agentrt.v1.Run\x12i\n\x14ResolveToolExecution\x12\'.agentrt.v1.ResolveToolExecutionRequest\x1a(.agentrt.v1.ResolveToolExecutionResponse\x12I\n\rGetRunHistory\x12 .agentrt.v1.GetRunHistoryRequest\x1a\x16.agentrt.v1.RunHistory\x12=\n\x08GetStats\x12\x1b.agentrt.v1.GetStatsRequest\x1a\x14.agentrt.v1.RunStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61gentrt/v1/run_service.proto\x12\nagentrt.v1\x1a\x17\x61gentrt/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xab\x02\n\x10SubmitRunRequest\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\x12\x19\n\x11\x63lient_request_id\x18\x04 \x01(\t\x12\x14\n\x0cmax_attempts\x18\x05 \x01(\x05\x12\"\n\x06\x62udget\x18\x06 \x01(\x0b\x32\x12.agentrt.v1.Budget\x12\x38\n\x06labels\x18\x07 \x03(\x0b\x32(.agentrt.v1.SubmitRunRequest.LabelsEntry\x12\x1a\n\x12\x61llow_unregistered\x18\x08 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x11SubmitRunResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.agentrt.v1.Run\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"u\n\x0fListRunsRequest\x12\'\n\x08statuses\x18\x01 \x03(\x0e\x32\x15.agentrt.v1.RunStatus\x12\x12\n\nagent_name\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"J\n\x10ListRunsResponse\x12\x1d\n\x04runs\x18\x01 \x03(\x0b\x32\x0f.agentrt.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x87\x01\n\x10ResumeRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12,\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0e\x32\x1a.agentrt.v1.ResumeDecision\x12\x12\n\ninput_json\x18\x03 \x01(\t\x12\x10\n\x08operator\x18\x04 \x01(\t\x12\x0f\n\x07\x63omment\x18\x05 \x01(\t\"\xf4\x01\n\x1bResolveToolExecutionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08step_key\x18\x02 \x01(\t\x12.\n\x07outcome\x18\x03 \x01(\x0e\x32\x1d.agentrt.v1.ResolutionOutcome\x12\x13\n\x0bresult_json\x18\x04 \x01(\t\x12\x1a\n\x12remote_resource_id\x18\x05 \x01(\t\x12\x15\n\revidence_json\x18\x06 \x01(\t\x12\x13\n\x0bresolved_by\x18\x07 \x01(\t\x12\x14\n\x0crule_version\x18\x08 \x01(\t\x12\x10\n\x08\x65vent_id\x18\t \x01(\t\"j\n\x1cResolveToolExecutionResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.agentrt.v1.Run\x12,\n\texecution\x18\x02 \x01(\x0b\x32\x19.agentrt.v1.ToolExecution\"w\n\x14GetRunHistoryRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12(\n\x07include\x18\x04 \x03(\x0e\x32\x17.agentrt.v1.HistoryPart\"\xf8\x01\n\nRunHistory\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.agentrt.v1.Run\x12+\n\x0b\x63heckpoints\x18\x02 \x03(\x0b\x32\x16.agentrt.v1.Checkpoint\x12\x32\n\x0ftool_executions\x18\x03 \x03(\x0b\x32\x19.agentrt.v1.ToolExecution\x12\'\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x17.agentrt.v1.OutboxEvent\x12\x17\n\x0fnext_page_token\x18\x05 \x01(\t\x12)\n\x07journal\x18\x06 \x03(\x0b\x32\x18.agentrt.v1.JournalEntry\"\x11\n\x0fGetStatsRequest\"\xc2\x02\n\x08RunStats\x12>\n\x0eruns_by_status\x18\x01 \x03(\x0b\x32&.agentrt.v1.RunStats.RunsByStatusEntry\x12\x1b\n\x13oldest_queued_age_s\x18\x02 \x01(\x01\x12\x15\n\rin_doubt_runs\x18\x03 \x01(\x03\x12\x1d\n\x15oldest_in_doubt_age_s\x18\x04 \x01(\x01\x12\x16\n\x0eoutbox_pending\x18\x05 \x01(\x03\x12#\n\x1boutbox_oldest_pending_age_s\x18\x06 \x01(\x01\x12\x31\n\rdatabase_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x33\n\x11RunsByStatusEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x13\n\x11ListAgentsRequest\"\xa1\x01\n\x0fRegisteredAgent\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\x12\x12\n\ntool_names\x18\x04 \x03(\t\x12\x11\n\texecutors\x18\x05 \x03(\t\x12-\n\tlast_seen\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"A\n\x12ListAgentsResponse\x12+\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x1b.agentrt.v1.RegisteredAgent*\x85\x01\n\x0eResumeDecision\x12\x1f\n\x1bRESUME_DECISION_UNSPECIFIED\x10\x00\x12\x1b\n\x17RESUME_DECISION_APPROVE\x10\x01\x12\x1a\n\x16RESUME_DECISION_REJECT\x10\x02\x12\x19\n\x15RESUME_DECISION_INPUT\x10\x03*\x9e\x01\n\x11ResolutionOutcome\x12\"\n\x1eRESOLUTION_OUTCOME_UNSPECIFIED\x10\x00\x12 \n\x1cRESOLUTION_OUTCOME_SUCCEEDED\x10\x01\x12#\n\x1fRESOLUTION_OUTCOME_NOT_EXECUTED\x10\x02\x12\x1e\n\x1aRESOLUTION_OUTCOME_UNKNOWN\x10\x03*\x9e\x01\n\x0bHistoryPart\x12\x1c\n\x18HISTORY_PART_UNSPECIFIED\x10\x00\x12\x1c\n\x18HISTORY_PART_CHECKPOINTS\x10\x01\x12 \n\x1cHISTORY_PART_TOOL_EXECUTIONS\x10\x02\x12\x17\n\x13HISTORY_PART_EVENTS\x10\x03\x12\x18\n\x14HISTORY_PART_JOURNAL\x10\x04\x32\x8d\x05\n\nRunService\x12H\n\tSubmitRun\x12\x1c.agentrt.v1.SubmitRunRequest\x1a\x1d.agentrt.v1.SubmitRunResponse\x12\x34\n\x06GetRun\x12\x19.agentrt.v1.GetRunRequest\x1a\x0f.agentrt.v1.Run\x12\x45\n\x08ListRuns\x12\x1b.agentrt.v1.ListRunsRequest\x1a\x1c.agentrt.v1.ListRunsResponse\x12:\n\tCancelRun\x12\x1c.agentrt.v1.CancelRunRequest\x1a\x0f.agentrt.v1.Run\x12:\n\tResumeRun\x12\x1c.agentrt.v1.ResumeRunRequest\x1a\x0f.agentrt.v1.Run\x12i\n\x14ResolveToolExecution\x12\'.agentrt.v1.ResolveToolExecutionRequest\x1a(.agentrt.v1.ResolveToolExecutionResponse\x12I\n\rGetRunHistory\x12 .agentrt.v1.GetRunHistoryRequest\x1a\x16.agentrt.v1.RunHistory\x12=\n\x08GetStats\x12\x1b.agentrt.v1.GetStatsRequest\x1a\x14.agentrt.v1.RunStats\x12K\n\nListAgents\x12\x1d.agentrt.v1.ListAgentsRequest\x1a\x1e.agentrt.v1.ListAgentsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,42 +37,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITRUNREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_RUNSTATS_RUNSBYSTATUSENTRY']._loaded_options = None
   _globals['_RUNSTATS_RUNSBYSTATUSENTRY']._serialized_options = b'8\001'
-  _globals['_RESUMEDECISION']._serialized_start=1934
-  _globals['_RESUMEDECISION']._serialized_end=2067
-  _globals['_RESOLUTIONOUTCOME']._serialized_start=2070
-  _globals['_RESOLUTIONOUTCOME']._serialized_end=2228
-  _globals['_HISTORYPART']._serialized_start=2231
-  _globals['_HISTORYPART']._serialized_end=2389
+  _globals['_RESUMEDECISION']._serialized_start=2214
+  _globals['_RESUMEDECISION']._serialized_end=2347
+  _globals['_RESOLUTIONOUTCOME']._serialized_start=2350
+  _globals['_RESOLUTIONOUTCOME']._serialized_end=2508
+  _globals['_HISTORYPART']._serialized_start=2511
+  _globals['_HISTORYPART']._serialized_end=2669
   _globals['_SUBMITRUNREQUEST']._serialized_start=103
-  _globals['_SUBMITRUNREQUEST']._serialized_end=374
-  _globals['_SUBMITRUNREQUEST_LABELSENTRY']._serialized_start=329
-  _globals['_SUBMITRUNREQUEST_LABELSENTRY']._serialized_end=374
-  _globals['_SUBMITRUNRESPONSE']._serialized_start=376
-  _globals['_SUBMITRUNRESPONSE']._serialized_end=442
-  _globals['_GETRUNREQUEST']._serialized_start=444
-  _globals['_GETRUNREQUEST']._serialized_end=475
-  _globals['_LISTRUNSREQUEST']._serialized_start=477
-  _globals['_LISTRUNSREQUEST']._serialized_end=594
-  _globals['_LISTRUNSRESPONSE']._serialized_start=596
-  _globals['_LISTRUNSRESPONSE']._serialized_end=670
-  _globals['_CANCELRUNREQUEST']._serialized_start=672
-  _globals['_CANCELRUNREQUEST']._serialized_end=722
-  _globals['_RESUMERUNREQUEST']._serialized_start=725
-  _globals['_RESUMERUNREQUEST']._serialized_end=860
-  _globals['_RESOLVETOOLEXECUTIONREQUEST']._serialized_start=863
-  _globals['_RESOLVETOOLEXECUTIONREQUEST']._serialized_end=1107
-  _globals['_RESOLVETOOLEXECUTIONRESPONSE']._serialized_start=1109
-  _globals['_RESOLVETOOLEXECUTIONRESPONSE']._serialized_end=1215
-  _globals['_GETRUNHISTORYREQUEST']._serialized_start=1217
-  _globals['_GETRUNHISTORYREQUEST']._serialized_end=1336
-  _globals['_RUNHISTORY']._serialized_start=1339
-  _globals['_RUNHISTORY']._serialized_end=1587
-  _globals['_GETSTATSREQUEST']._serialized_start=1589
-  _globals['_GETSTATSREQUEST']._serialized_end=1606
-  _globals['_RUNSTATS']._serialized_start=1609
-  _globals['_RUNSTATS']._serialized_end=1931
-  _globals['_RUNSTATS_RUNSBYSTATUSENTRY']._serialized_start=1880
-  _globals['_RUNSTATS_RUNSBYSTATUSENTRY']._serialized_end=1931
-  _globals['_RUNSERVICE']._serialized_start=2392
-  _globals['_RUNSERVICE']._serialized_end=2968
+  _globals['_SUBMITRUNREQUEST']._serialized_end=402
+  _globals['_SUBMITRUNREQUEST_LABELSENTRY']._serialized_start=357
+  _globals['_SUBMITRUNREQUEST_LABELSENTRY']._serialized_end=402
+  _globals['_SUBMITRUNRESPONSE']._serialized_start=404
+  _globals['_SUBMITRUNRESPONSE']._serialized_end=470
+  _globals['_GETRUNREQUEST']._serialized_start=472
+  _globals['_GETRUNREQUEST']._serialized_end=503
+  _globals['_LISTRUNSREQUEST']._serialized_start=505
+  _globals['_LISTRUNSREQUEST']._serialized_end=622
+  _globals['_LISTRUNSRESPONSE']._serialized_start=624
+  _globals['_LISTRUNSRESPONSE']._serialized_end=698
+  _globals['_CANCELRUNREQUEST']._serialized_start=700
+  _globals['_CANCELRUNREQUEST']._serialized_end=750
+  _globals['_RESUMERUNREQUEST']._serialized_start=753
+  _globals['_RESUMERUNREQUEST']._serialized_end=888
+  _globals['_RESOLVETOOLEXECUTIONREQUEST']._serialized_start=891
+  _globals['_RESOLVETOOLEXECUTIONREQUEST']._serialized_end=1135
+  _globals['_RESOLVETOOLEXECUTIONRESPONSE']._serialized_start=1137
+  _globals['_RESOLVETOOLEXECUTIONRESPONSE']._serialized_end=1243
+  _globals['_GETRUNHISTORYREQUEST']._serialized_start=1245
+  _globals['_GETRUNHISTORYREQUEST']._serialized_end=1364
+  _globals['_RUNHISTORY']._serialized_start=1367
+  _globals['_RUNHISTORY']._serialized_end=1615
+  _globals['_GETSTATSREQUEST']._serialized_start=1617
+  _globals['_GETSTATSREQUEST']._serialized_end=1634
+  _globals['_RUNSTATS']._serialized_start=1637
+  _globals['_RUNSTATS']._serialized_end=1959
+  _globals['_RUNSTATS_RUNSBYSTATUSENTRY']._serialized_start=1908
+  _globals['_RUNSTATS_RUNSBYSTATUSENTRY']._serialized_end=1959
+  _globals['_LISTAGENTSREQUEST']._serialized_start=1961
+  _globals['_LISTAGENTSREQUEST']._serialized_end=1980
+  _globals['_REGISTEREDAGENT']._serialized_start=1983
+  _globals['_REGISTEREDAGENT']._serialized_end=2144
+  _globals['_LISTAGENTSRESPONSE']._serialized_start=2146
+  _globals['_LISTAGENTSRESPONSE']._serialized_end=2211
+  _globals['_RUNSERVICE']._serialized_start=2672
+  _globals['_RUNSERVICE']._serialized_end=3325
 # @@protoc_insertion_point(module_scope)

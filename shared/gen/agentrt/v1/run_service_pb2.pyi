@@ -47,7 +47,7 @@ HISTORY_PART_EVENTS: HistoryPart
 HISTORY_PART_JOURNAL: HistoryPart
 
 class SubmitRunRequest(_message.Message):
-    __slots__ = ("agent_name", "agent_version", "input_json", "client_request_id", "max_attempts", "budget", "labels")
+    __slots__ = ("agent_name", "agent_version", "input_json", "client_request_id", "max_attempts", "budget", "labels", "allow_unregistered")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class SubmitRunRequest(_message.Message):
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_UNREGISTERED_FIELD_NUMBER: _ClassVar[int]
     agent_name: str
     agent_version: str
     input_json: str
@@ -69,7 +70,8 @@ class SubmitRunRequest(_message.Message):
     max_attempts: int
     budget: _common_pb2.Budget
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, agent_name: _Optional[str] = ..., agent_version: _Optional[str] = ..., input_json: _Optional[str] = ..., client_request_id: _Optional[str] = ..., max_attempts: _Optional[int] = ..., budget: _Optional[_Union[_common_pb2.Budget, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    allow_unregistered: bool
+    def __init__(self, agent_name: _Optional[str] = ..., agent_version: _Optional[str] = ..., input_json: _Optional[str] = ..., client_request_id: _Optional[str] = ..., max_attempts: _Optional[int] = ..., budget: _Optional[_Union[_common_pb2.Budget, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., allow_unregistered: _Optional[bool] = ...) -> None: ...
 
 class SubmitRunResponse(_message.Message):
     __slots__ = ("run", "created")
@@ -213,3 +215,29 @@ class RunStats(_message.Message):
     outbox_oldest_pending_age_s: float
     database_time: _timestamp_pb2.Timestamp
     def __init__(self, runs_by_status: _Optional[_Mapping[str, int]] = ..., oldest_queued_age_s: _Optional[float] = ..., in_doubt_runs: _Optional[int] = ..., oldest_in_doubt_age_s: _Optional[float] = ..., outbox_pending: _Optional[int] = ..., outbox_oldest_pending_age_s: _Optional[float] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListAgentsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RegisteredAgent(_message.Message):
+    __slots__ = ("name", "version", "input_schema_json", "tool_names", "executors", "last_seen")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    EXECUTORS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    input_schema_json: str
+    tool_names: _containers.RepeatedScalarFieldContainer[str]
+    executors: _containers.RepeatedScalarFieldContainer[str]
+    last_seen: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., tool_names: _Optional[_Iterable[str]] = ..., executors: _Optional[_Iterable[str]] = ..., last_seen: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListAgentsResponse(_message.Message):
+    __slots__ = ("agents",)
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    agents: _containers.RepeatedCompositeFieldContainer[RegisteredAgent]
+    def __init__(self, agents: _Optional[_Iterable[_Union[RegisteredAgent, _Mapping]]] = ...) -> None: ...

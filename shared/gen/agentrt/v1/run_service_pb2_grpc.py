@@ -77,6 +77,11 @@ class RunServiceStub:
                 request_serializer=agentrt_dot_v1_dot_run__service__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_run__service__pb2.RunStats.FromString,
                 _registered_method=True)
+        self.ListAgents = channel.unary_unary(
+                '/agentrt.v1.RunService/ListAgents',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.ListAgentsRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListAgentsResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -134,6 +139,13 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAgents(self, request, context):
+        """The agents (name, version) that live executors serve, with the executors serving each.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -176,6 +188,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=agentrt_dot_v1_dot_run__service__pb2.GetStatsRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_run__service__pb2.RunStats.SerializeToString,
+            ),
+            'ListAgents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAgents,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListAgentsRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.ListAgentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -396,6 +413,33 @@ class RunService:
             '/agentrt.v1.RunService/GetStats',
             agentrt_dot_v1_dot_run__service__pb2.GetStatsRequest.SerializeToString,
             agentrt_dot_v1_dot_run__service__pb2.RunStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/ListAgents',
+            agentrt_dot_v1_dot_run__service__pb2.ListAgentsRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.ListAgentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -447,3 +447,31 @@ class GetToolResultsResponse(_message.Message):
     EXECUTIONS_FIELD_NUMBER: _ClassVar[int]
     executions: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolExecution]
     def __init__(self, executions: _Optional[_Iterable[_Union[_common_pb2.ToolExecution, _Mapping]]] = ...) -> None: ...
+
+class AgentRegistration(_message.Message):
+    __slots__ = ("name", "version", "input_schema_json", "tool_names")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    input_schema_json: str
+    tool_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., tool_names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RegisterAgentsRequest(_message.Message):
+    __slots__ = ("worker_id", "agents", "ttl_ms")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    agents: _containers.RepeatedCompositeFieldContainer[AgentRegistration]
+    ttl_ms: int
+    def __init__(self, worker_id: _Optional[str] = ..., agents: _Optional[_Iterable[_Union[AgentRegistration, _Mapping]]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class RegisterAgentsResponse(_message.Message):
+    __slots__ = ("expires_at",)
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    expires_at: _timestamp_pb2.Timestamp
+    def __init__(self, expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -93,6 +93,11 @@ class WorkServiceStub:
                 request_serializer=agentrt_dot_v1_dot_work__service__pb2.GetToolResultsRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_work__service__pb2.GetToolResultsResponse.FromString,
                 _registered_method=True)
+        self.RegisterAgents = channel.unary_unary(
+                '/agentrt.v1.WorkService/RegisterAgents',
+                request_serializer=agentrt_dot_v1_dot_work__service__pb2.RegisterAgentsRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_work__service__pb2.RegisterAgentsResponse.FromString,
+                _registered_method=True)
 
 
 class WorkServiceServicer:
@@ -179,6 +184,14 @@ class WorkServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterAgents(self, request, context):
+        """The agents an executor serves, refreshed while it lives (each registration
+        lapses after ttl_ms by database time); an empty list withdraws them all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -236,6 +249,11 @@ def add_WorkServiceServicer_to_server(servicer, server):
                     servicer.GetToolResults,
                     request_deserializer=agentrt_dot_v1_dot_work__service__pb2.GetToolResultsRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_work__service__pb2.GetToolResultsResponse.SerializeToString,
+            ),
+            'RegisterAgents': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterAgents,
+                    request_deserializer=agentrt_dot_v1_dot_work__service__pb2.RegisterAgentsRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_work__service__pb2.RegisterAgentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -539,6 +557,33 @@ class WorkService:
             '/agentrt.v1.WorkService/GetToolResults',
             agentrt_dot_v1_dot_work__service__pb2.GetToolResultsRequest.SerializeToString,
             agentrt_dot_v1_dot_work__service__pb2.GetToolResultsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.WorkService/RegisterAgents',
+            agentrt_dot_v1_dot_work__service__pb2.RegisterAgentsRequest.SerializeToString,
+            agentrt_dot_v1_dot_work__service__pb2.RegisterAgentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,70 @@
+"""The agent registry, executor side: the agents this process serves, registered with the scheduler while it lives.
+
+The scheduler refuses a submit for an agent (or version) that no live executor
+has registered, and checks the input against the agent's input schema
+(docs/design.md §agents). A registration lapses after its ttl by database
+time, so an executor that dies stops counting within one ttl; a clean stop
+withdraws its agents at once. A scheduler too old to know RegisterAgents
+answers UNIMPLEMENTED: the executor then stops trying, and works on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from executor.agents import AgentCatalog
+from executor.client import WorkClient
+from executor.shutdown import Shutdown, Stopped
+from shared.canonical import canonical_json
+from shared.errors import AgentrtError
+from shared.gen.agentrt.v1 import work_service_pb2 as ws
+
+log = logging.getLogger(__name__)
+
+
+def registrations(catalog: AgentCatalog) -> list[ws.AgentRegistration]:
+    return [ws.AgentRegistration(name=a.name, version=a.version, tool_names=[t.name for t in a.tools],
+                                 input_schema_json=canonical_json(a.input_schema) if a.input_schema else "")
+            for a in sorted(catalog.all(), key=lambda a: (a.name, a.version))]
+
+
+class Registration:
+    """Registers at start, refreshes every third of the ttl, withdraws at stop."""
+
+    def __init__(self, client: WorkClient, catalog: AgentCatalog, worker_id: str, ttl_ms: int,
+                 shutdown: Shutdown) -> None:
+        self.client, self.worker_id, self.ttl_ms, self.shutdown = client, worker_id, ttl_ms, shutdown
+        self.agents = registrations(catalog)
+        self.registered = asyncio.Event()  # set once the scheduler has the agents
+        self.supported = True
+
+    async def register_once(self) -> bool:
+        try:
+            answer = await self.client.register_agents(self.worker_id, self.agents, self.ttl_ms)
+        except AgentrtError as exc:
+            log.warning("registering agents failed (%s: %s); trying again", exc.reason, exc.message)
+            return False
+        if answer is None:
+            log.info("the scheduler has no agent registry (RegisterAgents unimplemented); not registering")
+            self.supported = False
+            return False
+        self.registered.set()
+        return True
+
+    async def run(self) -> None:
+        """The refresh loop (a named task of the worker); ends at shutdown or on an old scheduler."""
+        every = self.ttl_ms / 3000
+        while self.supported and not self.shutdown.stopping.is_set():
+            ok = await self.register_once()
+            with contextlib.suppress(Stopped):
+                await self.shutdown.race(asyncio.sleep(every if ok else min(every, 1.0)), self.shutdown.stopping)
+
+    async def withdraw(self) -> None:
+        if not (self.supported and self.registered.is_set()):
+            return
+        try:
+            await asyncio.wait_for(self.client.register_agents(self.worker_id, [], self.ttl_ms), 2.0)
+        except (AgentrtError, TimeoutError) as exc:
+            log.warning("withdrawing agents failed (%s); they lapse within %d ms", exc, self.ttl_ms)

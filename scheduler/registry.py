@@ -1,0 +1,67 @@
+"""Admission by the agent registry (docs/design.md §agents): is a submitted agent served, and does its input fit?
+
+SubmitRun for an agent or version that no live executor serves is refused
+with AGENT_NOT_REGISTERED (FAILED_PRECONDITION) unless the caller queues it
+anyway (`allow_unregistered`, or the scheduler's require_registered_agents
+off); an input that does not match the served version's input schema is
+INVALID_ARGUMENT naming the JSON path. A submit without a version is checked
+against the version executors would pick: the last in natural order.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jsonschema
+
+from shared.canonical import canonical_json
+from shared.errors import AgentNotRegistered, InvalidArgument
+
+_VALIDATORS: dict[str, Any] = {}  # by canonical schema text: schemas are few and change rarely
+_MAX_VALIDATORS = 1024
+
+
+def natural_key(text: str) -> list[Any]:
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text)]
+
+
+def json_path(path: Any) -> str:
+    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+
+
+def check_input(schema: dict[str, Any], value: Any, agent: str, version: str) -> None:
+    """INVALID_ARGUMENT naming the JSON path of the first mismatch (the shallowest, then in path order)."""
+    key = canonical_json(schema)
+    validator = _VALIDATORS.get(key)
+    if validator is None:
+        if len(_VALIDATORS) >= _MAX_VALIDATORS:
+            _VALIDATORS.clear()
+        validator = _VALIDATORS[key] = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(value), key=lambda e: (len(e.path), [str(p) for p in e.path]))
+    if errors:
+        first = errors[0]
+        raise InvalidArgument("input_json", f"{json_path(first.path)}: {first.message} "
+                                            f"(the input schema of {agent} version {version})")
+
+
+def admit(versions: dict[str, dict[str, Any] | None], agent_name: str, agent_version: str, input_value: Any,
+          *, allow_unregistered: bool) -> None:
+    """Raises unless a submit of `agent_name` (`agent_version`, or the latest) may create a run."""
+    if agent_version and agent_version not in versions:
+        if allow_unregistered:
+            return
+        serving = ", ".join(sorted(versions, key=natural_key)) or "none"
+        raise AgentNotRegistered(
+            f"no live executor serves version {agent_version!r} of agent {agent_name!r} (versions served: "
+            f"{serving}); deploy it, or submit with allow_unregistered to queue the run",
+            agent_name=agent_name, agent_version=agent_version)
+    if not versions:
+        if allow_unregistered:
+            return
+        raise AgentNotRegistered(f"no live executor serves agent {agent_name!r}; deploy it, or submit with "
+                                 "allow_unregistered to queue the run", agent_name=agent_name)
+    chosen = agent_version or max(versions, key=natural_key)
+    schema = versions[chosen]
+    if schema is not None:
+        check_input(schema, input_value, agent_name, chosen)
