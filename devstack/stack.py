@@ -44,6 +44,7 @@ from shared.client.event_tail import KafkaUnreachable
 from shared.client.runs import AgentrtClient
 from shared.errors import AgentrtError, InvalidArgument
 
+EXAMPLE_MODULE = "devstack.examples.refund_triage"  # a code-first agent every dev executor serves too
 # Dev-sized timings (a killed executor's runs are taken over within seconds).
 # An AGENTRT_* variable set in your environment wins over these.
 DEV_DEFAULTS = {
@@ -190,7 +191,9 @@ class DevStack:
         for n in range(1, self.args.executors + 1):
             health = f"127.0.0.1:{free_port()}"
             executor = Service(f"exec-{n}", ["executor"], self.child_env(
-                AGENTRT_SCHEDULER_ADDR=listen, AGENTRT_AGENTS_PATH=str(self.data_dir / "agents"),
+                # The demo's definition file, and the code-first example (devstack/examples) by module name.
+                AGENTRT_SCHEDULER_ADDR=listen, AGENTRT_AGENTS_PATH=f"{self.data_dir / 'agents'},{EXAMPLE_MODULE}",
+                AGENTRT_EXAMPLE_TOOLS_URL=self.mock_url,
                 AGENTRT_HEALTH_ADDR=health, AGENTRT_RECONCILE_TENANTS=json.dumps([tenant])), self.log_dir,
                 health_addr=health, stop_timeout_s=20)
             executor.start({"AGENTRT_WORKER_ID": f"exec-{n}.1"})

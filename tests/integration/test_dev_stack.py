@@ -246,6 +246,27 @@ async def test_every_cli_command_against_a_live_stack_then_error_exits_once_it_i
         code, out, _ = await agentrt("runs", "cancel", big, "--reason", "customer withdrew", "--json", *ops)
         assert code == 0 and json.loads(out)["status"] == "FAILED"
 
+        # The code-first example (devstack/examples/refund_triage.py) runs through the same trio: the
+        # executors registered it, its typed tools call the mock tool server, its events reach Kafka.
+        code, out, err = await agentrt("agents", "list", "--json", *scope)
+        served = {(a["name"], a["version"]): a for a in json.loads(out)["agents"]}
+        assert code == 0 and {("after_sales_return", "1"), ("refund_triage", "1")} <= set(served), err
+        assert sorted(served[("refund_triage", "1")]["executors"]) == ["exec-1.1", "exec-2.1"]
+        code, out, err = await agentrt("runs", "submit", "refund_triage", "--input", '{"order_id": "x"}', *scope)
+        assert code == 1 and "input_json: $.order_id: 'x' is not of type 'integer'" in err, err
+        code, out, err = await agentrt("runs", "submit", "refund_triage", "--input",
+                                       '{"order_id": 12, "refund_amount": 40}', "--json", *scope)
+        assert code == 0, err
+        triage = json.loads(out)["run_id"]
+        code, out, _ = await agentrt("runs", "watch", triage, "--json", *scope)
+        summary = json.loads(out.splitlines()[-1])
+        assert summary["status"] == "COMPLETED" and summary["result"]["order_id"] == 12, summary
+        assert summary["result"]["label_id"].startswith("labels.create-")
+        code, out, err = await agentrt("events", "tail", "--bootstrap", bootstrap, "--from-beginning", "--json",
+                                       "--run", triage, "--type", "agent.run_completed", "--max", "1",
+                                       "--timeout", "30")
+        assert code == 0 and json.loads(out)["subject"] == triage, err
+
         # status: every service healthy, the demo tenant's counts.
         services = [f"{name}={target}" for name, target in state["health"].items() if not target.startswith("http")]
         code, out, err = await agentrt("status", "--json", *scope, *(x for s in services for x in ("--service", s)))
