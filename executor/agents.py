@@ -328,6 +328,10 @@ def definition_files(spec: str) -> list[Path]:
         if path.is_dir():
             files.extend(sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file()))
         elif path.is_file():
+            if path.suffix not in SUFFIXES:
+                hint = (f"; a Python module is named by its dotted name ({'.'.join(path.with_suffix('').parts)})"
+                        if path.suffix == ".py" else "")
+                raise DefinitionError(path, "(file)", f"not an agent definition file (*.yaml, *.yml, *.toml){hint}")
             files.append(path)
         elif not (_MODULE.match(part) and path.suffix not in SUFFIXES):
             raise DefinitionError(path, "(file)", "no such file or directory")

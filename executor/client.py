@@ -276,8 +276,9 @@ class WorkClient:
 
     async def mark_tool_in_doubt(self, lease: ws.LeaseRef, step_key: str, error_code: str, detail: str,
                                  give_up_at: float | None) -> ws.MarkToolInDoubtResponse:
+        # The detail may quote a tool's exception; a NUL in it would make the freeze itself refused.
         request = ws.MarkToolInDoubtRequest(lease=lease, step_key=step_key, error_code=error_code,
-                                            detail=detail[:4000], event_id=new_event_id())
+                                            detail=detail.replace("\x00", "\\0")[:4000], event_id=new_event_id())
         return await self._call("mark_tool_in_doubt", request, give_up_at)
 
     async def finish_run(self, request: ws.FinishRunRequest, give_up_at: float | None) -> ws.FinishRunResponse:

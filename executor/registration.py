@@ -5,7 +5,8 @@ has registered, and checks the input against the agent's input schema
 (docs/design.md §agents). A registration lapses after its ttl by database
 time, so an executor that dies stops counting within one ttl; a clean stop
 withdraws its agents at once. A scheduler too old to know RegisterAgents
-answers UNIMPLEMENTED: the executor then stops trying, and works on.
+answers UNIMPLEMENTED: the executor works on and asks again once per ttl
+(a rolling upgrade brings a scheduler that knows it).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class Registration:
         self.client, self.worker_id, self.ttl_ms, self.shutdown = client, worker_id, ttl_ms, shutdown
         self.agents = registrations(catalog)
         self.registered = asyncio.Event()  # set once the scheduler has the agents
-        self.supported = True
+        self.supported = True  # False while the scheduler answers UNIMPLEMENTED
 
     async def register_once(self) -> bool:
         try:
@@ -47,19 +48,23 @@ class Registration:
             log.warning("registering agents failed (%s: %s); trying again", exc.reason, exc.message)
             return False
         if answer is None:
-            log.info("the scheduler has no agent registry (RegisterAgents unimplemented); not registering")
+            if self.supported:
+                log.info("the scheduler has no agent registry (RegisterAgents unimplemented); asking again "
+                         "every %d ms", self.ttl_ms)
             self.supported = False
             return False
+        self.supported = True
         self.registered.set()
         return True
 
     async def run(self) -> None:
-        """The refresh loop (a named task of the worker); ends at shutdown or on an old scheduler."""
+        """The refresh loop (a named task of the worker); ends at shutdown."""
         every = self.ttl_ms / 3000
-        while self.supported and not self.shutdown.stopping.is_set():
+        while not self.shutdown.stopping.is_set():
             ok = await self.register_once()
+            pause = every if ok else (self.ttl_ms / 1000 if not self.supported else min(every, 1.0))
             with contextlib.suppress(Stopped):
-                await self.shutdown.race(asyncio.sleep(every if ok else min(every, 1.0)), self.shutdown.stopping)
+                await self.shutdown.race(asyncio.sleep(pause), self.shutdown.stopping)
 
     async def withdraw(self) -> None:
         if not (self.supported and self.registered.is_set()):

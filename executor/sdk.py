@@ -40,6 +40,7 @@ model usage against the run's budgets.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -273,6 +274,18 @@ def http_tool(name: str, args: type[BaseModel] | None = None, *, url: str, looku
                     contract=_contract(idempotent, lookup_url is not None, fenced, requires_approval))
 
 
+def _check_reachable(code_tool: CodeTool) -> None:
+    """The executor imports a tool by its path: that path must lead to this CodeTool, not to the bare
+    function (which would get a dict, not the model, and fail as an unknown outcome)."""
+    module_name, _, attr = code_tool.definition.callable.partition(":")
+    target: Any = sys.modules.get(module_name)
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+    if target is not code_tool:
+        raise ValueError(f"tool {code_tool.definition.name}: {code_tool.definition.callable} is not the tool; "
+                         "declare it with @tool(...) on the function, so the module attribute is the tool")
+
+
 class CodeAgent:
     """An agent defined in code: its definition (decider kind python) and the decide function."""
 
@@ -298,6 +311,9 @@ def agent(*, name: str, version: str, tools: Sequence[CodeTool | ToolDefinition]
     decide the next step before a tool result commits and save both in one transaction.
     """
     def wrap(func: Callable[[Context], Any]) -> CodeAgent:
+        for code_tool in tools:
+            if isinstance(code_tool, CodeTool):
+                _check_reachable(code_tool)
         definitions = [t.definition if isinstance(t, CodeTool) else t for t in tools]
         data = {"name": name, "version": version, "description": description or (inspect.getdoc(func) or ""),
                 "input_schema": _schema(input) if input is not None else None,

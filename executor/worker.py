@@ -180,7 +180,8 @@ class Worker:
             await self._health.enter_graceful_shutdown()
         self.shutdown.begin_stopping()
         await asyncio.gather(*self._claimers, return_exceptions=True)
-        if self._registration_task is not None:
+        if self._registration_task is not None:  # a refresh in flight is not waited for
+            self._registration_task.cancel()
             await asyncio.gather(self._registration_task, return_exceptions=True)
         if self.registration is not None:
             await self.registration.withdraw()  # no new runs for agents nobody serves any more

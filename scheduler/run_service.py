@@ -179,12 +179,13 @@ class RunServicer(rs_grpc.RunServiceServicer):
 
     async def _admit(self, tenant: str, spec: SubmitSpec, payload: Any, allow_unregistered: bool) -> None:
         """The agent registry's check (scheduler/registry.py), before anything is written. A retry of a
-        submit that created its run is answered as before, even when its agent is no longer served."""
+        submit that created its run is answered as before, even when its agent is no longer served or its
+        schema has changed since (submit_run still refuses another payload under the same id)."""
         allow = allow_unregistered or not self.settings.require_registered_agents
         versions = await self.store.live_agent_versions(spec.agent_name)
         try:
             admit(versions, spec.agent_name, spec.agent_version, payload, allow_unregistered=allow)
-        except AgentNotRegistered:
+        except (AgentNotRegistered, InvalidArgument):
             if spec.client_request_id is None or await self.store.run_for_request(
                     tenant, spec.client_request_id) is None:
                 raise

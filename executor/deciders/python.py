@@ -53,11 +53,13 @@ class PythonDeciderImpl:
             return Proposal(Invalid("parse_failure", f"the decider returned {type(decision).__name__}, not a "
                                                      "ToolCall, Finish, Fail, Sleep or WaitForInput"),
                             f"decide@{index}")
-        named = (decision.node or decision.tool) if isinstance(decision, ToolCall) else (
-            step.node or type(decision).__name__.lower())
-        if not NODE.match(named):
-            return Proposal(Invalid("parse_failure", f"node {named!r} must match {NODE.pattern}"), f"decide@{index}")
-        node = f"{named}@{index}"
+        explicit = decision.node if isinstance(decision, ToolCall) else step.node
+        if explicit and not NODE.match(explicit):
+            return Proposal(Invalid("parse_failure", f"node {explicit!r} must match {NODE.pattern}"),
+                            f"decide@{index}")
+        # Without a node: the tool's name (which may hold '/', as the openai decider's nodes do) or the kind.
+        default = decision.tool if isinstance(decision, ToolCall) else type(decision).__name__.lower()
+        node = f"{explicit or default}@{index}"
         return Proposal(decision, node, raw={"decision": type(decision).__name__}, tokens=step.tokens,
                         cost_usd=step.cost_usd, agent_state=step.state)
 

@@ -105,6 +105,12 @@ async def test_a_retried_submit_gets_its_run_back_even_when_the_agent_went_away(
         assert (again.run.run_id, again.created) == (first.run.run_id, False)
         other = await rpc_error(submit(stack, "returns", {"order_id": 2}, client_request_id="order-2"))
         assert reason_of(other) == "AGENT_NOT_REGISTERED"
+        # The schema changed since (a stricter version 2): the retry still gets its run, a new submit does not.
+        await register(stack, "exec-b", registration("returns", "2", {**ORDER_SCHEMA, "required": ["order_id", "sku"]}))
+        again = await submit(stack, "returns", {"order_id": 1}, client_request_id="order-1")
+        assert (again.run.run_id, again.created) == (first.run.run_id, False)
+        fresh = await rpc_error(submit(stack, "returns", {"order_id": 1}, client_request_id="order-3"))
+        assert fresh.code() == grpc.StatusCode.INVALID_ARGUMENT and "'sku' is a required property" in fresh.details()
 
 
 def agent(name: str, version: str, **extra):

@@ -53,3 +53,11 @@ def wrong_signature(args: dict[str, Any]) -> dict[str, Any]:  # a tool must take
 
 def takes_nothing() -> Any:  # a decider must take the Context
     return None
+
+
+def slash_tool(ctx: Context) -> Any:  # tool names may hold '/', as node names by default
+    return ToolCall("billing/refund", {"n": 1})
+
+
+def bad_node(ctx: Context) -> Any:
+    return ToolCall("greet", {"name": "x"}, node="not a node")

@@ -139,3 +139,38 @@ def test_callables_that_cannot_be_called_as_declared_stop_the_executor_at_start(
     with pytest.raises(DefinitionError) as caught:
         asyncio.run(build())
     assert (caught.value.field, caught.value.problem) == (field, problem)
+
+
+def test_a_tool_call_without_a_node_is_named_after_its_tool_even_with_a_slash() -> None:
+    decider = PythonDeciderImpl(PythonDecider(kind="python", callable=f"{MODULE}:slash_tool"))
+    proposal = asyncio.run(decider.decide(_context(step_index=3)))
+    assert proposal.decision == ToolCall("billing/refund", {"n": 1}) and proposal.node == "billing/refund@3"
+    bad = asyncio.run(PythonDeciderImpl(PythonDecider(kind="python", callable=f"{MODULE}:bad_node"))
+                      .decide(_context()))
+    assert isinstance(bad.decision, Invalid) and bad.decision.detail.startswith("node 'not a node' must match")
+
+
+def test_a_tool_that_is_not_the_module_attribute_is_refused_when_the_agent_is_declared(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    (tmp_path / "undecorated_tools.py").write_text(
+        "from pydantic import BaseModel\n"
+        "from executor.sdk import agent, tool, Finish\n"
+        "class Args(BaseModel):\n    n: int\n"
+        "def refund(args, ctx):\n    return {'n': args.n}\n"
+        "refund_tool = tool('refund', Args)(refund)  # the module attribute 'refund' stays the bare function\n"
+        "@agent(name='a', version='1', tools=[refund_tool])\n"
+        "def decide(ctx):\n    return Finish(None)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(DefinitionError) as caught:
+        AgentCatalog.load("undecorated_tools")
+    assert caught.value.problem == (
+        "cannot import: ValueError: tool refund: undecorated_tools:refund is not the tool; declare it with "
+        "@tool(...) on the function, so the module attribute is the tool")
+
+
+def test_a_python_file_named_as_a_definition_file_says_how_to_name_a_module(tmp_path: Path) -> None:
+    (tmp_path / "mod.py").write_text("x = 1\n")
+    with pytest.raises(DefinitionError) as caught:
+        AgentCatalog.load(str(tmp_path / "mod.py"))
+    assert caught.value.problem.startswith("not an agent definition file (*.yaml, *.yml, *.toml); a Python module "
+                                           "is named by its dotted name (")
