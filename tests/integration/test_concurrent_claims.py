@@ -77,7 +77,8 @@ def start_scheduler(db_url: str, addr: str, log: Path) -> subprocess.Popen[Any]:
             [sys.executable, "-m", "devstack.cli", "scheduler"], cwd=REPO_ROOT,
             env=child_env(AGENTRT_DATABASE_URL=db_url, AGENTRT_LISTEN_ADDR=addr,
                           AGENTRT_LEASE_DURATION_MS=str(LEASE_MS), AGENTRT_CLAIM_POLL_INTERVAL_MS="100",
-                          AGENTRT_DB_POOL_MAX="12", AGENTRT_LOG_LEVEL="WARNING", AGENTRT_SHUTDOWN_GRACE_S="1"),
+                          AGENTRT_DB_POOL_MAX="12", AGENTRT_LOG_LEVEL="WARNING", AGENTRT_SHUTDOWN_GRACE_S="1",
+                          AGENTRT_REQUIRE_REGISTERED_AGENTS="false"),  # the workers claim as bare gRPC clients
             stdout=out, stderr=subprocess.STDOUT)
 
 
