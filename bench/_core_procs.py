@@ -48,6 +48,23 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
+async def wait_serving(addr: str, proc: subprocess.Popen[bytes], limit_s: float) -> None:
+    """Until the scheduler process on `addr` answers gRPC health SERVING (it must not exit first)."""
+    deadline = time.monotonic() + limit_s
+    async with grpc.aio.insecure_channel(addr) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"scheduler exited with {proc.returncode} before serving")
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"scheduler on {addr} not SERVING after {limit_s}s")
+            await asyncio.sleep(0.1)
+
+
 @dataclass
 class SchedulerProc:
     db_url: str
@@ -72,20 +89,8 @@ class SchedulerProc:
         return f"127.0.0.1:{self.port}"
 
     async def wait_serving(self, limit_s: float = 30.0) -> None:
-        deadline = time.monotonic() + limit_s
-        async with grpc.aio.insecure_channel(self.addr) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"scheduler exited with {self.proc.returncode} before serving")
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"scheduler on {self.addr} not SERVING after {limit_s}s")
-                await asyncio.sleep(0.1)
+        assert self.proc is not None
+        await wait_serving(self.addr, self.proc, limit_s)
 
     def cpu_seconds(self) -> float:
         assert self.proc is not None

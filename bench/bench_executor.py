@@ -35,10 +35,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import asyncpg
-import grpc
 import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench._core_procs import wait_serving
 from bench._pg import emit, figure, free_port, log, scratch_database
 from scheduler.migrate import migrate
 
@@ -119,19 +118,7 @@ class SchedulerProc:
         self.proc = subprocess.Popen([sys.executable, "-m", "devstack.cli", "scheduler"], cwd=ROOT, env=env)
 
     async def wait_serving(self, limit_s: float = 30.0) -> None:
-        deadline = time.monotonic() + limit_s
-        async with grpc.aio.insecure_channel(self.addr) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"scheduler exited with {self.proc.returncode} before serving")
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"scheduler on {self.addr} not SERVING after {limit_s}s")
-                await asyncio.sleep(0.1)
+        await wait_serving(self.addr, self.proc, limit_s)
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.proc.pid)
