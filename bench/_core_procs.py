@@ -76,7 +76,8 @@ class SchedulerProc:
         self.port = free_port()
         env = {**os.environ, "AGENTRT_DATABASE_URL": self.db_url,
                "AGENTRT_LISTEN_ADDR": f"127.0.0.1:{self.port}", "AGENTRT_LOG_LEVEL": "WARNING",
-               "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false"}  # the bench claims as its own executor
+               # the bench claims as its own executor (auth is not under test here)
+               "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false", "AGENTRT_AUTH_MODE": "none"}
         env.pop("AGENTRT_CONFIG_FILE", None)
         if self.otel:
             cmd = [sys.executable, "-m", "devstack.cli", "scheduler"]

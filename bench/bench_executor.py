@@ -113,7 +113,8 @@ class SchedulerProc:
         self.addr = f"127.0.0.1:{free_port()}"
         env = {**os.environ, "AGENTRT_DATABASE_URL": db_url, "AGENTRT_LISTEN_ADDR": self.addr,
                "AGENTRT_LOG_LEVEL": "WARNING",
-               "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false"}  # runs are submitted before the executors start
+               # runs are submitted before the executors start (auth is not under test here)
+               "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false", "AGENTRT_AUTH_MODE": "none"}
         env.pop("AGENTRT_CONFIG_FILE", None)
         self.proc = subprocess.Popen([sys.executable, "-m", "devstack.cli", "scheduler"], cwd=ROOT, env=env)
 

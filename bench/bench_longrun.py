@@ -170,7 +170,8 @@ class Scheduler:
         self.proc, self.log_path = procs.start(
             ["scheduler"], {"AGENTRT_DATABASE_URL": db_url, "AGENTRT_LISTEN_ADDR": self.addr,
                             "AGENTRT_LOG_LEVEL": "WARNING", "AGENTRT_LEASE_DURATION_MS": str(lease_ms),
-                            "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false"},  # runs submitted before executors
+                            # runs submitted before executors (auth is not under test here)
+                            "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false", "AGENTRT_AUTH_MODE": "none"},
             "scheduler")
 
     async def wait_serving(self, limit_s: float = 30.0) -> None:

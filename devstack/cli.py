@@ -253,6 +253,9 @@ def _dev_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--listen", default="127.0.0.1:50051", help="scheduler address (default 127.0.0.1:50051)")
     p.add_argument("--tenant", default=os.environ.get("AGENTRT_TENANT") or "demo",
                    help="tenant of the demo runs (default AGENTRT_TENANT or demo)")
+    p.add_argument("--auth", choices=["api_key", "none"], default="api_key",
+                   help="api_key (default): the stack makes an admin key and prints how to use it; "
+                        "none: every caller may act for every tenant")
     p.add_argument("--runs", type=int, default=10, help="demo runs to submit (default 10; 0 = none)")
     p.add_argument("--executors", type=int, default=2, help="executor processes (default 2)")
     p.add_argument("--auto-approve", action="store_true",
@@ -282,10 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     _dev_command(sub)
 
     from devstack.acceptance.cli import add_commands as add_acceptance_commands
+    from devstack.cli_admin import add_commands as add_admin_commands
     from devstack.cli_events import add_commands as add_event_commands
     from devstack.cli_runs import add_commands as add_run_commands
 
     add_run_commands(sub)
+    add_admin_commands(sub)
     add_event_commands(sub)
     add_acceptance_commands(sub)
     return parser

@@ -1,7 +1,11 @@
 """`agentrt runs …` and `agentrt tools resolve`: operate a running deployment through RunService.
 
 Human-readable output by default, `--json` for scripts. Address from --addr or
-AGENTRT_ADDR (default 127.0.0.1:50051); tenant from --tenant or AGENTRT_TENANT.
+AGENTRT_ADDR (default 127.0.0.1:50051). The credential from --api-key / AGENTRT_API_KEY
+or --token / AGENTRT_TOKEN (OIDC) decides the tenant; --tenant / AGENTRT_TENANT picks one
+when it may act for several (and is required with auth_mode none). TLS with --tls-ca /
+AGENTRT_TLS_CA (plus --tls-cert/--tls-key for mutual TLS); a credential goes in clear
+only to a loopback address or with --insecure.
 """
 
 from __future__ import annotations
@@ -16,16 +20,36 @@ from typing import Any
 
 from shared.client.runs import AgentrtClient, History, RunInfo
 from shared.errors import InvalidArgument
+from shared.transport import ClientTls, open_channel
 
 RUN_COLUMNS = ("run_id", "agent_name", "status", "version", "fencing_token", "attempt_count", "current_step_key")
 
 
+def _option(args: argparse.Namespace, name: str, env: str) -> str | None:
+    return getattr(args, name, None) or os.environ.get(env) or None
+
+
+def client_tls(args: argparse.Namespace) -> ClientTls | None:
+    ca, cert, key = (_option(args, "tls_ca", "AGENTRT_TLS_CA"), _option(args, "tls_cert", "AGENTRT_TLS_CERT"),
+                     _option(args, "tls_key", "AGENTRT_TLS_KEY"))
+    if not (ca or cert):
+        return None
+    return ClientTls(ca, cert, key, _option(args, "tls_server_name", "AGENTRT_TLS_SERVER_NAME"))
+
+
 def _client(args: argparse.Namespace) -> AgentrtClient:
-    tenant = args.tenant or os.environ.get("AGENTRT_TENANT")
-    if not tenant:
-        raise InvalidArgument("--tenant", "name the tenant with --tenant or AGENTRT_TENANT")
+    tenant = _option(args, "tenant", "AGENTRT_TENANT")
+    api_key, token = _option(args, "api_key", "AGENTRT_API_KEY"), _option(args, "token", "AGENTRT_TOKEN")
+    if not (tenant or api_key or token):
+        raise InvalidArgument("--api-key", "give a credential (--api-key / AGENTRT_API_KEY, --token / "
+                              "AGENTRT_TOKEN) or, with auth_mode none, the tenant (--tenant / AGENTRT_TENANT)")
     addr = args.addr or os.environ.get("AGENTRT_ADDR") or "127.0.0.1:50051"
-    return AgentrtClient(addr, tenant=tenant, timeout_s=args.timeout, max_retries=2)
+    try:
+        return AgentrtClient(addr, tenant=tenant, api_key=api_key if not token else None, token=token,
+                             tls=client_tls(args), insecure=bool(getattr(args, "insecure", False)),
+                             timeout_s=args.timeout, max_retries=2)
+    except ValueError as error:
+        raise InvalidArgument("--tls-ca", str(error)) from None
 
 
 def _json_arg(name: str, text: str | None) -> Any:
@@ -93,7 +117,7 @@ async def _list(args: argparse.Namespace, client: AgentrtClient) -> None:
     if runs:
         _print_runs(runs)
     else:
-        print(_no_runs(args, client.tenant))
+        print(_no_runs(args, client.tenant or "this credential's tenant"))
     if token:
         print(f"(more: --page-token {token})")
 
@@ -116,7 +140,8 @@ async def _watch(args: argparse.Namespace, client: AgentrtClient) -> None:
 
 
 async def _cancel(args: argparse.Namespace, client: AgentrtClient) -> None:
-    _show(args, await client.cancel(args.run_id, args.reason or ""))
+    _show(args, await client.cancel(args.run_id, args.reason or "", ticket_id=args.ticket or "",
+                                    comment=args.comment or ""))
 
 
 async def _resume(args: argparse.Namespace, client: AgentrtClient) -> None:
@@ -124,8 +149,9 @@ async def _resume(args: argparse.Namespace, client: AgentrtClient) -> None:
     value = _json_arg("--input", args.input)
     if approve is None and value is None:
         raise InvalidArgument("--approve/--reject/--input", "say what the operator decided")
-    _show(args, await client.resume(args.run_id, operator=args.operator, approve=approve, input=value,
-                                    comment=args.comment or ""))
+    _show(args, await client.resume(args.run_id, operator=args.operator or "", approve=approve, input=value,
+                                    comment=args.comment or "", reason=args.reason or "",
+                                    ticket_id=args.ticket or ""))
 
 
 async def _history(args: argparse.Namespace, client: AgentrtClient) -> None:
@@ -186,7 +212,8 @@ async def _resolve(args: argparse.Namespace, client: AgentrtClient) -> None:
     if outcome == "SUCCEEDED" and result is None:
         raise InvalidArgument("--result", "is required with --succeeded")
     run, execution = await client.resolve_tool(args.run_id, args.step_key, outcome, evidence=evidence,
-                                               resolved_by=args.operator, result=result)
+                                               resolved_by=args.operator, result=result, reason=args.reason or "",
+                                               ticket_id=args.ticket or "", comment=args.comment or "")
     if args.json:
         _print_json({"run": run.as_dict(), "execution": execution})
     else:
@@ -194,12 +221,12 @@ async def _resolve(args: argparse.Namespace, client: AgentrtClient) -> None:
               f"run {run.run_id} is {run.status}")
 
 
-async def _health(addr: str) -> str:
+async def _health(addr: str, tls: ClientTls | None) -> str:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     try:
-        async with grpc.aio.insecure_channel(addr) as channel:
+        async with open_channel(addr, tls) as channel:
             reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
     except grpc.aio.AioRpcError as error:
@@ -211,14 +238,20 @@ async def _status(args: argparse.Namespace, client: AgentrtClient) -> None:
     for spec in args.service or []:
         name, _, addr = spec.partition("=")
         services[name] = addr
-    health = {name: await _health(addr) for name, addr in services.items()}
+    tls = client_tls(args)
+    health = {"scheduler": await _health(client.addr, tls)}
+    health.update({name: await _health(addr, None) for name, addr in services.items() if name != "scheduler"})
     stats = await client.stats()
+    if stats["auth_mode"] == "none":
+        print("WARNING: the scheduler runs with auth_mode none: anyone who reaches it may act for every tenant",
+              file=sys.stderr)
     if args.json:
         _print_json({"services": {name: {"addr": services[name], "health": state} for name, state in health.items()},
                      **stats})
     else:
         for name, state in health.items():
             print(f"{name:10} {services[name]:24} {state}")
+        print(f"auth:       {stats['auth_mode']} (as {stats['principal']}, role {stats['role'] or '-'})")
         print("runs:       " + (", ".join(f"{k} {v}" for k, v in sorted(stats["runs_by_status"].items())) or "none"))
         print(f"queued:     oldest due {stats['oldest_queued_age_s']:.1f}s")
         print(f"in doubt:   {stats['in_doubt_runs']} (oldest {stats['oldest_in_doubt_age_s']:.1f}s)")
@@ -239,11 +272,28 @@ def _runner(handler: Callable[[argparse.Namespace, AgentrtClient], Awaitable[Non
     return run
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser, *, tenant: bool = True) -> None:
     parser.add_argument("--addr", help="scheduler address (default AGENTRT_ADDR or 127.0.0.1:50051)")
-    parser.add_argument("--tenant", help="tenant id (default AGENTRT_TENANT)")
+    if tenant:
+        parser.add_argument("--tenant", help="tenant id (default AGENTRT_TENANT; the credential's tenant when unset)")
+    parser.add_argument("--api-key", help="API key (default AGENTRT_API_KEY)")
+    parser.add_argument("--token", help="OIDC/JWT bearer token (default AGENTRT_TOKEN)")
+    parser.add_argument("--tls-ca", help="CA of the scheduler's certificate (default AGENTRT_TLS_CA): TLS on")
+    parser.add_argument("--tls-cert", help="client certificate for mutual TLS (default AGENTRT_TLS_CERT)")
+    parser.add_argument("--tls-key", help="client key for mutual TLS (default AGENTRT_TLS_KEY)")
+    parser.add_argument("--tls-server-name", help="name to check in the scheduler's certificate")
+    parser.add_argument("--insecure", action="store_true",
+                        help="send the credential over plaintext to a non-loopback address")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--timeout", type=float, default=10.0, help="per-call deadline in seconds")
+
+
+def _audit_flags(parser: argparse.ArgumentParser, *, reason: bool = True) -> None:
+    """Why the operator acts: kept in the audit trail (`agentrt audit list`)."""
+    if reason:
+        parser.add_argument("--reason", help="why (audit trail)")
+    parser.add_argument("--ticket", help="ticket id (audit trail)")
+    parser.add_argument("--comment", help="free text (audit trail)")
 
 
 async def _agents(args: argparse.Namespace, client: AgentrtClient) -> None:
@@ -319,6 +369,7 @@ def _run_commands(sub: Any) -> None:
     _common(p)
     p.add_argument("run_id")
     p.add_argument("--reason")
+    _audit_flags(p, reason=False)
     p.set_defaults(func=_runner(_cancel))
 
     p = runs.add_parser("resume", help="answer a run paused for a human")
@@ -328,8 +379,8 @@ def _run_commands(sub: Any) -> None:
     decision.add_argument("--approve", action="store_true")
     decision.add_argument("--reject", action="store_true")
     p.add_argument("--input", help="JSON value for wait_for_input, or @file.json")
-    p.add_argument("--operator", default=os.environ.get("USER", "operator"))
-    p.add_argument("--comment")
+    p.add_argument("--operator", help="recorded as a comment: the audit names the authenticated caller")
+    _audit_flags(p)
     p.set_defaults(func=_runner(_resume))
 
 
@@ -351,7 +402,9 @@ def add_commands(sub: Any) -> None:
     outcome.add_argument("--unknown", action="store_true")
     p.add_argument("--evidence", required=True, help="JSON object (or text) recording how you know")
     p.add_argument("--result", help="the tool's result as JSON (with --succeeded)")
-    p.add_argument("--operator", default=os.environ.get("USER", "operator"))
+    p.add_argument("--operator", default=os.environ.get("USER", "operator"),
+                   help="resolved_by with auth_mode none; otherwise a comment next to the authenticated caller")
+    _audit_flags(p)
     p.set_defaults(func=_runner(_resolve))
     _agent_commands(sub)
 

@@ -122,6 +122,7 @@ class DevStack:
         self.broker_pid: int | None = None
         self.postgres_pid: int | None = None
         self.settled_once = False
+        self.api_key: str | None = None  # the session's admin key (--auth api_key)
 
     def say(self, text: str) -> None:
         if self.view is not None and self.live_view:
@@ -169,8 +170,9 @@ class DevStack:
         await self._migrate()
 
         listen = self.args.listen
-        self.scheduler = Service("scheduler", ["scheduler"], self.child_env(AGENTRT_LISTEN_ADDR=listen),
-                                 self.log_dir, health_addr=listen)
+        await self._make_key()
+        self.scheduler = Service("scheduler", ["scheduler"], self.child_env(
+            AGENTRT_LISTEN_ADDR=listen, AGENTRT_AUTH_MODE=self.args.auth), self.log_dir, health_addr=listen)
         mock_port = free_port()
         self.mock_url = f"http://127.0.0.1:{mock_port}"
         latency = self.args.tool_latency_ms
@@ -194,7 +196,10 @@ class DevStack:
                 # The demo's definition file, and the code-first example (devstack/examples) by module name.
                 AGENTRT_SCHEDULER_ADDR=listen, AGENTRT_AGENTS_PATH=f"{self.data_dir / 'agents'},{EXAMPLE_MODULE}",
                 AGENTRT_EXAMPLE_TOOLS_URL=self.mock_url,
-                AGENTRT_HEALTH_ADDR=health, AGENTRT_RECONCILE_TENANTS=json.dumps([tenant])), self.log_dir,
+                AGENTRT_HEALTH_ADDR=health, AGENTRT_RECONCILE_TENANTS=json.dumps([tenant]),
+                # The reconciler acts with the session's key, in clear over loopback (chosen here).
+                **({"AGENTRT_RUN_API_KEY": self.api_key, "AGENTRT_SCHEDULER_INSECURE": "true"}
+                   if self.api_key else {})), self.log_dir,
                 health_addr=health, stop_timeout_s=20)
             executor.start({"AGENTRT_WORKER_ID": f"exec-{n}.1"})
             self.executors.append(executor)
@@ -224,6 +229,26 @@ class DevStack:
         self.postgres_pid = self.pg.pid()
         print(f"embedded PostgreSQL on {url} (data in {self.pg.data_dir})", flush=True)
         return url
+
+    async def _make_key(self) -> None:
+        """--auth api_key: a fresh admin key of every tenant for this session, in <data-dir>/api_key."""
+        if self.args.auth != "api_key":
+            print("auth_mode none: anyone who reaches the scheduler may act for every tenant", flush=True)
+            return
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "devstack.cli", "keys", "create", "--database-url", self.database_url,
+            "--role", "admin", "--tenant", "*", "--name", f"agentrt-dev {self.session}", "--expires", "7d",
+            "--reason", "agentrt dev session", "--json", env=self.child_env(), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise ServiceFailed(f"keys create failed: {err.decode(errors='replace').strip()[-300:]}")
+        self.api_key = json.loads(out)["secret"]
+        key_file = self.data_dir / "api_key"
+        key_file.write_text(self.api_key + "\n")
+        key_file.chmod(0o600)
+        print(f"admin API key of this session (every tenant) in {key_file}; for the CLI: "
+              f"export AGENTRT_API_KEY=$(cat {key_file})", flush=True)
 
     async def _migrate(self) -> None:
         proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", "migrate",
@@ -266,6 +291,7 @@ class DevStack:
             "pids": {s.name: s.pid for s in self.services},
             "health": {s.name: s.health_addr or s.health_url for s in self.services},
             "broker_pid": self.broker_pid, "postgres_pid": self.postgres_pid,
+            "auth_mode": self.args.auth, "api_key_file": str(self.data_dir / "api_key") if self.api_key else None,
             "runs": [r.run_id for r in self.runs],
         }
         (self.data_dir / "stack.json").write_text(json.dumps(state, indent=2))
@@ -274,7 +300,8 @@ class DevStack:
 
     async def supervise(self, stop: asyncio.Event) -> int:
         args = self.args
-        async with AgentrtClient(args.listen, tenant=args.tenant, timeout_s=10, max_retries=3) as client:
+        async with AgentrtClient(args.listen, tenant=args.tenant, api_key=self.api_key, timeout_s=10,
+                                 max_retries=3) as client:
             reader_stop = asyncio.Event()
             assert self.events is not None
             reader = asyncio.create_task(self.events.run(reader_stop), name="events-reader")
@@ -353,6 +380,11 @@ class DevStack:
     def cli(self, *words: str) -> str:
         return f"agentrt {' '.join(words)} --tenant {self.args.tenant} --addr {self.args.listen}"
 
+    def key_hint(self) -> list[str]:
+        if not self.api_key:
+            return []
+        return [f"  export AGENTRT_API_KEY=$(cat {self.data_dir / 'api_key'})   # the CLI's credential"]
+
     def announce_approvals(self) -> None:
         for run in self.runs:
             if run.outcome(auto_approve=self.args.auto_approve) == demo.AWAITING_APPROVAL and not run.announced:
@@ -362,6 +394,7 @@ class DevStack:
 
     def hints(self) -> list[str]:
         return ["every demo run is completed or waiting for approval; the stack keeps running. Try:",
+                *self.key_hint(),
                 "  " + self.cli("runs", "list"),
                 "  " + self.cli("status"),
                 f"  agentrt events tail --bootstrap {self.kafka_bootstrap} --from-beginning",

@@ -7,6 +7,7 @@ from typing import ClassVar
 from pydantic import Field, SecretStr, model_validator
 
 from shared.config import ComponentSettings
+from shared.transport import ClientTls, require_tls
 
 
 class ExecutorSettings(ComponentSettings):
@@ -43,8 +44,19 @@ class ExecutorSettings(ComponentSettings):
     worker_id: str = ""
     # Key for `openai` deciders whose definition names no api_key_env.
     openai_api_key: SecretStr | None = None
-    # The scheduler's executor token (its `work_token`), sent on every WorkService call.
+    # The scheduler's executor token (its `work_token`), sent on every WorkService call; only
+    # over TLS unless scheduler_insecure says plaintext on purpose.
     work_token: SecretStr | None = None
+    # TLS to the scheduler: the CA that signed its certificate; for mutual TLS this executor's
+    # certificate and key (its identity must be in the scheduler's work_client_identities).
+    scheduler_tls_ca_file: str | None = None
+    scheduler_tls_cert_file: str | None = None
+    scheduler_tls_key_file: str | None = None
+    scheduler_tls_server_name: str | None = None  # the name checked in the scheduler's certificate
+    # true = plaintext to the scheduler even though a credential is sent (development only).
+    scheduler_insecure: bool = False
+    # The RunService API key (operator role) the in-process reconciler acts with.
+    run_api_key: SecretStr | None = None
     # Tenants whose PAUSED_INDOUBT runs the reconciler sweeps (RunService is tenant-scoped);
     # empty = no reconciler in this process (`agentrt reconcile` runs one on its own).
     reconcile_tenants: list[str] = Field(default_factory=list)
@@ -60,4 +72,17 @@ class ExecutorSettings(ComponentSettings):
     def _check(self) -> ExecutorSettings:
         if self.claimers > self.slots:
             self.claimers = self.slots
+        if bool(self.scheduler_tls_cert_file) != bool(self.scheduler_tls_key_file):
+            raise ValueError("scheduler_tls_cert_file and scheduler_tls_key_file go together")
+        credential = self.work_token is not None or self.run_api_key is not None
+        require_tls(credential=credential, tls=self.scheduler_tls, insecure=self.scheduler_insecure,
+                    what="executor")
         return self
+
+    @property
+    def scheduler_tls(self) -> ClientTls | None:
+        """TLS to the scheduler, when a CA or a client certificate is configured."""
+        if not (self.scheduler_tls_ca_file or self.scheduler_tls_cert_file):
+            return None
+        return ClientTls(self.scheduler_tls_ca_file, self.scheduler_tls_cert_file, self.scheduler_tls_key_file,
+                         self.scheduler_tls_server_name)

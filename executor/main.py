@@ -14,7 +14,6 @@ import signal
 from collections.abc import AsyncIterator
 
 import aiohttp
-import grpc
 
 from executor.agents import AgentCatalog
 from executor.config import ExecutorSettings
@@ -22,6 +21,7 @@ from executor.reconciler import Reconciler, SweepReport
 from executor.tools import ToolRegistry
 from executor.worker import Worker
 from shared.tracing import setup_tracing
+from shared.transport import open_channel
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,11 @@ def _stop_event() -> asyncio.Event:
 
 @contextlib.asynccontextmanager
 async def reconciler_for(settings: ExecutorSettings, catalog: AgentCatalog) -> AsyncIterator[Reconciler]:
-    async with aiohttp.ClientSession() as session, grpc.aio.insecure_channel(settings.scheduler_addr) as channel:
-        yield Reconciler(catalog, ToolRegistry(catalog.all(), session), channel, settings.reconcile_tenants)
+    key = settings.run_api_key.get_secret_value() if settings.run_api_key else None
+    async with aiohttp.ClientSession() as session, \
+            open_channel(settings.scheduler_addr, settings.scheduler_tls) as channel:
+        yield Reconciler(catalog, ToolRegistry(catalog.all(), session), channel, settings.reconcile_tenants,
+                         api_key=key)
 
 
 async def serve(settings: ExecutorSettings) -> None:

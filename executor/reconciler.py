@@ -51,7 +51,8 @@ class SweepReport:
 
 class Reconciler:
     def __init__(self, catalog: AgentCatalog, tools: ToolRegistry, channel: grpc.aio.Channel,
-                 tenants: list[str], resolved_by: str = "agentrt-reconciler", page_size: int = 100) -> None:
+                 tenants: list[str], resolved_by: str = "agentrt-reconciler", page_size: int = 100,
+                 api_key: str | None = None) -> None:
         self.catalog = catalog
         self.tools = tools
         self.runs = rs_grpc.RunServiceStub(channel)
@@ -59,6 +60,7 @@ class Reconciler:
         self.resolved_by = resolved_by
         self.page_size = page_size
         self.totals = SweepReport()
+        self._auth = [("authorization", f"Bearer {api_key}")] if api_key else []
 
     async def sweep(self) -> SweepReport:
         report = SweepReport()
@@ -87,7 +89,7 @@ class Reconciler:
 
     async def _call(self, method: Any, request: Any, tenant: str) -> Any:
         try:
-            return await method(request, metadata=inject_metadata([(TENANT_HEADER, tenant)]), timeout=30)
+            return await method(request, metadata=inject_metadata([(TENANT_HEADER, tenant), *self._auth]), timeout=30)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
 

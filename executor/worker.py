@@ -37,6 +37,7 @@ from executor.shutdown import Shutdown, Stopped
 from executor.tools import ToolRegistry
 from shared.errors import AgentrtError
 from shared.metrics import Metrics
+from shared.transport import open_channel
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class Worker:
         except BaseException:
             await self._session.close()
             raise
-        self._channel = grpc.aio.insecure_channel(s.scheduler_addr, options=[
+        self._channel = open_channel(s.scheduler_addr, s.scheduler_tls, options=[
             ("grpc.keepalive_time_ms", 30_000), ("grpc.max_receive_message_length", 64 << 20)])
         client = WorkClient(self._channel, rpc_timeout_s=s.rpc_timeout_s,
                             token=s.work_token.get_secret_value() if s.work_token else None,

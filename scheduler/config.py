@@ -8,7 +8,9 @@ from typing import ClassVar
 
 from pydantic import Field, SecretStr, model_validator
 
+from scheduler.roles import parse_auth_mode
 from shared.config import ComponentSettings
+from shared.transport import ServerTls
 
 
 class SchedulerSettings(ComponentSettings):
@@ -48,9 +50,33 @@ class SchedulerSettings(ComponentSettings):
     # unless the submit sets allow_unregistered; false admits every agent (inputs are still checked
     # against the schema of a registered version).
     require_registered_agents: bool = True
-    # Executors must present this token on WorkService calls (`authorization: Bearer …`).
-    # Unset = WorkService open to anyone who reaches the port: development only.
+    # Executors must present this token on WorkService calls (`authorization: Bearer …`), or a
+    # client certificate named in work_client_identities. Neither = WorkService open to anyone
+    # who reaches the port: development only.
     work_token: SecretStr | None = None
+    # mTLS client identities (certificate CN or DNS SAN) allowed on WorkService without the token.
+    work_client_identities: list[str] = Field(default_factory=list)
+    # How RunService callers authenticate: api_key, jwt, api_key,jwt, or none (every caller may act
+    # for any tenant named in x-tenant-id: development only, logged as a warning at start).
+    auth_mode: str = "api_key"
+    # A revoked key stops working on every replica within this time (lookups are cached).
+    api_key_cache_ttl_ms: int = Field(2_000, ge=0, le=60_000)
+    # OIDC / JWT bearer tokens (auth_mode jwt): keys from a JWKS file or URL (fetched, cached,
+    # refetched on an unknown kid at most every 10 s); issuer and audience must match.
+    jwt_jwks_file: str | None = None
+    jwt_jwks_url: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_algorithms: list[str] = Field(default_factory=lambda: ["RS256", "ES256"])
+    jwt_tenant_claim: str = "tenant"  # a string or a list of tenants
+    jwt_roles_claim: str = "roles"  # a string or a list; a dotted path reaches into objects
+    jwt_jwks_refresh_s: float = Field(300.0, gt=0)
+    jwt_leeway_s: float = Field(30.0, ge=0, le=600)
+    # TLS on the gRPC port (PEM files, read again when they change on disk). A client CA turns
+    # on mutual TLS: every client must present a certificate it signed.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
 
     @model_validator(mode="after")
     def _heartbeat_fits_the_lease(self) -> SchedulerSettings:
@@ -58,6 +84,16 @@ class SchedulerSettings(ComponentSettings):
             self.heartbeat_interval_ms = self.lease_duration_ms // 3
         if self.heartbeat_interval_ms * 3 > self.lease_duration_ms:
             raise ValueError("heartbeat_interval_ms must be at most a third of lease_duration_ms")
+        modes = parse_auth_mode(self.auth_mode)
+        if "jwt" in modes and not (self.jwt_issuer and self.jwt_audience
+                                   and bool(self.jwt_jwks_file) != bool(self.jwt_jwks_url)):
+            raise ValueError("auth_mode jwt needs jwt_issuer, jwt_audience and one of jwt_jwks_file, jwt_jwks_url")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("TLS needs both tls_cert_file and tls_key_file")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
+        if self.work_client_identities and not self.tls_client_ca_file:
+            raise ValueError("work_client_identities needs mutual TLS (tls_client_ca_file)")
         if self.backoff_cap_ms < self.backoff_base_ms:
             raise ValueError("backoff_cap_ms must not be below backoff_base_ms")
         for name in ("max_tool_request_bytes", "max_tool_response_bytes", "max_checkpoint_bytes"):
@@ -66,6 +102,12 @@ class SchedulerSettings(ComponentSettings):
         if self.max_journal_entry_bytes is None:
             self.max_journal_entry_bytes = min(DEFAULT_MAX_JOURNAL_ENTRY_BYTES, self.max_payload_bytes)
         return self
+
+    @property
+    def server_tls(self) -> ServerTls | None:
+        if not (self.tls_cert_file and self.tls_key_file):
+            return None
+        return ServerTls(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
 
     @property
     def limits(self) -> PayloadLimits:

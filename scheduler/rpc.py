@@ -9,6 +9,7 @@ logged here and answered INTERNAL without a stack trace.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import uuid
@@ -19,6 +20,7 @@ import grpc
 
 from scheduler import convert
 from scheduler import validate as v
+from scheduler.auth import ANONYMOUS, Principal
 from scheduler.store import LeaseRef
 from scheduler.wire import MalformedRequest
 from shared.canonical import uuid7
@@ -30,6 +32,7 @@ from shared.tracing import annotate
 log = logging.getLogger("scheduler.service")
 R = TypeVar("R")
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
+_PRINCIPAL: contextvars.ContextVar[Principal] = contextvars.ContextVar("principal", default=ANONYMOUS)
 
 STATUS_FILTER = {number: name for name, number in convert.RUN_STATUS.items()}
 RESUME = {rs.RESUME_DECISION_APPROVE: "APPROVE", rs.RESUME_DECISION_REJECT: "REJECT",
@@ -54,13 +57,20 @@ MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
 def rpc(handler: Handler[R]) -> Handler[R]:
     """Maps typed errors to statuses; nothing else (and no stack trace) reaches the client.
 
-    Bytes that did not decode as the request message arrive as a MalformedRequest (wire.py)
-    and are answered INVALID_ARGUMENT before the handler runs.
+    First the servicer's `guard` (scheduler/auth.py) admits the caller, or refuses before
+    anything is read; the principal it admits is `principal()` for the handler. Bytes that did
+    not decode as the request message arrive as a MalformedRequest (wire.py) and are answered
+    INVALID_ARGUMENT before the handler runs.
     """
 
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        token = None
         try:
+            admitted = await self.guard(handler.__name__, context)
+            if admitted is not None:
+                token = _PRINCIPAL.set(admitted)
+                annotate(principal=admitted.id)
             if isinstance(request, MalformedRequest):
                 raise request.error()
             return await handler(self, request, context)
@@ -72,10 +82,18 @@ def rpc(handler: Handler[R]) -> Handler[R]:
         except Exception:
             log.exception("unhandled error in %s", handler.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error (logged by the scheduler)")
+        finally:
+            if token is not None:
+                _PRINCIPAL.reset(token)
         raise AssertionError("unreachable")
 
     wrapper.core = handler  # type: ignore[attr-defined]  # the body without the status mapping (WriteBatch)
     return wrapper
+
+
+def principal() -> Principal:
+    """The caller the guard admitted for the RPC being handled (ANONYMOUS with auth_mode none)."""
+    return _PRINCIPAL.get()
 
 
 def lease_of(request: Any) -> LeaseRef:

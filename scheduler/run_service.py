@@ -1,5 +1,7 @@
 """RunService: the public, tenant-scoped API (submit, read, list, cancel, resume, resolve, history,
-stats). Handlers validate, call the Store, and convert (scheduler/rpc.py has the shared wrapper).
+stats; keys and audit in scheduler/admin_service.py). Operator actions are audited in their own
+transaction, under the authenticated principal. Handlers validate, call the Store, and
+convert (scheduler/rpc.py has the shared wrapper).
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import grpc
 
 from scheduler import convert
 from scheduler import validate as v
+from scheduler.admin_service import AdminRpcs, audit_entry
+from scheduler.auth import RunAuth
 from scheduler.config import SchedulerSettings
 from scheduler.notifier import WorkNotifier
 from scheduler.registry import admit
-from scheduler.rpc import HISTORY_PART, MAX_PAGE_SIZE, RESOLVE, RESUME, STATUS_FILTER, rpc
+from scheduler.rpc import HISTORY_PART, MAX_PAGE_SIZE, RESOLVE, RESUME, STATUS_FILTER, principal, rpc
 from scheduler.store import (
     HISTORY_PARTS,
     HistoryCursor,
@@ -33,15 +37,20 @@ from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.tracing import annotate, current_trace
 
 
-class RunServicer(rs_grpc.RunServiceServicer):
-    def __init__(self, store: Store, settings: SchedulerSettings, notifier: WorkNotifier | None = None) -> None:
+class RunServicer(AdminRpcs, rs_grpc.RunServiceServicer):
+    def __init__(self, store: Store, settings: SchedulerSettings, auth: RunAuth,
+                 notifier: WorkNotifier | None = None) -> None:
         self.store = store
         self.notifier = notifier
         self.settings = settings
         self.limit = settings.max_payload_bytes
+        self.auth = auth
+        self.keys = auth.keys
+        self.guard = auth.admit  # scheduler/rpc.py: every call is admitted before its handler runs
 
     def _tenant(self, context: grpc.aio.ServicerContext) -> str:
-        tenant = v.tenant_from_metadata(context.invocation_metadata())
+        """The call's tenant: the credential's, or the one x-tenant-id names among its tenants."""
+        tenant = principal().tenant_of_call(context.invocation_metadata())
         annotate(tenant_id=tenant)
         return tenant
 
@@ -113,8 +122,10 @@ class RunServicer(rs_grpc.RunServiceServicer):
         tenant = self._tenant(context)
         run_id = v.require_uuid("run_id", request.run_id)
         annotate(run_id=str(run_id))
-        reason = v.optional_text("reason", request.reason, max_len=1000) or "cancelled by request"
-        row = await self.store.cancel_run(tenant, run_id, reason=reason, trace=current_trace())
+        reason = v.optional_text("reason", request.reason, max_len=1000) or request.note.reason \
+            or "cancelled by request"
+        audit = audit_entry(context, request.note, reason=reason)
+        row = await self.store.cancel_run(tenant, run_id, reason=reason, trace=current_trace(), audit=audit)
         return convert.run_to_proto(row)
 
     @rpc
@@ -123,11 +134,17 @@ class RunServicer(rs_grpc.RunServiceServicer):
         run_id = v.require_uuid("run_id", request.run_id)
         annotate(run_id=str(run_id))
         decision = v.require_enum("decision", request.decision, RESUME)
-        operator = v.require_text("operator", request.operator)
+        stated = v.optional_text("operator", request.operator, max_len=200)
         value = v.parse_json("input_json", request.input_json, self.limit, default=None)
         comment = v.optional_text("comment", request.comment, max_len=2000)
+        caller = principal()
+        # Who decided is the authenticated principal; a self-declared operator is kept as a comment.
+        operator = (stated or caller.id) if self.auth.open else caller.id
+        said = f"operator: {stated}" if stated and stated != operator else None
         human_input = {"decision": decision, "input": value, "operator": operator, "comment": comment}
-        row = await self.store.resume_run(tenant, run_id, human_input=human_input, trace=current_trace())
+        audit = audit_entry(context, request.note, comment=" | ".join(p for p in (said, comment) if p) or None)
+        row = await self.store.resume_run(tenant, run_id, human_input=human_input, trace=current_trace(),
+                                          audit=audit)
         return convert.run_to_proto(row)
 
     @rpc
@@ -143,15 +160,19 @@ class RunServicer(rs_grpc.RunServiceServicer):
         result = v.parse_json("result_json", request.result_json, tool_response, required=outcome == "SUCCEEDED",
                               object_only=False)
         evidence = v.parse_json("evidence_json", request.evidence_json, self.limit, required=True)
-        resolved_by = v.require_text("resolved_by", request.resolved_by)
+        stated = v.require_text("resolved_by", request.resolved_by)
+        resolved_by = stated if self.auth.open else principal().id
         rule_version = v.optional_text("rule_version", request.rule_version, max_len=200)
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
         event_id = v.optional_uuid("event_id", request.event_id)
-        evidence = {**evidence, "resolved_by": resolved_by, "rule_version": rule_version}
+        evidence = {**evidence, "resolved_by": resolved_by, "rule_version": rule_version,
+                    **({"stated_resolved_by": stated} if stated != resolved_by else {})}
+        audit = audit_entry(context, request.note, comment=None if stated == resolved_by else f"resolved_by: {stated}",
+                            request_id=str(event_id) if event_id else None)
         run, execution = await self.store.resolve_tool_execution(
             tenant, run_id, step_key=step_key, outcome=cast(ResolveOutcome, outcome), result=result,
             remote_resource_id=remote_id, evidence=evidence, resolved_by=resolved_by, event_id=event_id,
-            trace=current_trace())
+            trace=current_trace(), audit=audit)
         return rs.ResolveToolExecutionResponse(run=convert.run_to_proto(run),
                                                execution=convert.execution_to_proto(execution))
 
@@ -211,6 +232,7 @@ class RunServicer(rs_grpc.RunServiceServicer):
             oldest_queued_age_s=float(row.oldest_queued_s or 0), in_doubt_runs=row.in_doubt,
             oldest_in_doubt_age_s=float(row.oldest_in_doubt_s or 0), outbox_pending=row.outbox_pending,
             outbox_oldest_pending_age_s=float(row.outbox_oldest_s or 0),
+            auth_mode=self.settings.auth_mode, principal=principal().id, role=",".join(principal().roles),
         )
         convert.set_time(stats, "database_time", row.db_now)
         return stats

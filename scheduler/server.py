@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from scheduler.auth import WorkServiceAuth
+from scheduler.auth import RunAuth, build_run_auth
 from scheduler.config import SchedulerSettings
 from scheduler.metrics import SchedulerMetrics
 from scheduler.migrate import require_current_schema
@@ -26,6 +26,7 @@ from scheduler.store import Store, connect_pool
 from scheduler.wire import add_service
 from shared.gen.agentrt.v1 import run_service_pb2, work_service_pb2
 from shared.tracing import ServerSpans, records_spans, setup_tracing
+from shared.transport import server_credentials
 
 log = logging.getLogger(__name__)
 RUN_SERVICE = run_service_pb2.DESCRIPTOR.services_by_name["RunService"]
@@ -54,6 +55,7 @@ class SchedulerServer:
         self._stopped = False
         self.metrics: SchedulerMetrics | None = None
         self.metrics_port: int | None = None
+        self.auth: RunAuth | None = None
 
     async def start(self) -> int:
         s = self.settings
@@ -78,13 +80,13 @@ class SchedulerServer:
         server = grpc.aio.server(
             interceptors=[
                 ServerSpans(provider, self.metrics.observe_rpc if self.metrics else None).interceptor(),
-                *([WorkServiceAuth(s.work_token.get_secret_value())] if s.work_token else []),
             ],
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit * 4),
                      ("grpc.so_reuseport", 0)],
         )
         # Not the generated add_*_to_server: bytes that are no message answer INVALID_ARGUMENT (wire.py).
-        add_service(server, RUN_SERVICE, RunServicer(self.store, s, self._notifier))
+        self.auth = await build_run_auth(s, self.store)
+        add_service(server, RUN_SERVICE, RunServicer(self.store, s, self.auth, self._notifier))
         add_service(server, WORK_SERVICE, WorkServicer(
             self.store, s, self._notifier, tracer=provider.get_tracer("agentrt.grpc.server"),
             observe=self.metrics.observe_rpc if self.metrics else None, recording=records_spans(provider)))
@@ -93,7 +95,13 @@ class SchedulerServer:
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
-        self.port = server.add_insecure_port(s.listen_addr)
+        tls = s.server_tls
+        if tls is None:
+            self.port = server.add_insecure_port(s.listen_addr)
+            log.warning("the gRPC port %s is plaintext: credentials and payloads travel in clear "
+                        "(set tls_cert_file and tls_key_file)", s.listen_addr)
+        else:
+            self.port = server.add_secure_port(s.listen_addr, server_credentials(tls))
         if not self.port:
             raise OSError(f"cannot listen on {s.listen_addr}")
         await server.start()
@@ -120,6 +128,8 @@ class SchedulerServer:
             await self._server.stop(grace)
         if self.metrics is not None:
             await self.metrics.stop()
+        if self.auth is not None and self.auth.jwt is not None:
+            await self.auth.jwt.close()
         if self._notifier is not None:
             await self._notifier.stop()
         if self.store is not None:

@@ -9,7 +9,8 @@
 - scheduler/store_runs.py: RunService's reads and operator writes;
 - scheduler/store_work.py, scheduler/store_work_tools.py: the lease holder's
   claim, heartbeat and fenced writes;
-- scheduler/store_registry.py: the agent registry.
+- scheduler/store_registry.py: the agent registry;
+- scheduler/store_auth.py: API keys and the audit trail.
 
 Every statement is a named block of sql/queries.sql run with its parameters by
 name; the fenced writes share one guard (docs/design.md §leases-and-fencing).
@@ -36,12 +37,14 @@ from scheduler.rows import (
     Written,
 )
 from scheduler.states import TERMINAL
+from scheduler.store_auth import ApiKeyRow, AuthStore, KeyForAuth
 from scheduler.store_core import COMMIT_UNKNOWN_COUNTER, connect_pool, db_call
 from scheduler.store_registry import AgentSpec, RegistryStore
 from scheduler.store_runs import RunStore
 from scheduler.store_types import (
     HISTORY_PARTS,
     NO_JOURNAL,
+    AuditEntry,
     Claimed,
     Effect,
     History,
@@ -62,9 +65,9 @@ from shared.db import init_connection
 from shared.tracing import Trace
 
 
-class Store(RunStore, WorkStore, RegistryStore):
+class Store(RunStore, WorkStore, RegistryStore, AuthStore):
     """Every read and write of run state: RunService's side (`RunStore`), WorkService's (`WorkStore`)
-    and the agent registry (`RegistryStore`)."""
+    the agent registry (`RegistryStore`), API keys and the audit trail (`AuthStore`)."""
 
 
 _init_connection = init_connection  # the name tests/integration/test_stateful.py still imports
@@ -75,6 +78,8 @@ __all__ = [
     "NO_JOURNAL",
     "TERMINAL",
     "AgentSpec",
+    "ApiKeyRow",
+    "AuditEntry",
     "Began",
     "Chained",
     "CheckpointRow",
@@ -92,6 +97,7 @@ __all__ = [
     "Journal",
     "JournalPage",
     "JournalRow",
+    "KeyForAuth",
     "LeaseRef",
     "Pruned",
     "ResolveOutcome",

@@ -29,10 +29,12 @@ from scheduler.rows import (
     TenantStats,
 )
 from scheduler.states import LEASED, TERMINAL, Op, RunStatus, transition
+from scheduler.store_auth import run_state, write_audit
 from scheduler.store_core import db_call, trace_params
 from scheduler.store_types import (
     HISTORY_PARTS,
     HISTORY_START,
+    AuditEntry,
     History,
     HistoryCursor,
     HistoryPage,
@@ -100,7 +102,9 @@ class RunStore(Recovery):
 
     @db_call
     async def cancel_run(self, tenant_id: str, run_id: uuid.UUID, *, reason: str,
-                         trace: Trace = NO_TRACE) -> RunRow:
+                         trace: Trace = NO_TRACE, audit: AuditEntry | None = None) -> RunRow:
+        """Ends a run, or flags a leased one for its holder; audited when it changes the run
+        (a repeated cancel changes nothing and writes no audit row)."""
         async with self.pool.acquire() as conn, conn.transaction():
             run = await self._lock_tenant_run(conn, tenant_id, run_id)
             status = RunStatus(run["status"])
@@ -113,18 +117,32 @@ class RunStore(Recovery):
                 updated = await fetchrow(conn, Q.request_cancel, run_id=run_id, reason=reason)
                 assert updated is not None
                 await self._event(conn, updated, "agent.cancel_requested", {"reason": reason}, trace)
-                return RunRow.of(updated)
-            transition(status, Op.CANCEL)
-            updated = await fetchrow(conn, Q.end_run, run_id=run_id, reason=f"cancelled: {reason}", cancel=True,
-                                     cancel_reason=reason)
-            assert updated is not None
-            await self._event(conn, updated, "agent.run_cancelled",
-                              {"reason": reason, "intents_in_doubt": updated["doubted_intents"]}, trace)
+            else:
+                transition(status, Op.CANCEL)
+                updated = await fetchrow(conn, Q.end_run, run_id=run_id, reason=f"cancelled: {reason}", cancel=True,
+                                         cancel_reason=reason)
+                assert updated is not None
+                await self._event(conn, updated, "agent.run_cancelled",
+                                  {"reason": reason, "intents_in_doubt": updated["doubted_intents"]}, trace)
+            if audit is not None:
+                await self._audit_run(conn, audit, "run.cancel", run, updated, trace)
             return RunRow.of(updated)
+
+    @staticmethod
+    async def _audit_run(conn: asyncpg.Connection, audit: AuditEntry, action: str, before: Record,
+                         after: Record, trace: Trace, *, step_key: str | None = None,
+                         evidence: dict[str, Any] | None = None,
+                         extra: tuple[dict[str, Any], dict[str, Any]] | None = None) -> None:
+        state_before, state_after = run_state(before) or {}, run_state(after) or {}
+        if extra is not None:
+            state_before, state_after = {**state_before, **extra[0]}, {**state_after, **extra[1]}
+        await write_audit(conn, audit, tenant_id=after["tenant_id"], action=action, run_id=after["id"],
+                          step_key=step_key, before=state_before, after=state_after, evidence=evidence,
+                          trace=trace, run_version=after["version"], fencing_token=after["fencing_token"])
 
     @db_call
     async def resume_run(self, tenant_id: str, run_id: uuid.UUID, *, human_input: dict[str, Any],
-                         trace: Trace = NO_TRACE) -> RunRow:
+                         trace: Trace = NO_TRACE, audit: AuditEntry | None = None) -> RunRow:
         async with self.pool.acquire() as conn, conn.transaction():
             run = await self._lock_tenant_run(conn, tenant_id, run_id)
             transition(run["status"], Op.RESUME)
@@ -133,6 +151,10 @@ class RunStore(Recovery):
             await self._event(conn, updated, "agent.run_resumed",
                               {"decision": human_input.get("decision"),
                                "operator": human_input.get("operator")}, trace)
+            if audit is not None:
+                action = "run.reject" if human_input.get("decision") == "REJECT" else "run.resume"
+                await self._audit_run(conn, audit, action, run, updated, trace,
+                                      evidence={"decision": human_input.get("decision")})
             await execute(conn, Q.notify_work, agent_name=updated["agent_name"])
             return RunRow.of(updated)
 
@@ -140,7 +162,7 @@ class RunStore(Recovery):
     async def resolve_tool_execution(
         self, tenant_id: str, run_id: uuid.UUID, *, step_key: str, outcome: ResolveOutcome, result: Any,
         remote_resource_id: str | None, evidence: dict[str, Any], resolved_by: str, event_id: uuid.UUID | None,
-        trace: Trace = NO_TRACE,
+        trace: Trace = NO_TRACE, audit: AuditEntry | None = None,
     ) -> Resolved:
         """Applies evidence to an IN_DOUBT ledger row, atomically with the run's move
         (docs/design.md §in-doubt).
@@ -171,7 +193,7 @@ class RunStore(Recovery):
                 run = await self._lock_tenant_run(conn, tenant_id, run_id)
                 execution = await fetchrow(conn, Q.tool_execution_for_step, run_id=run_id, step_key=step_key)
                 return Resolved(RunRow.of(run), ExecutionRow.of(execution))  # type: ignore[arg-type]
-            run = await self._lock_tenant_run(conn, tenant_id, run_id)
+            run = before = await self._lock_tenant_run(conn, tenant_id, run_id)
             transition(run["status"], _RESOLVE_OP[outcome])
             execution = await fetchrow(conn, Q.lock_tool_execution, run_id=run_id, step_key=step_key)
             if execution is None:
@@ -195,6 +217,11 @@ class RunStore(Recovery):
                               {"step_key": step_key, "outcome": outcome, "resolved_by": resolved_by,
                                "evidence": evidence}, trace, event_id=event_id,
                               bound=("ResolveToolExecution", binding))
+            if audit is not None:
+                await self._audit_run(conn, audit, "tool.resolve", before, run, trace, step_key=step_key,
+                                      evidence={"outcome": outcome, "evidence": evidence,
+                                                "remote_resource_id": remote_resource_id},
+                                      extra=({"execution": "IN_DOUBT"}, {"execution": execution["status"]}))
             return Resolved(RunRow.of(run), ExecutionRow.of(execution))
 
     async def _requeue_resolved(self, conn: asyncpg.Connection, run: Record, execution: Record, *, step_key: str,

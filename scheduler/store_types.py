@@ -209,3 +209,16 @@ HISTORY_START = HistoryCursor()  # the first page's cursor
 class HistoryPage(NamedTuple):
     history: History
     cursor: HistoryCursor  # where the next page starts (`exhausted`: nothing left)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """Who acts and why, for the audit row an operator path writes in its transaction
+    (docs/design.md §security). The action and the states before and after come from the path."""
+
+    principal: str
+    principal_kind: str  # api_key | jwt | anonymous | local
+    reason: str | None = None
+    comment: str | None = None
+    ticket_id: str | None = None
+    request_id: str | None = None

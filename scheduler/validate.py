@@ -26,8 +26,18 @@ _NOT_STRUCTURE = bytes(byte for byte in range(256) if byte not in b'[]{}"')
 _ONE_BRACKET_KIND = bytes.maketrans(b"{}", b"[]")
 
 
+def require_tenant(field: str, tenant: str) -> str:
+    if not _TENANT.match(tenant):
+        raise InvalidArgument(field, "must be 1-128 characters of letters, digits, . _ : -")
+    return tenant
+
+
+def tenant_values(metadata: Any) -> list[Any]:
+    return [value for key, value in (metadata or ()) if key == TENANT_HEADER]
+
+
 def tenant_from_metadata(metadata: Any) -> str:
-    values = [value for key, value in (metadata or ()) if key == TENANT_HEADER]
+    values = tenant_values(metadata)
     if not values:
         raise Unauthenticated(f"call metadata must name the tenant in {TENANT_HEADER}")
     if len(values) > 1:  # picking one would let a proxy and the scheduler disagree on the tenant

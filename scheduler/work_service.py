@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from scheduler import convert
 from scheduler import validate as v
+from scheduler.auth import WorkAuth
 from scheduler.config import SchedulerSettings
 from scheduler.notifier import WorkNotifier
 from scheduler.rpc import (
@@ -63,6 +64,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         self._tracer = tracer or trace.get_tracer("agentrt.grpc.server")
         self._observe = observe
         self._recording = recording  # False: no spans of our own, only the caller's context carried on
+        token = settings.work_token.get_secret_value() if settings.work_token else None
+        self.guard = WorkAuth(token, settings.work_client_identities).admit
 
     @rpc
     async def WriteBatch(self, request: ws.WriteBatchRequest,

@@ -47,6 +47,35 @@ class ExecutorTokenRequired(Unauthenticated):
     reason = "EXECUTOR_TOKEN_REQUIRED"
 
 
+class CredentialRequired(Unauthenticated):
+    """A RunService call without a credential, while the scheduler's auth_mode requires one."""
+
+    reason = "CREDENTIAL_REQUIRED"
+
+
+class CredentialInvalid(Unauthenticated):
+    """A credential that does not verify: unknown or revoked key, bad signature, wrong issuer,
+    audience or algorithm, unknown key id, malformed token. `problem` says which (metadata)."""
+
+    reason = "CREDENTIAL_INVALID"
+
+
+class CredentialExpired(Unauthenticated):
+    reason = "CREDENTIAL_EXPIRED"
+
+
+class PermissionDenied(AgentrtError):
+    """An authenticated caller whose role does not grant the call's verb."""
+
+    reason = "ROLE_FORBIDS"
+
+
+class TenantForbidden(PermissionDenied):
+    """An `x-tenant-id` the caller's credential is not allowed to act for."""
+
+    reason = "TENANT_NOT_ALLOWED"
+
+
 class NotFound(AgentrtError):
     reason = "NOT_FOUND"
 
@@ -107,6 +136,11 @@ STATUS_CODES: dict[type[AgentrtError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     ExecutorTokenRequired: grpc.StatusCode.UNAUTHENTICATED,
+    CredentialRequired: grpc.StatusCode.UNAUTHENTICATED,
+    CredentialInvalid: grpc.StatusCode.UNAUTHENTICATED,
+    CredentialExpired: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    TenantForbidden: grpc.StatusCode.PERMISSION_DENIED,
     NotFound: grpc.StatusCode.NOT_FOUND,
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     LeaseLost: grpc.StatusCode.FAILED_PRECONDITION,

@@ -18,6 +18,11 @@ import asyncpg
 import pytest
 
 from devstack.embedded_pg import EmbeddedPostgres
+
+# Tests that are not about authentication run their schedulers (in-process and the processes
+# they start, which inherit this) with auth_mode none; the tests about it pass auth_mode
+# explicitly (settings given in code win over the environment).
+os.environ["AGENTRT_AUTH_MODE"] = "none"
 from scheduler.migrate import migrate
 
 

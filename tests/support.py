@@ -43,7 +43,9 @@ async def scheduler_stack(db_url: str, tracer_provider: Any = None, **overrides:
                               "shutdown_grace_s": 1,
                               # Most tests submit runs no executor serves (they act as the executor):
                               # tests/integration/test_agent_registry.py turns the check on.
-                              "require_registered_agents": False}
+                              "require_registered_agents": False,
+                              # Not about authentication: tests/integration/test_auth*.py turn it on.
+                              "auth_mode": "none"}
     settings = SchedulerSettings(**{**values, **overrides})
     server = SchedulerServer(settings, tracer_provider=tracer_provider)
     port = await server.start()

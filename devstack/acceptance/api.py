@@ -32,13 +32,15 @@ class Api:
         self.channel = grpc.aio.insecure_channel(addr)
         self.runs = rs_grpc.RunServiceStub(self.channel)
         self.work = ws_grpc.WorkServiceStub(self.channel)
+        # tenant -> its API key, for a scheduler that authenticates (experiment 6); none = auth_mode none
+        self.keys: dict[str, str] = {}
 
     async def close(self) -> None:
         await self.channel.close()
 
-    @staticmethod
-    def md(tenant: str) -> list[tuple[str, str]]:
-        return [("x-tenant-id", tenant)]
+    def md(self, tenant: str) -> list[tuple[str, str]]:
+        key = self.keys.get(tenant)
+        return [("x-tenant-id", tenant), *([("authorization", f"Bearer {key}")] if key else [])]
 
     async def submit(self, tenant: str, agent: str, payload: dict[str, Any] | None = None,
                      client_request_id: str = "", max_attempts: int = 0) -> pb.Run:

@@ -98,8 +98,11 @@ FINGERPRINT_SQL = """
     FROM agent_runs r WHERE r.tenant_id = $1 ORDER BY r.id"""
 
 
-async def _intruder_calls(api: Any, md: Any, r_wait: str, r_doubt: str, step: str) -> dict[str, str]:
-    """Every RunService call on the owner's runs, made as the intruder (and one without a tenant)."""
+async def _intruder_calls(api: Any, md: Any, r_wait: str, r_doubt: str, step: str,
+                          owner: str) -> dict[str, str]:
+    """Every RunService call on the owner's runs, made as the intruder with its own key (and one naming
+    the owner's tenant with that key, and one without any credential)."""
+    borrowed = [("x-tenant-id", owner), *[(k, v) for k, v in md if k == "authorization"]]
     return {
         "GetRun": await _attempt("GetRun", api.runs.GetRun(rs.GetRunRequest(run_id=r_wait), metadata=md)),
         "GetRunHistory": await _attempt("GetRunHistory", api.runs.GetRunHistory(
@@ -112,16 +115,22 @@ async def _intruder_calls(api: Any, md: Any, r_wait: str, r_doubt: str, step: st
             rs.ResolveToolExecutionRequest(run_id=r_doubt, step_key=step, outcome=rs.RESOLUTION_OUTCOME_SUCCEEDED,
                                            result_json="{}", evidence_json='{"by": "intruder"}',
                                            resolved_by="intruder", event_id=str(uuid.uuid4())), metadata=md)),
-        "no tenant header": await _attempt("GetRun", api.runs.GetRun(rs.GetRunRequest(run_id=r_wait))),
+        "no credential": await _attempt("GetRun", api.runs.GetRun(rs.GetRunRequest(run_id=r_wait))),
+        "owner's tenant named with the intruder's key": await _attempt("GetRun", api.runs.GetRun(
+            rs.GetRunRequest(run_id=r_wait), metadata=borrowed)),
     }
 
 
 async def tenant_isolation(lab: Lab) -> None:
-    """Tenant B calls every RunService method on tenant A's runs, and writes with forged leases."""
+    """Tenant B calls every RunService method on tenant A's runs with its own API key, and writes with
+    forged leases. The scheduler authenticates (auth_mode api_key): each tenant has a real key."""
     await lab.runtime_database()
-    await lab.scheduler()
-    mock = await lab.mocktool()
     owner, intruder = TENANT, "tenant-intruder"
+    keys = {owner: await lab.api_key(owner, "operator"), intruder: await lab.api_key(intruder, "operator")}
+    await lab.scheduler(auth_mode="api_key")
+    assert lab.api is not None
+    lab.api.keys.update(keys)
+    mock = await lab.mocktool()
     waiting = scripted("acc-e6-wait", [tool_step("a", "acc-e6-wait.a"), {"id": "ask", "wait_for_input": "ok?"},
                                        {"id": "done", "finish": {"ok": True}}],
                        [http_tool(mock.url, "acc-e6-wait.a", LOOKUP)])
@@ -141,7 +150,7 @@ async def tenant_isolation(lab: Lab) -> None:
     run = await api.get(owner, r_wait)
     step = (await api.history(owner, r_doubt)).tool_executions[0].step_key
     md = api.md(intruder)
-    attempts = await _intruder_calls(api, md, r_wait, r_doubt, step)
+    attempts = await _intruder_calls(api, md, r_wait, r_doubt, step, owner)
     listed = await api.runs.ListRuns(rs.ListRunsRequest(page_size=500), metadata=md)
     stats = await api.runs.GetStats(rs.GetStatsRequest(), metadata=md)
     # The same client_request_id in another tenant is another run, not the owner's.
@@ -160,8 +169,8 @@ async def tenant_isolation(lab: Lab) -> None:
                           "ORDER BY 1", [uuid.UUID(r_wait), uuid.UUID(r_doubt)],
                           note="the owner's events (an intrusion would have left some)")
     lab.record_mock(mock)
-    lab.ev.method = {"kind": "RunService calls with x-tenant-id of another tenant; WorkService writes with "
-                             "forged leases", "intruder": intruder}
+    lab.ev.method = {"kind": "RunService calls with another tenant's real API key (auth_mode api_key); "
+                             "WorkService writes with forged leases", "intruder": intruder}
     lab.ev.observe(intruder_calls=attempts, intruder_listed=[r.run_id for r in listed.runs],
                    intruder_stats={"runs_by_status": dict(stats.runs_by_status), "in_doubt": stats.in_doubt_runs,
                                    "outbox_pending": stats.outbox_pending},
@@ -173,8 +182,11 @@ async def tenant_isolation(lab: Lab) -> None:
     lab.ev.check("reads, cancel, resume and resolve of another tenant's run answer NOT_FOUND",
                  all(attempts[k] == "NOT_FOUND" for k in ("GetRun", "GetRunHistory", "CancelRun", "ResumeRun",
                                                            "ResolveToolExecution")), attempts)
-    lab.ev.check("a call without a tenant is refused", attempts["no tenant header"] == "TENANT_REQUIRED",
-                 attempts["no tenant header"])
+    lab.ev.check("a call without a credential is refused", attempts["no credential"] == "CREDENTIAL_REQUIRED",
+                 attempts["no credential"])
+    lab.ev.check("the intruder's key cannot name the owner's tenant",
+                 attempts["owner's tenant named with the intruder's key"] == "TENANT_NOT_ALLOWED",
+                 attempts["owner's tenant named with the intruder's key"])
     lab.ev.check("ListRuns and GetStats show none of the owner's runs",
                  not {r_wait, r_doubt} & {r.run_id for r in listed.runs}
                  and sum(stats.runs_by_status.values()) == 0 and stats.in_doubt_runs == 0,

@@ -195,6 +195,16 @@ class Lab:
         await self.reconnect()
         return self.db_url
 
+    async def api_key(self, tenant: str, role: str) -> str:
+        """A real API key of `tenant`, made by the CLI as an operator bootstrapping would."""
+        argv = [PYTHON, "-m", "devstack.cli", "keys", "create", "--database-url", self.db_url, "--tenant", tenant,
+                "--role", role, "--name", f"acceptance {tenant}", "--json"]
+        self.commands.add(" ".join(argv[1:]))
+        done = await asyncio.to_thread(_run_out, argv)
+        if done[0] != 0:
+            raise ExperimentError(f"keys create failed: {done[2][-300:]}")
+        return str(json.loads(done[1])["secret"])
+
     async def reconnect(self, within: float = 60) -> asyncpg.Connection:
         async def connect() -> asyncpg.Connection | None:
             try:
@@ -243,7 +253,9 @@ class Lab:
                "AGENTRT_SHUTDOWN_GRACE_S": "1", "AGENTRT_DB_COMMAND_TIMEOUT_S": "10",
                # The experiments submit runs before (or while no) executor serves them: recovery is
                # under test here, not admission (tests/integration/test_agent_registry.py is).
-               "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false"}
+               "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false",
+               # Not about authentication; experiment 6 starts its scheduler with auth_mode api_key.
+               "AGENTRT_AUTH_MODE": "none"}
         env.update({f"AGENTRT_{k.upper()}": str(v) for k, v in settings.items()})
         proc = self.spawn(name, [PYTHON, "-m", "devstack.cli", "scheduler"], env, prefix)
         await wait_log(proc, "scheduler listening on", 60)
@@ -364,6 +376,15 @@ class Lab:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.commands.started
+
+
+def _run_out(argv: list[str]) -> tuple[int, str, str]:
+    import subprocess
+
+    from devstack.acceptance.procs import REPO_ROOT, clean_env
+
+    done = subprocess.run(argv, cwd=REPO_ROOT, env=clean_env({}), capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout, done.stderr
 
 
 def _run(argv: list[str]) -> tuple[int, str]:

@@ -851,3 +851,64 @@ FROM agent_registry
 WHERE expires_at > clock_timestamp()
 WINDOW same AS (PARTITION BY agent_name, agent_version)
 ORDER BY agent_name, agent_version, registered_at DESC;
+
+-- name: database_epoch
+-- The database clock as epoch seconds: the scheduler's clock for credential expiry.
+SELECT extract(epoch FROM clock_timestamp())::float8;
+
+-- name: insert_api_key
+-- A new key; only the hash of its secret is kept (docs/design.md §security).
+INSERT INTO api_keys (id, name, tenants, role, secret_hash, created_by, expires_at)
+VALUES (:id, :name, :tenants, :role, :secret_hash, :created_by,
+        CASE WHEN :expires_in_s::bigint > 0
+             THEN clock_timestamp() + make_interval(secs => :expires_in_s::bigint) END)
+RETURNING id, name, tenants, role, created_by, created_at, expires_at, revoked_at;
+
+-- name: api_key_for_auth
+-- One key for authentication, with its expiry as epoch seconds (judged against the database clock).
+SELECT id, name, tenants, role, secret_hash, revoked_at IS NOT NULL AS revoked,
+       extract(epoch FROM expires_at)::float8 AS expires_epoch
+FROM api_keys WHERE id = :id;
+
+-- name: list_api_keys
+-- Keys visible to an admin of :tenants ('*' = every key), newest first, keyset on (created_at, id).
+SELECT id, name, tenants, role, created_by, created_at, expires_at, revoked_at
+FROM api_keys
+WHERE ('*' = ANY(:tenants::text[]) OR tenants <@ :tenants::text[])
+  AND (:include_revoked OR revoked_at IS NULL)
+  AND (:after_created_at::timestamptz IS NULL OR (created_at, id) < (:after_created_at, :after_id::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- name: revoke_api_key
+-- Revokes a live key an admin of :tenants may manage; nothing for a revoked or foreign key.
+UPDATE api_keys SET revoked_at = clock_timestamp(), revoked_by = :revoked_by
+WHERE id = :id AND revoked_at IS NULL
+  AND ('*' = ANY(:tenants::text[]) OR tenants <@ :tenants::text[])
+RETURNING id, name, tenants, role, created_by, created_at, expires_at, revoked_at;
+
+-- name: api_key_by_id
+-- One key an admin of :tenants may manage (revocation reads it first: its state before, for the audit).
+SELECT id, name, tenants, role, created_by, created_at, expires_at, revoked_at
+FROM api_keys WHERE id = :id AND ('*' = ANY(:tenants::text[]) OR tenants <@ :tenants::text[]);
+
+-- name: insert_audit
+-- One audit row, in the transaction of the action it records.
+INSERT INTO audit_log (audit_id, principal, principal_kind, tenant_id, action, run_id, step_key, reason, comment,
+                       ticket_id, state_before, state_after, evidence, request_id)
+VALUES (:audit_id, :principal, :principal_kind, :tenant_id, :action, :run_id, :step_key, :reason, :comment,
+        :ticket_id, :state_before, :state_after, :evidence, :request_id)
+RETURNING audit_id, at;
+
+-- name: list_audit
+-- The audit trail of one tenant (or every tenant when :tenant_id is NULL), newest first, keyset on id.
+SELECT * FROM audit_log
+WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
+  AND (:run_id::uuid IS NULL OR run_id = :run_id)
+  AND (:principal::text IS NULL OR principal = :principal)
+  AND (:action::text IS NULL OR action = :action)
+  AND (:since::timestamptz IS NULL OR at >= :since)
+  AND (:until::timestamptz IS NULL OR at < :until)
+  AND (:before_id::bigint IS NULL OR id < :before_id)
+ORDER BY id DESC
+LIMIT :limit;

@@ -1,8 +1,14 @@
 """A small async client for agentrt's public RunService.
 
-    async with AgentrtClient("127.0.0.1:50051", tenant="acme") as client:
+    tls = ClientTls(ca_file="ca.crt")  # the CA that signed the scheduler's certificate
+    async with AgentrtClient("scheduler:50051", api_key=os.environ["AGENTRT_API_KEY"], tls=tls) as client:
         run = await client.submit("returns", {"order_id": 42}, client_request_id="order-42")
         run = await client.wait(run.run_id, until={"COMPLETED", "FAILED", "PAUSED_HUMAN"})
+
+The credential (an API key, or an OIDC token as `token=`) decides the tenant; `tenant=`
+picks one when the credential may act for several, and is the only tenant source when
+the scheduler runs with auth_mode none. A credential is never sent in clear to an address
+that is not loopback unless `insecure=True` says so.
 
 Submits are idempotent: every submit carries a client request id (made up if
 you give none), so a retry after UNAVAILABLE or a deadline cannot create a
@@ -14,6 +20,7 @@ typed classes of shared.errors (NotFound, AlreadyExists, InvalidArgument, …).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import datetime as dt
 import json
 import random
@@ -24,11 +31,14 @@ from typing import Any, TypeVar
 
 import grpc
 
-from shared.errors import Unavailable, from_rpc_error
+from shared.errors import InvalidArgument, Unavailable, from_rpc_error
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.tracing import inject_metadata
+from shared.transport import ClientTls, open_channel, require_tls
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 T = TypeVar("T")
 TERMINAL = frozenset({"COMPLETED", "FAILED"})
@@ -135,14 +145,32 @@ def _message_dict(message: Any) -> dict[str, Any]:
     return data
 
 
+def is_loopback(addr: str) -> bool:
+    host = addr.rsplit(":", 1)[0] if addr.count(":") == 1 or addr.startswith("[") else addr
+    return host in LOOPBACK_HOSTS
+
+
 class AgentrtClient:
-    def __init__(self, addr: str, tenant: str, *, timeout_s: float = 10.0, max_retries: int = 5,
-                 channel: grpc.aio.Channel | None = None) -> None:
+    def __init__(self, addr: str, tenant: str | None = None, *, api_key: str | None = None,
+                 token: str | None = None, tls: ClientTls | None = None, insecure: bool = False,
+                 timeout_s: float = 10.0, max_retries: int = 5, channel: grpc.aio.Channel | None = None,
+                 request_id: str | None = None) -> None:
+        if api_key and token:
+            raise ValueError("give an API key or a token, not both")
+        credential = api_key or token
+        if channel is None:
+            require_tls(credential=bool(credential), tls=tls, insecure=insecure or is_loopback(addr),
+                        what=f"RunService at {addr}")
         self.addr = addr
         self.tenant = tenant
         self.timeout_s = timeout_s
         self.max_retries = max_retries
-        self._channel = channel or grpc.aio.insecure_channel(addr)
+        self._metadata: list[tuple[str, str]] = [("x-tenant-id", tenant)] if tenant else []
+        if credential:
+            self._metadata.append(("authorization", f"Bearer {credential}"))
+        if request_id:
+            self._metadata.append(("x-request-id", request_id))
+        self._channel = channel or open_channel(addr, tls)
         self._owns_channel = channel is None
         self._stub = rs_grpc.RunServiceStub(self._channel)
 
@@ -160,7 +188,7 @@ class AgentrtClient:
         delay = 0.1
         for attempt in range(self.max_retries + 1):
             try:
-                return await method(request, metadata=inject_metadata([("x-tenant-id", self.tenant)]),
+                return await method(request, metadata=inject_metadata(list(self._metadata)),
                                     timeout=self.timeout_s)
             except grpc.aio.AioRpcError as error:
                 retryable = error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -216,24 +244,27 @@ class AgentrtClient:
             if not token:
                 return
 
-    async def cancel(self, run_id: str, reason: str = "") -> RunInfo:
+    async def cancel(self, run_id: str, reason: str = "", *, ticket_id: str = "", comment: str = "") -> RunInfo:
+        note = rs.AuditNote(reason=reason, comment=comment, ticket_id=ticket_id)
         return RunInfo.from_proto(await self._call(self._stub.CancelRun,
-                                                   rs.CancelRunRequest(run_id=run_id, reason=reason)))
+                                                   rs.CancelRunRequest(run_id=run_id, reason=reason, note=note)))
 
-    async def resume(self, run_id: str, *, operator: str, approve: bool | None = None,
-                     input: Any = None, comment: str = "") -> RunInfo:
+    async def resume(self, run_id: str, *, operator: str = "", approve: bool | None = None,
+                     input: Any = None, comment: str = "", reason: str = "", ticket_id: str = "") -> RunInfo:
         """approve=True/False answers an approval; input=... answers wait_for_input."""
         if approve is None and input is None:
             raise ValueError("resume needs approve=True/False or input=...")
         decision = (rs.RESUME_DECISION_INPUT if approve is None
                     else rs.RESUME_DECISION_APPROVE if approve else rs.RESUME_DECISION_REJECT)
         request = rs.ResumeRunRequest(run_id=run_id, decision=decision, operator=operator, comment=comment,
-                                      input_json=json.dumps(input) if input is not None else "")
+                                      input_json=json.dumps(input) if input is not None else "",
+                                      note=rs.AuditNote(reason=reason, ticket_id=ticket_id))
         return RunInfo.from_proto(await self._call(self._stub.ResumeRun, request))
 
     async def resolve_tool(self, run_id: str, step_key: str, outcome: str, *, evidence: dict[str, Any],
                            resolved_by: str, result: Any = None, remote_resource_id: str = "",
-                           rule_version: str = "") -> tuple[RunInfo, dict[str, Any]]:
+                           rule_version: str = "", reason: str = "", comment: str = "",
+                           ticket_id: str = "") -> tuple[RunInfo, dict[str, Any]]:
         """outcome: SUCCEEDED (with result) | NOT_EXECUTED | UNKNOWN. One event id across retries."""
         outcomes = {"SUCCEEDED": rs.RESOLUTION_OUTCOME_SUCCEEDED, "NOT_EXECUTED": rs.RESOLUTION_OUTCOME_NOT_EXECUTED,
                     "UNKNOWN": rs.RESOLUTION_OUTCOME_UNKNOWN}
@@ -241,7 +272,7 @@ class AgentrtClient:
             run_id=run_id, step_key=step_key, outcome=outcomes[outcome.upper()],
             result_json=json.dumps(result) if result is not None else "", remote_resource_id=remote_resource_id,
             evidence_json=json.dumps(evidence), resolved_by=resolved_by, rule_version=rule_version,
-            event_id=str(uuid.uuid4()),
+            event_id=str(uuid.uuid4()), note=rs.AuditNote(reason=reason, comment=comment, ticket_id=ticket_id),
         )
         reply = await self._call(self._stub.ResolveToolExecution, request)
         return RunInfo.from_proto(reply.run), _message_dict(reply.execution)
@@ -283,7 +314,54 @@ class AgentrtClient:
             "oldest_in_doubt_age_s": reply.oldest_in_doubt_age_s,
             "outbox_pending": reply.outbox_pending,
             "outbox_oldest_pending_age_s": reply.outbox_oldest_pending_age_s,
+            "auth_mode": reply.auth_mode,
+            "principal": reply.principal,
+            "role": reply.role,
         }
+
+    async def create_key(self, name: str, role: str, *, tenants: Iterable[str] = (), expires_in_s: int = 0,
+                         reason: str = "", ticket_id: str = "") -> tuple[dict[str, Any], str]:
+        """A new API key (admin): its description and the key itself, which is shown only here."""
+        number = getattr(rs, f"API_KEY_ROLE_{role.upper()}", None)
+        if number is None or not role:
+            raise InvalidArgument("role", "must be viewer, submitter, operator or admin")
+        reply = await self._call(self._stub.CreateApiKey, rs.CreateApiKeyRequest(
+            name=name, role=number, tenants=list(tenants), expires_in_s=expires_in_s,
+            note=rs.AuditNote(reason=reason, ticket_id=ticket_id)))
+        return _key_dict(reply.key), reply.secret
+
+    async def list_keys(self, *, include_revoked: bool = False) -> builtins.list[dict[str, Any]]:
+        keys: builtins.list[dict[str, Any]] = []
+        token = ""
+        while True:
+            reply = await self._call(self._stub.ListApiKeys, rs.ListApiKeysRequest(
+                page_size=500, page_token=token, include_revoked=include_revoked))
+            keys += [_key_dict(k) for k in reply.keys]
+            token = reply.next_page_token
+            if not token:
+                return keys
+
+    async def revoke_key(self, key_id: str, *, reason: str = "", ticket_id: str = "") -> dict[str, Any]:
+        reply = await self._call(self._stub.RevokeApiKey, rs.RevokeApiKeyRequest(
+            key_id=key_id, note=rs.AuditNote(reason=reason, ticket_id=ticket_id)))
+        return _key_dict(reply)
+
+    async def audit_events(self, *, run_id: str = "", principal: str = "", action: str = "",
+                           since: dt.datetime | None = None, until: dt.datetime | None = None,
+                           page_size: int = 100, limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        """The tenant's audit trail, newest first (admin); at most `limit` entries."""
+        request = rs.ListAuditEventsRequest(run_id=run_id, principal=principal, action=action, page_size=page_size)
+        for name, value in (("since", since), ("until", until)):
+            if value is not None:
+                getattr(request, name).FromDatetime(value)
+        events: builtins.list[dict[str, Any]] = []
+        while limit is None or len(events) < limit:
+            reply = await self._call(self._stub.ListAuditEvents, request)
+            events += [_message_dict(e) for e in reply.events]
+            if not reply.next_page_token:
+                break
+            request.page_token = reply.next_page_token
+        return events[:limit] if limit is not None else events
 
     async def watch(self, run_id: str, *, poll_s: float = 0.5) -> AsyncIterator[RunInfo]:
         """Yields the run each time its status or version changes, until it is terminal."""
@@ -307,3 +385,9 @@ class AgentrtClient:
                 if run.status in wanted:
                     return run
                 await asyncio.sleep(poll_s)
+
+
+def _key_dict(message: Any) -> dict[str, Any]:
+    data = _message_dict(message)
+    data["role"] = str(data.get("role", "")).removeprefix("API_KEY_ROLE_").lower()
+    return data

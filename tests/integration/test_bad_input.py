@@ -47,7 +47,7 @@ S1, S2, TOOL = "refund.create/attempt-1", "refund.notify/attempt-1", "payments.r
 REQ2 = {"order": 7, "notify": True}
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 TABLES = ("agent_runs", "agent_checkpoints", "tool_executions", "outbox", "runtime_counters", "run_journal",
-          "agent_registry")
+          "agent_registry", "api_keys", "audit_log")
 
 
 # ---------------------------------------------------------------------- the runs every request refers to
@@ -63,6 +63,7 @@ class World:
     waiting: ws.LeaseRef  # WAITING_TOOL on S1
     waiting_version: int
     page_token: str  # a real token, issued for ListRuns without filters
+    key_id: str  # a live API key
 
 
 async def _leased(stack: Stack, agent: str, state: dict[str, Any], step_key: str) -> tuple[ws.LeaseRef, int]:
@@ -96,8 +97,10 @@ async def build_world(stack: Stack) -> World:
     queued = await submit(stack, agent="bi-queued")
     page = await stack.runs.ListRuns(rs.ListRunsRequest(page_size=1), metadata=stack.md())
     assert page.next_page_token
-    return World(queued=queued.run_id, paused_human=human.run_id, in_doubt=doubt.run_id, running=running,
-                 running_version=running_version, waiting=waiting, waiting_version=waiting_version,
+    key = await stack.runs.CreateApiKey(rs.CreateApiKeyRequest(name="existing", role=rs.API_KEY_ROLE_VIEWER),
+                                        metadata=stack.md())
+    return World(key_id=key.key.key_id, queued=queued.run_id, paused_human=human.run_id, in_doubt=doubt.run_id,
+                 running=running, running_version=running_version, waiting=waiting, waiting_version=waiting_version,
                  page_token=page.next_page_token)
 
 
@@ -130,6 +133,16 @@ def base_request(rpc: str, w: World) -> Message:
         return rs.GetStatsRequest()
     if rpc == "ListAgents":
         return rs.ListAgentsRequest()
+    if rpc == "ListAuditEvents":
+        return rs.ListAuditEventsRequest(run_id=w.queued, principal="anonymous", action="run.cancel", page_size=10,
+                                         since=Timestamp(seconds=1_700_000_000))
+    if rpc == "CreateApiKey":
+        return rs.CreateApiKeyRequest(name="ci-bot", tenants=[TENANT], role=rs.API_KEY_ROLE_SUBMITTER,
+                                      expires_in_s=3600, note=rs.AuditNote(reason="ci", ticket_id="OPS-1"))
+    if rpc == "ListApiKeys":
+        return rs.ListApiKeysRequest(page_size=10, include_revoked=True)
+    if rpc == "RevokeApiKey":
+        return rs.RevokeApiKeyRequest(key_id=w.key_id, note=rs.AuditNote(reason="rotated"))
     if rpc == "RegisterAgents":
         return ws.RegisterAgentsRequest(worker_id="w-new", ttl_ms=30_000, agents=[ws.AgentRegistration(
             name="bi-reg", version="1", input_schema_json='{"type": "object"}', tool_names=["t.one"])])
@@ -175,7 +188,8 @@ def base_request(rpc: str, w: World) -> Message:
 
 
 RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "ResumeRun", "ResolveToolExecution", "GetRunHistory",
-            "GetStats", "ListAgents")
+            "GetStats", "ListAgents", "ListAuditEvents", "CreateApiKey", "ListApiKeys", "RevokeApiKey")
+KEY_RPCS = ("CreateApiKey", "ListApiKeys", "RevokeApiKey")  # scoped by the credential's tenants, not by the header
 WORK_RPCS = ("ClaimWork", "Heartbeat", "SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "MarkToolInDoubt",
              "FinishRun", "CompleteAndBeginToolCall", "WriteBatch", "ReadJournal", "GetToolResults", "RegisterAgents")
 WRITES = WORK_RPCS[1:-4]  # the fenced ones
@@ -330,7 +344,7 @@ ISO = "2026-01-01T00:00:00+00:00"
 CASES: list[Bad] = [
     # ---- RunService: every call needs the tenant header
     *[Bad(rpc, "no tenant header", lambda r: None, None, tenant=MISSING, code=grpc.StatusCode.UNAUTHENTICATED)
-      for rpc in RUN_RPCS],
+      for rpc in RUN_RPCS if rpc not in KEY_RPCS],
     *[Bad(rpc, "malformed tenant", lambda r: None, "x-tenant-id", tenant="bad tenant!")
       for rpc in ("SubmitRun", "GetRun", "ResolveToolExecution", "GetStats")],
     # ---- SubmitRun
@@ -380,7 +394,26 @@ CASES: list[Bad] = [
     # ---- ResumeRun
     *uuid_cases("ResumeRun", "run_id"),
     *enum_cases("ResumeRun", "decision"),
-    Bad("ResumeRun", "operator missing", put(operator=CLEAR), "operator"),
+    Bad("ResumeRun", "operator too long", put(operator="o" * 201), "operator"),
+    Bad("ResumeRun", "note.ticket_id too long", put(note__ticket_id="t" * 201), "note.ticket_id"),
+    nul_case("ResumeRun", "note.reason"),
+    # ---- the admin side: audit trail and keys
+    *uuid_cases("ListAuditEvents", "run_id", required=False),
+    nul_case("ListAuditEvents", "principal"),
+    Bad("ListAuditEvents", "page_size negative", put(page_size=-1), "page_size"),
+    Bad("ListAuditEvents", "page_size too large", put(page_size=501), "page_size"),
+    Bad("ListAuditEvents", "page_token not ours", put(page_token="garbage"), "page_token"),
+    Bad("ListAuditEvents", "since out of range", put(since__seconds=10**12), "since"),
+    Bad("CreateApiKey", "name missing", put(name=CLEAR), "name"),
+    nul_case("CreateApiKey", "name"),
+    *enum_cases("CreateApiKey", "role"),
+    Bad("CreateApiKey", "expires_in_s negative", put(expires_in_s=-5), "expires_in_s"),
+    Bad("CreateApiKey", "tenant malformed", put(tenants=["bad tenant!"]), "tenants"),
+    Bad("CreateApiKey", "several tenants for a submitter", put(tenants=[TENANT, "other"]), "tenants"),
+    Bad("CreateApiKey", "note.comment too long", put(note__comment="c" * 2001), "note.comment"),
+    Bad("ListApiKeys", "page_size too large", put(page_size=501), "page_size"),
+    Bad("ListApiKeys", "page_token not ours", put(page_token="garbage"), "page_token"),
+    *uuid_cases("RevokeApiKey", "key_id"),
     nul_case("ResumeRun", "operator"),
     Bad("ResumeRun", "comment too long", put(comment="c" * 2001), "comment"),
     nul_case("ResumeRun", "comment"),

@@ -78,7 +78,8 @@ def start_scheduler(db_url: str, addr: str, log: Path) -> subprocess.Popen[Any]:
             env=child_env(AGENTRT_DATABASE_URL=db_url, AGENTRT_LISTEN_ADDR=addr,
                           AGENTRT_LEASE_DURATION_MS=str(LEASE_MS), AGENTRT_CLAIM_POLL_INTERVAL_MS="100",
                           AGENTRT_DB_POOL_MAX="12", AGENTRT_LOG_LEVEL="WARNING", AGENTRT_SHUTDOWN_GRACE_S="1",
-                          AGENTRT_REQUIRE_REGISTERED_AGENTS="false"),  # the workers claim as bare gRPC clients
+                          # The workers claim as bare gRPC clients; auth is not under test here.
+                          AGENTRT_REQUIRE_REGISTERED_AGENTS="false", AGENTRT_AUTH_MODE="none"),
             stdout=out, stderr=subprocess.STDOUT)
 
 

@@ -221,7 +221,8 @@ async def test_cancel_of_a_queued_run_ends_it_at_once(db_url, db):
         assert cancelled.status == pb.RUN_STATUS_FAILED and "customer withdrew" in cancelled.terminal_reason
         assert cancelled.HasField("finished_at") and cancelled.cancel_requested
         history = await stack.runs.GetRunHistory(rs.GetRunHistoryRequest(run_id=run.run_id), metadata=stack.md())
-        assert [e.event_type for e in history.events] == ["agent.run_submitted", "agent.run_cancelled"]
+        assert [e.event_type for e in history.events] == ["agent.run_submitted", "agent.run_cancelled",
+                                                          "agent.audit.run.cancel"]
         assert json.loads(history.events[-1].payload_json)["reason"] == "customer withdrew"
         assert await claim(stack) is None, "a cancelled run is never claimed"
         # Cancelling again answers with the outcome and writes nothing.
@@ -272,7 +273,7 @@ async def test_cancel_of_a_leased_run_ends_it_at_the_holders_next_write(db_url, 
         assert await db.fetchval("SELECT count(*) FROM agent_checkpoints") == checkpoints
         assert await db.fetchval("SELECT count(*) FROM tool_executions") == 0
         assert await events(db, held.run_id) == ["agent.run_submitted", "agent.checkpoint", "agent.cancel_requested",
-                                                 "agent.run_cancelled"]
+                                                 "agent.audit.run.cancel", "agent.run_cancelled"]
         # Every later write is refused too (the lease is gone).
         error = await refused(_heartbeat(stack, held))
         assert reason_of(error) == "LEASE_LOST"
@@ -333,8 +334,8 @@ async def test_resume_records_the_operators_input_and_requeues(db_url, db):
                  "comment": "partial refund"}
         assert json.loads(resumed.human_input_json) == human
         assert (await run_row(db, held.run_id))["human_input"] == human
-        event = await db.fetchrow("SELECT * FROM outbox WHERE run_id = $1 ORDER BY id DESC LIMIT 1",
-                                  uuid.UUID(held.run_id))
+        event = await db.fetchrow("SELECT * FROM outbox WHERE run_id = $1 AND event_type NOT LIKE 'agent.audit.%' "
+                                  "ORDER BY id DESC LIMIT 1", uuid.UUID(held.run_id))
         assert event["event_type"] == "agent.run_resumed"
         assert (event["payload"]["decision"], event["payload"]["operator"]) == ("INPUT", "alice")
         # The next holder sees the operator's answer.

@@ -25,6 +25,6 @@ async def test_work_service_needs_the_executor_token(db_url, db, tmp_path):
 
         agents = tmp_path / "agents"
         write_agent(agents, scripted_agent("demo", [{"id": "done", "finish": "ok"}], []))
-        async with executor(stack, agents, work_token="s3cret"):
+        async with executor(stack, agents, work_token="s3cret", scheduler_insecure=True):
             finished = await wait_status(stack, run.run_id, pb.RUN_STATUS_COMPLETED)
         assert finished.status == pb.RUN_STATUS_COMPLETED

@@ -37,3 +37,9 @@ def test_readme_cli_reference_names_every_command():
         words = [f"agentrt {name} {child}" for a in nested for child in a.choices] or [f"agentrt {name}"]
         missing += [w for w in words if w not in reference]
     assert not missing, f"README CLI reference lacks: {missing}"
+
+
+def test_readme_prints_the_role_table_of_the_code():
+    from scheduler.roles import markdown_table
+
+    assert markdown_table() in (REPO / "README.md").read_text()

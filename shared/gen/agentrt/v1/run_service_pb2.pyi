@@ -32,6 +32,14 @@ class HistoryPart(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HISTORY_PART_TOOL_EXECUTIONS: _ClassVar[HistoryPart]
     HISTORY_PART_EVENTS: _ClassVar[HistoryPart]
     HISTORY_PART_JOURNAL: _ClassVar[HistoryPart]
+
+class ApiKeyRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    API_KEY_ROLE_UNSPECIFIED: _ClassVar[ApiKeyRole]
+    API_KEY_ROLE_VIEWER: _ClassVar[ApiKeyRole]
+    API_KEY_ROLE_SUBMITTER: _ClassVar[ApiKeyRole]
+    API_KEY_ROLE_OPERATOR: _ClassVar[ApiKeyRole]
+    API_KEY_ROLE_ADMIN: _ClassVar[ApiKeyRole]
 RESUME_DECISION_UNSPECIFIED: ResumeDecision
 RESUME_DECISION_APPROVE: ResumeDecision
 RESUME_DECISION_REJECT: ResumeDecision
@@ -45,6 +53,21 @@ HISTORY_PART_CHECKPOINTS: HistoryPart
 HISTORY_PART_TOOL_EXECUTIONS: HistoryPart
 HISTORY_PART_EVENTS: HistoryPart
 HISTORY_PART_JOURNAL: HistoryPart
+API_KEY_ROLE_UNSPECIFIED: ApiKeyRole
+API_KEY_ROLE_VIEWER: ApiKeyRole
+API_KEY_ROLE_SUBMITTER: ApiKeyRole
+API_KEY_ROLE_OPERATOR: ApiKeyRole
+API_KEY_ROLE_ADMIN: ApiKeyRole
+
+class AuditNote(_message.Message):
+    __slots__ = ("reason", "comment", "ticket_id")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    TICKET_ID_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    comment: str
+    ticket_id: str
+    def __init__(self, reason: _Optional[str] = ..., comment: _Optional[str] = ..., ticket_id: _Optional[str] = ...) -> None: ...
 
 class SubmitRunRequest(_message.Message):
     __slots__ = ("agent_name", "agent_version", "input_json", "client_request_id", "max_attempts", "budget", "labels", "allow_unregistered")
@@ -108,29 +131,33 @@ class ListRunsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[_common_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelRunRequest(_message.Message):
-    __slots__ = ("run_id", "reason")
+    __slots__ = ("run_id", "reason", "note")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     reason: str
-    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    note: AuditNote
+    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
 
 class ResumeRunRequest(_message.Message):
-    __slots__ = ("run_id", "decision", "input_json", "operator", "comment")
+    __slots__ = ("run_id", "decision", "input_json", "operator", "comment", "note")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     COMMENT_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     decision: ResumeDecision
     input_json: str
     operator: str
     comment: str
-    def __init__(self, run_id: _Optional[str] = ..., decision: _Optional[_Union[ResumeDecision, str]] = ..., input_json: _Optional[str] = ..., operator: _Optional[str] = ..., comment: _Optional[str] = ...) -> None: ...
+    note: AuditNote
+    def __init__(self, run_id: _Optional[str] = ..., decision: _Optional[_Union[ResumeDecision, str]] = ..., input_json: _Optional[str] = ..., operator: _Optional[str] = ..., comment: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
 
 class ResolveToolExecutionRequest(_message.Message):
-    __slots__ = ("run_id", "step_key", "outcome", "result_json", "remote_resource_id", "evidence_json", "resolved_by", "rule_version", "event_id")
+    __slots__ = ("run_id", "step_key", "outcome", "result_json", "remote_resource_id", "evidence_json", "resolved_by", "rule_version", "event_id", "note")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_KEY_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +167,7 @@ class ResolveToolExecutionRequest(_message.Message):
     RESOLVED_BY_FIELD_NUMBER: _ClassVar[int]
     RULE_VERSION_FIELD_NUMBER: _ClassVar[int]
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     step_key: str
     outcome: ResolutionOutcome
@@ -149,7 +177,8 @@ class ResolveToolExecutionRequest(_message.Message):
     resolved_by: str
     rule_version: str
     event_id: str
-    def __init__(self, run_id: _Optional[str] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ResolutionOutcome, str]] = ..., result_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., evidence_json: _Optional[str] = ..., resolved_by: _Optional[str] = ..., rule_version: _Optional[str] = ..., event_id: _Optional[str] = ...) -> None: ...
+    note: AuditNote
+    def __init__(self, run_id: _Optional[str] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ResolutionOutcome, str]] = ..., result_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., evidence_json: _Optional[str] = ..., resolved_by: _Optional[str] = ..., rule_version: _Optional[str] = ..., event_id: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
 
 class ResolveToolExecutionResponse(_message.Message):
     __slots__ = ("run", "execution")
@@ -192,7 +221,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunStats(_message.Message):
-    __slots__ = ("runs_by_status", "oldest_queued_age_s", "in_doubt_runs", "oldest_in_doubt_age_s", "outbox_pending", "outbox_oldest_pending_age_s", "database_time")
+    __slots__ = ("runs_by_status", "oldest_queued_age_s", "in_doubt_runs", "oldest_in_doubt_age_s", "outbox_pending", "outbox_oldest_pending_age_s", "database_time", "auth_mode", "principal", "role")
     class RunsByStatusEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +236,9 @@ class RunStats(_message.Message):
     OUTBOX_PENDING_FIELD_NUMBER: _ClassVar[int]
     OUTBOX_OLDEST_PENDING_AGE_S_FIELD_NUMBER: _ClassVar[int]
     DATABASE_TIME_FIELD_NUMBER: _ClassVar[int]
+    AUTH_MODE_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     runs_by_status: _containers.ScalarMap[str, int]
     oldest_queued_age_s: float
     in_doubt_runs: int
@@ -214,7 +246,10 @@ class RunStats(_message.Message):
     outbox_pending: int
     outbox_oldest_pending_age_s: float
     database_time: _timestamp_pb2.Timestamp
-    def __init__(self, runs_by_status: _Optional[_Mapping[str, int]] = ..., oldest_queued_age_s: _Optional[float] = ..., in_doubt_runs: _Optional[int] = ..., oldest_in_doubt_age_s: _Optional[float] = ..., outbox_pending: _Optional[int] = ..., outbox_oldest_pending_age_s: _Optional[float] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    auth_mode: str
+    principal: str
+    role: str
+    def __init__(self, runs_by_status: _Optional[_Mapping[str, int]] = ..., oldest_queued_age_s: _Optional[float] = ..., in_doubt_runs: _Optional[int] = ..., oldest_in_doubt_age_s: _Optional[float] = ..., outbox_pending: _Optional[int] = ..., outbox_oldest_pending_age_s: _Optional[float] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., auth_mode: _Optional[str] = ..., principal: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class ListAgentsRequest(_message.Message):
     __slots__ = ()
@@ -241,3 +276,131 @@ class ListAgentsResponse(_message.Message):
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     agents: _containers.RepeatedCompositeFieldContainer[RegisteredAgent]
     def __init__(self, agents: _Optional[_Iterable[_Union[RegisteredAgent, _Mapping]]] = ...) -> None: ...
+
+class ListAuditEventsRequest(_message.Message):
+    __slots__ = ("run_id", "principal", "action", "since", "until", "page_size", "page_token")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    principal: str
+    action: str
+    since: _timestamp_pb2.Timestamp
+    until: _timestamp_pb2.Timestamp
+    page_size: int
+    page_token: str
+    def __init__(self, run_id: _Optional[str] = ..., principal: _Optional[str] = ..., action: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class AuditEvent(_message.Message):
+    __slots__ = ("audit_id", "at", "principal", "principal_kind", "tenant_id", "action", "run_id", "step_key", "reason", "comment", "ticket_id", "state_before_json", "state_after_json", "evidence_json", "request_id")
+    AUDIT_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_KIND_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    TICKET_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_BEFORE_JSON_FIELD_NUMBER: _ClassVar[int]
+    STATE_AFTER_JSON_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    audit_id: str
+    at: _timestamp_pb2.Timestamp
+    principal: str
+    principal_kind: str
+    tenant_id: str
+    action: str
+    run_id: str
+    step_key: str
+    reason: str
+    comment: str
+    ticket_id: str
+    state_before_json: str
+    state_after_json: str
+    evidence_json: str
+    request_id: str
+    def __init__(self, audit_id: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., principal: _Optional[str] = ..., principal_kind: _Optional[str] = ..., tenant_id: _Optional[str] = ..., action: _Optional[str] = ..., run_id: _Optional[str] = ..., step_key: _Optional[str] = ..., reason: _Optional[str] = ..., comment: _Optional[str] = ..., ticket_id: _Optional[str] = ..., state_before_json: _Optional[str] = ..., state_after_json: _Optional[str] = ..., evidence_json: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ListAuditEventsResponse(_message.Message):
+    __slots__ = ("events", "next_page_token")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[AuditEvent]
+    next_page_token: str
+    def __init__(self, events: _Optional[_Iterable[_Union[AuditEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ApiKey(_message.Message):
+    __slots__ = ("key_id", "name", "tenants", "role", "created_by", "created_at", "expires_at", "revoked_at")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_AT_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    name: str
+    tenants: _containers.RepeatedScalarFieldContainer[str]
+    role: ApiKeyRole
+    created_by: str
+    created_at: _timestamp_pb2.Timestamp
+    expires_at: _timestamp_pb2.Timestamp
+    revoked_at: _timestamp_pb2.Timestamp
+    def __init__(self, key_id: _Optional[str] = ..., name: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., role: _Optional[_Union[ApiKeyRole, str]] = ..., created_by: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revoked_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CreateApiKeyRequest(_message.Message):
+    __slots__ = ("name", "tenants", "role", "expires_in_s", "note")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tenants: _containers.RepeatedScalarFieldContainer[str]
+    role: ApiKeyRole
+    expires_in_s: int
+    note: AuditNote
+    def __init__(self, name: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., role: _Optional[_Union[ApiKeyRole, str]] = ..., expires_in_s: _Optional[int] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+
+class CreateApiKeyResponse(_message.Message):
+    __slots__ = ("key", "secret")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    key: ApiKey
+    secret: str
+    def __init__(self, key: _Optional[_Union[ApiKey, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
+
+class ListApiKeysRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "include_revoked")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_REVOKED_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    include_revoked: bool
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_revoked: _Optional[bool] = ...) -> None: ...
+
+class ListApiKeysResponse(_message.Message):
+    __slots__ = ("keys", "next_page_token")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[ApiKey]
+    next_page_token: str
+    def __init__(self, keys: _Optional[_Iterable[_Union[ApiKey, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class RevokeApiKeyRequest(_message.Message):
+    __slots__ = ("key_id", "note")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    note: AuditNote
+    def __init__(self, key_id: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...

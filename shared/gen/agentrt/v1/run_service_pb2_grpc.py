@@ -27,8 +27,11 @@ if _version_not_supported:
 
 
 class RunServiceStub:
-    """Public API. Every call is scoped to the tenant named in the `x-tenant-id`
-    call metadata; another tenant's run answers NOT_FOUND.
+    """Public API. Every call is scoped to one tenant: the tenant of the caller's
+    credential (`authorization: Bearer <API key or JWT>`), or the one named in
+    the `x-tenant-id` call metadata when the credential may act for several (or
+    auth_mode is none). Another tenant's run answers NOT_FOUND. Each RPC needs a
+    verb of the caller's role (README, Security).
     """
 
     def __init__(self, channel):
@@ -82,11 +85,34 @@ class RunServiceStub:
                 request_serializer=agentrt_dot_v1_dot_run__service__pb2.ListAgentsRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListAgentsResponse.FromString,
                 _registered_method=True)
+        self.ListAuditEvents = channel.unary_unary(
+                '/agentrt.v1.RunService/ListAuditEvents',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.ListAuditEventsRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListAuditEventsResponse.FromString,
+                _registered_method=True)
+        self.CreateApiKey = channel.unary_unary(
+                '/agentrt.v1.RunService/CreateApiKey',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.CreateApiKeyRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.CreateApiKeyResponse.FromString,
+                _registered_method=True)
+        self.ListApiKeys = channel.unary_unary(
+                '/agentrt.v1.RunService/ListApiKeys',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.ListApiKeysRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListApiKeysResponse.FromString,
+                _registered_method=True)
+        self.RevokeApiKey = channel.unary_unary(
+                '/agentrt.v1.RunService/RevokeApiKey',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.RevokeApiKeyRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.ApiKey.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
-    """Public API. Every call is scoped to the tenant named in the `x-tenant-id`
-    call metadata; another tenant's run answers NOT_FOUND.
+    """Public API. Every call is scoped to one tenant: the tenant of the caller's
+    credential (`authorization: Bearer <API key or JWT>`), or the one named in
+    the `x-tenant-id` call metadata when the credential may act for several (or
+    auth_mode is none). Another tenant's run answers NOT_FOUND. Each RPC needs a
+    verb of the caller's role (README, Security).
     """
 
     def SubmitRun(self, request, context):
@@ -146,6 +172,32 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAuditEvents(self, request, context):
+        """The tenant's audit trail of operator actions, newest first (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateApiKey(self, request, context):
+        """API keys (admin). The key itself is in CreateApiKey's answer only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListApiKeys(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeApiKey(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -194,6 +246,26 @@ def add_RunServiceServicer_to_server(servicer, server):
                     request_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListAgentsRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_run__service__pb2.ListAgentsResponse.SerializeToString,
             ),
+            'ListAuditEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAuditEvents,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListAuditEventsRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.ListAuditEventsResponse.SerializeToString,
+            ),
+            'CreateApiKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateApiKey,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.CreateApiKeyRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.CreateApiKeyResponse.SerializeToString,
+            ),
+            'ListApiKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApiKeys,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListApiKeysRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.ListApiKeysResponse.SerializeToString,
+            ),
+            'RevokeApiKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeApiKey,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.RevokeApiKeyRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.ApiKey.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'agentrt.v1.RunService', rpc_method_handlers)
@@ -203,8 +275,11 @@ def add_RunServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class RunService:
-    """Public API. Every call is scoped to the tenant named in the `x-tenant-id`
-    call metadata; another tenant's run answers NOT_FOUND.
+    """Public API. Every call is scoped to one tenant: the tenant of the caller's
+    credential (`authorization: Bearer <API key or JWT>`), or the one named in
+    the `x-tenant-id` call metadata when the credential may act for several (or
+    auth_mode is none). Another tenant's run answers NOT_FOUND. Each RPC needs a
+    verb of the caller's role (README, Security).
     """
 
     @staticmethod
@@ -440,6 +515,114 @@ class RunService:
             '/agentrt.v1.RunService/ListAgents',
             agentrt_dot_v1_dot_run__service__pb2.ListAgentsRequest.SerializeToString,
             agentrt_dot_v1_dot_run__service__pb2.ListAgentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAuditEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/ListAuditEvents',
+            agentrt_dot_v1_dot_run__service__pb2.ListAuditEventsRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.ListAuditEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateApiKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/CreateApiKey',
+            agentrt_dot_v1_dot_run__service__pb2.CreateApiKeyRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.CreateApiKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApiKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/ListApiKeys',
+            agentrt_dot_v1_dot_run__service__pb2.ListApiKeysRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.ListApiKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeApiKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/RevokeApiKey',
+            agentrt_dot_v1_dot_run__service__pb2.RevokeApiKeyRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.ApiKey.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,98 @@
+"""Who may do what: the one table of verbs per role, and the verb of every RPC
+(docs/design.md §security). The README prints this table (`python -m scheduler.roles`).
+
+Roles are cumulative: each grants its own verbs and every verb of the roles
+before it. A role without a call's verb is refused PERMISSION_DENIED
+(ROLE_FORBIDS) before the handler reads or writes anything.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+ROLE_ORDER = ("viewer", "submitter", "operator", "admin")
+
+# verb -> what it allows
+VERBS = MappingProxyType({
+    "runs.read": "get and list runs, read their history",
+    "stats.read": "the tenant's stats (agentrt status)",
+    "agents.read": "list the agents live executors serve",
+    "runs.submit": "submit runs",
+    "runs.cancel": "cancel the tenant's runs",
+    "runs.resume": "approve, reject or answer a run paused for a human",
+    "tools.resolve": "resolve IN_DOUBT tool executions with evidence",
+    "keys.manage": "create, list and revoke API keys",
+    "audit.read": "read the audit trail",
+    "tenants.several": "hold a credential for several tenants and choose one with x-tenant-id",
+})
+
+_OWN = {
+    "viewer": ("runs.read", "stats.read", "agents.read"),
+    "submitter": ("runs.submit", "runs.cancel"),
+    "operator": ("runs.resume", "tools.resolve"),
+    "admin": ("keys.manage", "audit.read", "tenants.several"),
+}
+
+
+def _cumulative() -> dict[str, frozenset[str]]:
+    table: dict[str, frozenset[str]] = {}
+    granted: set[str] = set()
+    for role in ROLE_ORDER:
+        granted.update(_OWN[role])
+        table[role] = frozenset(granted)
+    return table
+
+
+ROLES = MappingProxyType(_cumulative())
+
+# RPC method name -> the verb it needs (RunService; WorkService is for executors only).
+RPC_VERBS = MappingProxyType({
+    "SubmitRun": "runs.submit",
+    "GetRun": "runs.read",
+    "ListRuns": "runs.read",
+    "GetRunHistory": "runs.read",
+    "CancelRun": "runs.cancel",
+    "ResumeRun": "runs.resume",
+    "ResolveToolExecution": "tools.resolve",
+    "GetStats": "stats.read",
+    "ListAgents": "agents.read",
+    "ListAuditEvents": "audit.read",
+    "CreateApiKey": "keys.manage",
+    "ListApiKeys": "keys.manage",
+    "RevokeApiKey": "keys.manage",
+})
+
+
+AUTH_MODES = frozenset({"none", "api_key", "jwt"})
+
+
+def parse_auth_mode(value: str) -> frozenset[str]:
+    modes = frozenset(part.strip() for part in value.split(",") if part.strip())
+    unknown = modes - AUTH_MODES
+    if not modes or unknown:
+        raise ValueError(f"auth_mode: {value!r}: use none, api_key, jwt or api_key,jwt")
+    if "none" in modes and len(modes) > 1:
+        raise ValueError("auth_mode: none cannot be combined with another mode")
+    return modes
+
+
+def verbs_of(roles: tuple[str, ...] | list[str]) -> frozenset[str]:
+    """Every verb granted by any of `roles`; unknown role names grant nothing."""
+    granted: set[str] = set()
+    for role in roles:
+        granted |= ROLES.get(role, frozenset())
+    return frozenset(granted)
+
+
+def markdown_table() -> str:
+    """The README's role table: one row per verb, a column per role."""
+    lines = ["| verb | allows | " + " | ".join(ROLE_ORDER) + " |",
+             "|---|---|" + "---|" * len(ROLE_ORDER)]
+    for verb, text in VERBS.items():
+        marks = " | ".join("✓" if verb in ROLES[role] else "" for role in ROLE_ORDER)
+        lines.append(f"| `{verb}` | {text} | {marks} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
