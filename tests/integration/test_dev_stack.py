@@ -173,11 +173,18 @@ async def test_every_cli_command_against_a_live_stack_then_error_exits_once_it_i
         await wait_for_line(seen, "every demo run is completed or waiting for approval", 120, drain)
         state = json.loads((data_dir / "stack.json").read_text())
         bootstrap, runs = state["kafka_bootstrap"], state["runs"]
-        scope = ["--addr", addr, "--tenant", "demo"]
+        # dev authenticates by default: its session's admin key (every tenant) is in <data-dir>/api_key.
+        assert state["auth_mode"] == "api_key" and state["api_key_file"] == str(data_dir / "api_key")
+        key = ["--api-key", (data_dir / "api_key").read_text().strip()]
+        assert any("export AGENTRT_API_KEY=$(cat" in line for line in seen)
+        code, _, err = await agentrt("runs", "list", "--addr", addr, "--tenant", "demo")
+        assert code == 1 and one_error_line(err) and "needs a credential" in err, err
+        scope = ["--addr", addr, "--tenant", "demo", *key]
 
-        # events tail --json: one CloudEvent per line, for the runs just made.
+        # events tail --json: one CloudEvent per line, for the runs just made (the session key's
+        # agent.audit.key.create event is every tenant's, "*": --tenant leaves it out).
         code, out, err = await agentrt("events", "tail", "--bootstrap", bootstrap, "--from-beginning", "--json",
-                                       "--max", "20", "--timeout", "30")
+                                       "--max", "20", "--timeout", "30", "--tenant", "demo")
         assert code == 0, err
         events = [json.loads(line) for line in out.splitlines()]
         assert len(events) == 20
@@ -209,7 +216,7 @@ async def test_every_cli_command_against_a_live_stack_then_error_exits_once_it_i
 
         # An operator settles an in-doubt label call: the label service creates it, then answers 500.
         # (Tenant "ops": the executors' reconciler sweeps only "demo", so the person decides.)
-        ops = ["--addr", addr, "--tenant", "ops"]
+        ops = ["--addr", addr, "--tenant", "ops", *key]
         async with aiohttp.ClientSession() as session:
             async with session.post(f"{state['mock_url']}/_faults",
                                     json={"tool": "labels.create", "mode": "error_after", "count": 1}) as resp:
