@@ -36,9 +36,10 @@ EXPERIMENTS: dict[str, Experiment] = {e.id: e for e in (
     Experiment("5", "checkpoint schema upgrade", "old checkpoints read by a newer executor image (and back)",
                "A checkpoint of an older schema is migrated explicitly or refused with a reason; never parsed into "
                "zero values.", ex.checkpoint_schema_upgrade),
-    Experiment("6", "tenant isolation", "cross-tenant RunService calls and forged leases",
-               "Another tenant's runs cannot be read, listed, claimed, resumed, cancelled or resolved; nothing "
-               "about them changes.", pl.tenant_isolation),
+    Experiment("6", "tenant isolation", "cross-tenant RunService calls with real API keys, and forged leases",
+               "Another tenant's runs cannot be read, listed, claimed, resumed, cancelled or resolved with that "
+               "tenant's own key, nor can the key name the owner's tenant; nothing about them changes.",
+               pl.tenant_isolation),
     Experiment("7", "PostgreSQL restart mid-load", "pg_ctl restart -m immediate",
                "Services reconnect without restarts; no committed progress is lost; no run is stuck; every event "
                "is applied once.", pl.postgres_restart),

@@ -9,7 +9,10 @@ credentials only from existing Secrets; values.schema.json guarding values;
 grace periods longer than the lease; NetworkPolicies, PDBs, HPA and the
 checksum/config roll-out annotation; the executors' agents (inline definitions in a
 ConfigMap of the chart by default, an existing ConfigMap, modules in the image;
-none is refused at render time).
+none is refused at render time); TLS on the scheduler's port (an existing Secret or
+cert-manager Certificates, mutual TLS, mounted as whole volumes so that renewals reach
+the pods) and its authentication (API keys, JWTs, the executors' reconciler key), down to
+the settings the components load from the rendered config file.
 
 Each values case is rendered once per module (see `renders`).
 """
@@ -42,9 +45,11 @@ SUBCOMMANDS = {"scheduler", "executor", "relay", "migrate"}
 # The newest Kubernetes schema that kubernetes-validate ships.
 KUBE_VERSION = kv_utils.latest_version()
 # Kinds defined by CRDs: no upstream schema, checked structurally instead.
-CRD_KINDS = {"ServiceMonitor"}
+CRD_KINDS = {"ServiceMonitor", "Certificate"}
 # Env var names that carry credentials: they must come from Secrets.
 SECRETISH = re.compile(r"(?i)(password|passwd|secret|token|api_?key|credential|database_url|dsn)")
+# Settings whose names look like credentials but are not (the chart writes them to the config file).
+NOT_SECRETS = {"api_key_cache_ttl_ms"}
 
 
 def load_case_values(case: str) -> dict[str, Any] | None:
@@ -170,6 +175,9 @@ def test_manifests_validate_against_kubernetes_schema(case: str, renders: Render
     r = renders(case)
     assert r.docs
     for doc in r.docs:
+        if doc["kind"] == "Certificate":
+            validate_certificate(doc)
+            continue
         if doc["kind"] in CRD_KINDS:
             continue
         try:
@@ -256,21 +264,27 @@ def test_every_container_is_locked_down_and_sized(case: str, renders: Renders) -
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_every_long_running_container_has_native_grpc_probes(case: str, renders: Renders) -> None:
+def test_every_long_running_container_has_probes_that_work_on_its_port(case: str, renders: Renders) -> None:
+    """Native gRPC probes on plaintext health ports. Kubelet's gRPC probe cannot speak TLS, so
+    the scheduler's probes on its TLS port are tcpSocket probes (no handshake, no client
+    certificate needed under mutual TLS)."""
+    r = renders(case)
     expected_ports = {"scheduler": 50051, "executor": 50052, "relay": 50053}
-    deployments = renders(case).deployments()
+    deployments = r.deployments()
     assert deployments
     for component, dep in deployments.items():
         pod = dep["spec"]["template"]["spec"]
+        tls_port = component == "scheduler" and r.values["tls"]["enabled"]
         for c in pod["containers"]:
             declared = {p["containerPort"] for p in c["ports"]}
             assert {p["name"] for p in c["ports"]} >= {"metrics"}
             for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
                 assert probe in c, f"{component}/{c['name']} has no {probe}"
-                grpc = c[probe].get("grpc")
-                assert grpc, f"{component}: {probe} is not a native gRPC probe"
-                assert grpc["port"] == expected_ports[component]
-                assert grpc["port"] in declared, f"{component}: {probe} port is not a container port"
+                handlers = {"grpc", "tcpSocket", "exec", "httpGet"} & set(c[probe])
+                assert handlers == ({"tcpSocket"} if tls_port else {"grpc"}), f"{component}: {probe}: {handlers}"
+                (handler,) = handlers
+                assert c[probe][handler]["port"] == expected_ports[component]
+                assert c[probe][handler]["port"] in declared, f"{component}: {probe} port is not a container port"
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -377,7 +391,8 @@ def test_no_secret_is_rendered(case: str, renders: Renders) -> None:
 def test_secret_names_only_appear_as_secret_references(renders: Renders) -> None:
     """Render with values that name existing Secrets: the names appear only where Secrets are referenced."""
     r = renders("production-values")
-    names = {"prod-agentrt-database", "prod-kafka-sasl", "prod-kafka-tls", "prod-openai", "prod-extra"}
+    names = {"prod-agentrt-database", "prod-kafka-sasl", "prod-kafka-tls", "prod-openai", "prod-extra",
+             "prod-reconciler-key"}
     found: dict[str, list[str]] = {n: [] for n in names}
 
     def walk(node: Any, path: str) -> None:
@@ -451,6 +466,19 @@ BAD_VALUES = {
     "agent file the executor skips": "executor:\n  agents:\n    definitions:\n      hello: 'format: 1'\n",
     "agent module with a dash": "executor:\n  agents:\n    modules: [my-agents]\n",
     "agents ConfigMap under its old key": "executor:\n  agents:\n    configMap: my-agents\n",
+    "unknown auth mode": "auth:\n  mode: basic\n",
+    "auth modes in the other order": "auth:\n  mode: jwt,api_key\n",
+    "JWT without issuer and audience": "auth:\n  mode: jwt\n  jwt:\n    jwksUrl: https://idp.example.com/jwks\n",
+    "JWKS URL that is no URL": "auth:\n  jwt:\n    jwksUrl: idp.example.com/jwks\n",
+    "unknown JWT algorithm": "auth:\n  jwt:\n    algorithms: [HS256]\n",
+    "inline executor API key": "auth:\n  executorApiKey:\n    key: ak_123\n",
+    "TLS enabled as a word": "tls:\n  enabled: 'yes'\n",
+    "mutual TLS without TLS": "tls:\n  enabled: false\n  mutual:\n    enabled: true\n",
+    "cert-manager without an issuer": "tls:\n  certManager:\n    enabled: true\n",
+    "cert-manager issuer of an unknown kind": ("tls:\n  certManager:\n    enabled: true\n    issuerRef:\n"
+                                              "      name: ca\n      kind: Vault\n"),
+    "certificate duration in days": "tls:\n  certManager:\n    duration: 90d\n",
+    "inline TLS key": "tls:\n  key: '-----BEGIN PRIVATE KEY-----'\n",
 }
 
 
@@ -511,7 +539,7 @@ def test_config_map_feeds_every_component(case: str, renders: Renders) -> None:
     config = yaml.safe_load(cm["data"]["config.yaml"])
     assert set(config) == {"common", "scheduler", "executor", "relay"}
     for section in config.values():
-        assert not [k for k in section if SECRETISH.search(k)], section
+        assert not [k for k in section if SECRETISH.search(k) and k not in NOT_SECRETS], section
     assert config["common"]["metrics_addr"] == "0.0.0.0:9464"
     assert config["scheduler"]["listen_addr"] == "0.0.0.0:50051"
     assert config["executor"]["health_addr"] == "0.0.0.0:50052"

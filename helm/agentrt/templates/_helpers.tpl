@@ -211,13 +211,16 @@ The executors' agents_path: the mounted ConfigMap's directory and the modules, c
 {{- $config := deepCopy (.Values.config | default dict) -}}
 {{- $metricsAddr := printf "0.0.0.0:%d" (int .Values.metrics.port) -}}
 {{- $common := mustMergeOverwrite (deepCopy ($config.common | default dict)) (dict "metrics_addr" $metricsAddr) -}}
+{{- include "agentrt.refuseSecurityKeys" . -}}
 {{- $scheduler := mustMergeOverwrite (deepCopy ($config.scheduler | default dict)) (dict
       "service_name" "agentrt-scheduler"
-      "listen_addr" (printf "0.0.0.0:%d" (int .Values.scheduler.port))) -}}
-{{- $executorDerived := dict
+      "listen_addr" (printf "0.0.0.0:%d" (int .Values.scheduler.port)))
+      (include "agentrt.schedulerSecuritySettings" . | fromJson) -}}
+{{- $executorDerived := mustMergeOverwrite (dict
       "service_name" "agentrt-executor"
       "scheduler_addr" (include "agentrt.schedulerAddress" .)
-      "health_addr" (printf "0.0.0.0:%d" (int .Values.executor.healthPort)) -}}
+      "health_addr" (printf "0.0.0.0:%d" (int .Values.executor.healthPort)))
+      (include "agentrt.executorSecuritySettings" . | fromJson) -}}
 {{- $agentsPath := include "agentrt.agentsPath" . -}}
 {{- if $agentsPath -}}
 {{- $_ := set $executorDerived "agents_path" $agentsPath -}}
