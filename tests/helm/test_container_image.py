@@ -194,7 +194,7 @@ def test_subcommands_agree_between_image_and_chart() -> None:
 
 def test_cli_source_defines_the_subcommands_the_chart_runs() -> None:
     """Read (never import) devstack/cli.py: it should define every subcommand the chart runs."""
-    cli = ROOT / "shared" / "cli.py"
+    cli = ROOT / "devstack" / "cli.py"
     if not cli.exists():
         pytest.skip("devstack/cli.py does not exist yet")
     source = cli.read_text()

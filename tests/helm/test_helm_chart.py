@@ -141,6 +141,57 @@ def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
+# cert-manager.io/v1 Certificate: the fields of its CRD's schema the chart may use, strictly (an
+# unknown or misspelt field fails, as the API server's structural schema would prune or refuse it).
+GO_DURATION = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
+KEY_USAGES = ["signing", "digital signature", "content commitment", "key encipherment", "key agreement",
+              "data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any",
+              "server auth", "client auth", "code signing", "email protection", "s/mime", "ipsec end system",
+              "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing", "microsoft sgc", "netscape sgc"]
+STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1}}
+CERTIFICATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "cert-manager.io/v1"},
+        "kind": {"const": "Certificate"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["secretName", "issuerRef"],
+            "anyOf": [{"required": ["commonName"]}, {"required": ["dnsNames"]}],
+            "additionalProperties": False,
+            "properties": {
+                "secretName": {"type": "string", "minLength": 1},
+                "secretTemplate": {"type": "object", "additionalProperties": False, "properties": {
+                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}},
+                "commonName": {"type": "string", "minLength": 1, "maxLength": 64},
+                "dnsNames": STRINGS,
+                "duration": {"type": "string", "pattern": GO_DURATION},
+                "renewBefore": {"type": "string", "pattern": GO_DURATION},
+                "privateKey": {"type": "object", "additionalProperties": False, "properties": {
+                    "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                    "encoding": {"enum": ["PKCS1", "PKCS8"]},
+                    "rotationPolicy": {"enum": ["Never", "Always"]},
+                    "size": {"type": "integer"}}},
+                "usages": {"type": "array", "items": {"enum": KEY_USAGES}, "uniqueItems": True},
+                "issuerRef": {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "kind": {"type": "string"},
+                    "group": {"type": "string"}}},
+            },
+        },
+    },
+}
+
+
+def validate_certificate(doc: dict[str, Any]) -> None:
+    import jsonschema  # kubernetes-validate's own dependency
+
+    jsonschema.validate(doc, CERTIFICATE_SCHEMA)
+
+
 # --- Helm's own checks ------------------------------------------------------------------
 
 
@@ -907,3 +958,487 @@ def test_executor_token_reaches_scheduler_and_executors_only_from_a_secret(rende
     defaults = renders("defaults")
     assert all("AGENTRT_WORK_TOKEN" not in env_of(d["spec"]["template"]["spec"]["containers"][0])
                for d in defaults.deployments().values())
+
+
+# --- TLS and authentication ---------------------------------------------------------------
+
+TLS_DIR = "/etc/agentrt/tls"
+CERT_MANAGER = {"enabled": True, "issuerRef": {"name": "internal-ca"}}
+# Settings that name files, by the component that reads them.
+FILE_SETTINGS = {
+    "scheduler": ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "jwt_jwks_file"),
+    "executor": ("scheduler_tls_ca_file", "scheduler_tls_cert_file", "scheduler_tls_key_file"),
+}
+
+
+def app_config(r: Rendered) -> dict[str, Any]:
+    return dict(yaml.safe_load(r.named("ConfigMap", f"{fullname(r.values)}-config")["data"]["config.yaml"]))
+
+
+def file_source(r: Rendered, component: str, path: str) -> tuple[dict[str, Any], str]:
+    """The volume a component's file comes from and its key there, after checking that the file is
+    really there: its directory is a read-only mount of a whole volume (no subPath, so that a renewed
+    certificate reaches the running pod) and the volume projects that file."""
+    pod = r.deployment(component)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    directory, name = path.rsplit("/", 1)
+    mounts = [m for m in c["volumeMounts"] if m["mountPath"] == directory]
+    assert len(mounts) == 1, f"{component}: {directory} (of {path}) is not mounted"
+    (mount,) = mounts
+    assert "subPath" not in mount and "subPathExpr" not in mount, f"{component}: {directory} is a subPath mount"
+    assert mount["readOnly"] is True, mount
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    source = volume.get("secret") or volume.get("configMap")
+    assert source is not None, volume
+    items = source.get("items")
+    if items is None:
+        return volume, name
+    found = [i for i in items if i["path"] == name]
+    assert len(found) == 1, f"{component}: volume {volume['name']} does not project {name}"
+    return volume, str(found[0]["key"])
+
+
+def secret_of(volume: dict[str, Any]) -> str:
+    return str(volume["secret"]["secretName"])
+
+
+def certificates(r: Rendered) -> dict[str, dict[str, Any]]:
+    return {c["metadata"]["labels"]["app.kubernetes.io/component"]: c for c in r.of_kind("Certificate")}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_file_setting_points_into_a_mounted_volume(case: str, renders: Renders) -> None:
+    r = renders(case)
+    config = app_config(r)
+    deployments = r.deployments()
+    for component, keys in FILE_SETTINGS.items():
+        if component in deployments:
+            for key in keys:
+                if key in config[component]:
+                    file_source(r, component, config[component][key])
+    # no Secret is mounted with subPath anywhere: the kubelet would never update the file
+    for where, pod in pod_specs(r):
+        secret_volumes = {v["name"] for v in pod.get("volumes", []) if "secret" in v}
+        for c in containers(pod):
+            for m in c.get("volumeMounts", []):
+                if m["name"] in secret_volumes:
+                    assert "subPath" not in m, f"{where}/{c['name']}: Secret volume {m['name']} mounted with subPath"
+
+
+def test_default_render_serves_tls_from_the_default_secret(renders: Renders) -> None:
+    r = renders("defaults")
+    assert r.values["tls"]["enabled"] is True
+    config = app_config(r)
+    scheduler, executor = config["scheduler"], config["executor"]
+    secret = f"{RELEASE}-agentrt-scheduler-tls"
+    assert scheduler["tls_cert_file"] == f"{TLS_DIR}/tls.crt"
+    assert scheduler["tls_key_file"] == f"{TLS_DIR}/tls.key"
+    for setting, key in (("tls_cert_file", "tls.crt"), ("tls_key_file", "tls.key")):
+        volume, item = file_source(r, "scheduler", scheduler[setting])
+        assert (secret_of(volume), item) == (secret, key)
+    assert not {"tls_client_ca_file", "work_client_identities"} & set(scheduler)
+    # the executors trust the CA of that Secret, and get nothing else of it (never the scheduler's key)
+    volume, item = file_source(r, "executor", executor["scheduler_tls_ca_file"])
+    assert (secret_of(volume), item) == (secret, "ca.crt")
+    assert volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    assert not {"scheduler_insecure", "scheduler_tls_cert_file", "scheduler_tls_server_name"} & set(executor)
+    assert not [v for v in r.deployment("relay")["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert not r.of_kind("Certificate")
+    assert f'Secret "{secret}"' in r.notes and "wait until it exists" in r.notes
+    assert scheduler["auth_mode"] == "api_key"
+
+
+def test_cert_manager_issues_the_schedulers_certificate(chart: helm.Chart) -> None:
+    r = render(chart, {"tls": {"certManager": CERT_MANAGER}})
+    (cert,) = r.of_kind("Certificate")
+    validate_certificate(cert)
+    spec = cert["spec"]
+    svc = f"{RELEASE}-agentrt-scheduler"
+    assert r.named("Service", svc)
+    assert spec["dnsNames"] == [svc, f"{svc}.{NAMESPACE}", f"{svc}.{NAMESPACE}.svc",
+                                f"{svc}.{NAMESPACE}.svc.cluster.local"]
+    assert spec["secretName"] == f"{RELEASE}-agentrt-scheduler-tls"
+    assert spec["issuerRef"] == {"name": "internal-ca", "kind": "Issuer", "group": "cert-manager.io"}
+    assert (spec["duration"], spec["renewBefore"]) == ("2160h", "360h")
+    assert "server auth" in spec["usages"] and "client auth" not in spec["usages"]
+    assert spec["privateKey"] == {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"}
+    config = app_config(r)
+    # the name the executors dial is one the certificate carries
+    assert config["executor"]["scheduler_addr"].rsplit(":", 1)[0] in spec["dnsNames"]
+    volume, _ = file_source(r, "scheduler", config["scheduler"]["tls_cert_file"])
+    assert secret_of(volume) == spec["secretName"]
+    volume, item = file_source(r, "executor", config["executor"]["scheduler_tls_ca_file"])
+    assert (secret_of(volume), item) == (spec["secretName"], "ca.crt")
+    assert f'Certificate "{cert["metadata"]["name"]}"' in r.notes
+    for doc in r.docs:
+        if doc["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+    custom = render(chart, {"tls": {"certManager": {
+        "enabled": True, "secretName": "agentrt-grpc-cert", "issuerRef": {"name": "corp", "kind": "ClusterIssuer"},
+        "duration": "720h", "renewBefore": "240h", "clusterDomain": "corp.local",
+        "extraDnsNames": ["agentrt.example.com"], "privateKey": {"algorithm": "RSA", "size": 3072}}}})
+    (cert,) = custom.of_kind("Certificate")
+    validate_certificate(cert)
+    spec = cert["spec"]
+    assert spec["secretName"] == "agentrt-grpc-cert"
+    assert spec["issuerRef"] == {"name": "corp", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    assert spec["dnsNames"][-2:] == [f"{svc}.{NAMESPACE}.svc.corp.local", "agentrt.example.com"]
+    assert (spec["duration"], spec["renewBefore"]) == ("720h", "240h")
+    assert "key encipherment" in spec["usages"]  # an RSA key
+    volume, _ = file_source(custom, "scheduler", app_config(custom)["scheduler"]["tls_key_file"])
+    assert secret_of(volume) == "agentrt-grpc-cert"
+
+    with pytest.raises(helm.HelmRenderError, match=re.escape("tls.existingSecret and tls.certManager")):
+        render(chart, {"tls": {"existingSecret": "mine", "certManager": CERT_MANAGER}})
+    # no scheduler here: no server certificate
+    assert not render(chart, {"scheduler": {"enabled": False}, "tls": {"certManager": CERT_MANAGER}}).of_kind(
+        "Certificate")
+
+
+def test_mutual_tls_wires_client_ca_executor_certificate_and_identities(chart: helm.Chart,
+                                                                         renders: Renders) -> None:
+    r = render(chart, {"tls": {"certManager": CERT_MANAGER, "mutual": {"enabled": True}}})
+    config = app_config(r)
+    scheduler, executor = config["scheduler"], config["executor"]
+    certs = certificates(r)
+    assert set(certs) == {"scheduler", "executor"}
+    for cert in certs.values():
+        validate_certificate(cert)
+    server, client = certs["scheduler"]["spec"], certs["executor"]["spec"]
+    assert client["commonName"] == "executor" and client["dnsNames"] == ["executor"]
+    assert "client auth" in client["usages"] and "server auth" not in client["usages"]
+    assert client["issuerRef"] == server["issuerRef"]
+    assert client["secretName"] == f"{RELEASE}-agentrt-executor-tls"
+    # the scheduler requires client certificates from the CA that issued its own, and admits the
+    # executors' identity on WorkService
+    volume, item = file_source(r, "scheduler", scheduler["tls_client_ca_file"])
+    assert (secret_of(volume), item) == (server["secretName"], "ca.crt")
+    assert scheduler["work_client_identities"] == ["executor"]
+    # the executors present the issued certificate
+    for setting, key in (("scheduler_tls_cert_file", "tls.crt"), ("scheduler_tls_key_file", "tls.key")):
+        volume, item = file_source(r, "executor", executor[setting])
+        assert (secret_of(volume), item) == (client["secretName"], key)
+    volume, _ = file_source(r, "executor", executor["scheduler_tls_ca_file"])
+    assert secret_of(volume) == server["secretName"]
+    assert "scheduler_insecure" not in executor
+    assert "-cert client.crt -key client.key" in r.notes
+
+    # without cert-manager: a client CA and an executor certificate of their own
+    own = render(chart, {"tls": {"existingSecret": "sched-tls", "mutual": {
+        "enabled": True, "clientCaSecret": "clients-ca", "clientCaKey": "bundle.pem",
+        "executorSecret": "pool-a-tls", "executorIdentity": "pool-a"}}})
+    assert not own.of_kind("Certificate")
+    config = app_config(own)
+    volume, item = file_source(own, "scheduler", config["scheduler"]["tls_client_ca_file"])
+    assert (secret_of(volume), item) == ("clients-ca", "bundle.pem")
+    volume, _ = file_source(own, "scheduler", config["scheduler"]["tls_cert_file"])
+    assert secret_of(volume) == "sched-tls"
+    assert config["scheduler"]["work_client_identities"] == ["pool-a"]
+    volume, item = file_source(own, "executor", config["executor"]["scheduler_tls_cert_file"])
+    assert (secret_of(volume), item) == ("pool-a-tls", "tls.crt")
+
+    prod = renders("production-values")
+    client = certificates(prod)["executor"]["spec"]
+    assert client["commonName"] == "agentrt-executor"
+    assert app_config(prod)["scheduler"]["work_client_identities"] == ["agentrt-executor"]
+    # executors-only: the remote scheduler's CA and an existing client certificate
+    remote = renders("executors-only-values")
+    executor = app_config(remote)["executor"]
+    volume, item = file_source(remote, "executor", executor["scheduler_tls_ca_file"])
+    assert (secret_of(volume), item) == ("agentrt-core-ca", "ca.pem")
+    volume, _ = file_source(remote, "executor", executor["scheduler_tls_key_file"])
+    assert secret_of(volume) == "agentrt-core-executor-tls"
+    assert not remote.of_kind("Certificate")
+
+    with pytest.raises(helm.HelmRenderError, match=re.escape("tls.mutual.executorSecret")):
+        render(chart, {"tls": {"mutual": {"enabled": True}}})
+
+
+def test_tls_disabled_renders_plaintext_and_says_so(chart: helm.Chart, renders: Renders) -> None:
+    r = renders("plaintext-dev-values")
+    config = app_config(r)
+    assert config["executor"]["scheduler_insecure"] is True
+    assert not [k for k in config["scheduler"] if k.startswith("tls_") or k == "work_client_identities"]
+    assert not [k for k in config["executor"] if k.startswith("scheduler_tls_")]
+    assert not r.of_kind("Certificate")
+    for _, pod in pod_specs(r):
+        assert not [v for v in pod.get("volumes", []) if "secret" in v]
+    assert "WARNING: tls.enabled is false" in r.notes and "PLAINTEXT" in r.notes
+    assert "grpcurl -plaintext" in r.notes and "-cacert" not in r.notes
+    # a credential sent in clear needs that flag; the chart never sets it with TLS on
+    with_token = render(chart, {"tls": {"enabled": False}, "workToken": {"existingSecret": "token"}})
+    assert app_config(with_token)["executor"]["scheduler_insecure"] is True
+    assert "--insecure" in with_token.notes
+    for case in CASES:
+        other = renders(case)
+        if other.values["tls"]["enabled"]:
+            assert "scheduler_insecure" not in app_config(other)["executor"], case
+            assert "tls.enabled is false" not in other.notes, case
+
+
+def test_auth_mode_none_is_rendered_with_a_loud_warning(chart: helm.Chart, renders: Renders) -> None:
+    r = renders("plaintext-dev-values")
+    assert app_config(r)["scheduler"]["auth_mode"] == "none"
+    assert "WARNING: auth.mode is none" in r.notes
+    assert "agentrt keys create" not in r.notes
+    with_tls = render(chart, {"auth": {"mode": "none"}})
+    assert app_config(with_tls)["scheduler"]["auth_mode"] == "none"
+    assert "WARNING: auth.mode is none" in with_tls.notes
+    default = renders("defaults")
+    assert app_config(default)["scheduler"]["auth_mode"] == "api_key"
+    assert "WARNING" not in default.notes
+
+
+def test_notes_show_how_to_create_the_first_admin_key(renders: Renders) -> None:
+    notes = renders("defaults").notes
+    assert (f"kubectl -n {NAMESPACE} exec deploy/{RELEASE}-agentrt-scheduler -- sh -c 'agentrt keys create "
+            "--tenant T --role admin --name first-admin --database-url \"$AGENTRT_DATABASE_URL\"'") in notes
+    assert "prints the key once" in notes
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_notes_commands_parse_with_the_agentrt_cli(case: str, renders: Renders) -> None:
+    """Every `agentrt …` command the release notes show (run locally, or in a pod through sh -c)
+    is one the CLI accepts, flags included (TLS, credentials)."""
+    import shlex
+
+    from devstack.cli import build_parser
+
+    r = renders(case)
+    commands = []
+    for line in r.notes.splitlines():
+        text = line.strip()
+        if " -- sh -c '" in text:
+            words = shlex.split(text)
+            commands.append(shlex.split(words[words.index("-c") + 1]))
+        elif text.startswith("agentrt ") and line.startswith(" "):
+            commands.append(shlex.split(text))
+    assert bool(commands) == r.values["scheduler"]["enabled"]
+    for argv in commands:
+        assert argv[0] == "agentrt"
+        args = build_parser().parse_args(argv[1:])
+        assert callable(args.func), argv
+
+
+def test_jwt_settings_from_a_jwks_url_or_a_configmap(chart: helm.Chart, renders: Renders) -> None:
+    prod = renders("production-values")
+    scheduler = app_config(prod)["scheduler"]
+    jwt = prod.values["auth"]["jwt"]
+    assert scheduler["auth_mode"] == "api_key,jwt"
+    assert (scheduler["jwt_issuer"], scheduler["jwt_audience"], scheduler["jwt_jwks_url"]) == (
+        jwt["issuer"], jwt["audience"], jwt["jwksUrl"])
+    assert scheduler["jwt_algorithms"] == ["RS256"]
+    assert (scheduler["jwt_tenant_claim"], scheduler["jwt_roles_claim"]) == ("agentrt_tenants", "realm_access.roles")
+    assert scheduler["api_key_cache_ttl_ms"] == 5000
+    assert "jwt_jwks_file" not in scheduler
+    # the scheduler may reach the JWKS endpoint (its port, where networkPolicy.jwks.to says)
+    nps = policies(prod)
+    (rule,) = [rule for rule in nps["scheduler"]["spec"]["egress"] if {p["port"] for p in rule["ports"]} == {443}]
+    assert rule["to"] == [{"ipBlock": {"cidr": "10.40.0.10/32"}}]
+    other_port = render(chart, {"auth": {"mode": "jwt", "jwt": {
+        "issuer": "https://idp", "audience": "agentrt", "jwksUrl": "https://idp.example.com:8443/keys"}}})
+    assert egress_ports(policies(other_port)["scheduler"]) == {53, 5432, 8443}
+
+    from_configmap = renders("init-container-values")
+    scheduler = app_config(from_configmap)["scheduler"]
+    assert scheduler["auth_mode"] == "jwt"
+    volume, key = file_source(from_configmap, "scheduler", scheduler["jwt_jwks_file"])
+    assert (volume["configMap"]["name"], key) == ("agentrt-jwks", "jwks.json")
+    assert "jwt_jwks_url" not in scheduler
+    assert egress_ports(policies(from_configmap)["scheduler"]) == {5432}
+
+    default = renders("defaults")
+    assert not [k for k in app_config(default)["scheduler"] if k.startswith("jwt_") or k == "api_key_cache_ttl_ms"]
+    scheduler_pod = default.deployment("scheduler")["spec"]["template"]["spec"]
+    assert not [v for v in scheduler_pod["volumes"] if v["name"] == "jwks"]
+
+    for sources in ({}, {"jwksUrl": "https://idp/keys", "jwksConfigMap": "keys"}):
+        with pytest.raises(helm.HelmRenderError, match=re.escape("auth.jwt.jwksUrl")):
+            render(chart, {"auth": {"mode": "jwt", "jwt": {"issuer": "https://idp", "audience": "a", **sources}}})
+
+
+def test_executor_reconciler_key_comes_from_its_secret(renders: Renders) -> None:
+    prod = renders("production-values").deployments()
+    env = {c: env_of(d["spec"]["template"]["spec"]["containers"][0]) for c, d in prod.items()}
+    assert env["executor"]["AGENTRT_RUN_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "prod-reconciler-key", "key": "key"}
+    assert "AGENTRT_RUN_API_KEY" not in env["scheduler"] and "AGENTRT_RUN_API_KEY" not in env["relay"]
+    assert app_config(renders("production-values"))["executor"]["reconcile_tenants"] == ["acme", "globex"]
+    for case in CASES:
+        if not renders(case).values["auth"]["executorApiKey"]["existingSecret"]:
+            for d in renders(case).deployments().values():
+                assert "AGENTRT_RUN_API_KEY" not in env_of(d["spec"]["template"]["spec"]["containers"][0])
+
+
+@pytest.mark.parametrize(("section", "key", "value"), [
+    ("scheduler", "auth_mode", "none"),
+    ("scheduler", "tls_cert_file", "/elsewhere/tls.crt"),
+    ("scheduler", "work_client_identities", ["anyone"]),
+    ("executor", "scheduler_insecure", True),
+    ("executor", "scheduler_tls_ca_file", "/elsewhere/ca.crt"),
+])
+def test_security_settings_are_set_only_through_their_values(section: str, key: str, value: Any,
+                                                              chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match=re.escape(f"config.{section}.{key}")):
+        render(chart, {"config": {section: {key: value}}})
+
+
+def load_pod_settings(r: Rendered, component: str, where: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The component's settings as its pod's process builds them: the rendered config file, and its
+    container's env (each secretKeyRef standing for a Secret's value); the settings' own checks run."""
+    import os
+
+    from executor.config import ExecutorSettings
+    from scheduler.config import SchedulerSettings
+
+    config_file = where / f"{component}-config.yaml"
+    config_file.write_text(r.named("ConfigMap", f"{fullname(r.values)}-config")["data"]["config.yaml"])
+    (c,) = r.deployment(component)["spec"]["template"]["spec"]["containers"]
+    for name in list(os.environ):
+        if name.startswith("AGENTRT_"):
+            monkeypatch.delenv(name)
+    for e in c["env"]:
+        if e["name"] == "AGENTRT_CONFIG_FILE":
+            monkeypatch.setenv(e["name"], str(config_file))
+        elif "value" in e:
+            monkeypatch.setenv(e["name"], e["value"])
+        else:
+            monkeypatch.setenv(e["name"], f"from-secret-{e['valueFrom']['secretKeyRef']['name']}")
+    cls = {"scheduler": SchedulerSettings, "executor": ExecutorSettings}[component]
+    return cls()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_components_accept_the_settings_the_chart_renders(case: str, renders: Renders, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    r = renders(case)
+    tls = r.values["tls"]
+    deployments = r.deployments()
+    if "scheduler" in deployments:
+        scheduler = load_pod_settings(r, "scheduler", tmp_path, monkeypatch)
+        assert scheduler.auth_mode == r.values["auth"]["mode"]
+        server_tls = scheduler.server_tls
+        assert (server_tls is not None) == tls["enabled"]
+        if server_tls is not None:
+            assert (server_tls.client_ca_file is not None) == tls["mutual"]["enabled"]
+    if "executor" in deployments:
+        executor = load_pod_settings(r, "executor", tmp_path, monkeypatch)
+        client_tls = executor.scheduler_tls
+        assert (client_tls is not None) == tls["enabled"]
+        assert executor.scheduler_insecure == (not tls["enabled"])
+        if client_tls is not None:
+            assert (client_tls.cert_file is not None) == tls["mutual"]["enabled"]
+
+
+def test_plaintext_with_a_credential_is_accepted_only_because_the_chart_says_so(
+        chart: helm.Chart, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = render(chart, {"tls": {"enabled": False}, "workToken": {"existingSecret": "token"}})
+    executor = load_pod_settings(r, "executor", tmp_path, monkeypatch)
+    assert executor.work_token is not None and executor.scheduler_tls is None and executor.scheduler_insecure
+    # the same pod without the chart's explicit scheduler_insecure is refused by the executor
+    config = app_config(r)
+    del config["executor"]["scheduler_insecure"]
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("AGENTRT_CONFIG_FILE", str(edited))
+    from executor.config import ExecutorSettings
+
+    with pytest.raises(ValueError, match="in clear"):
+        ExecutorSettings()
+
+
+def _issue(subject: str, dns_names: list[str], usage: Any,
+           ca: tuple[Any, Any] | None = None) -> tuple[bytes, bytes, Any]:
+    """A PEM certificate and key (signed by `ca`, else a self-signed CA), as a cert-manager CA issuer would."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (x509.CertificateBuilder().subject_name(name).public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1)))
+    if ca is None:
+        builder = builder.issuer_name(name).add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        signer = key
+    else:
+        ca_cert, signer = ca
+        builder = (builder.issuer_name(ca_cert.subject)
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), True)
+                   .add_extension(x509.ExtendedKeyUsage([usage]), False))
+        if dns_names:
+            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), False)
+    cert = builder.sign(signer, hashes.SHA256())
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem, (cert, key)
+
+
+def test_the_probes_and_certificates_work_against_a_real_mutual_tls_port(chart: helm.Chart, tmp_path: Path) -> None:
+    """With the files laid out as the chart mounts them (certificates issued for the names the
+    rendered Certificates ask for), a gRPC server on the scheduler's credentials: kubelet's plaintext
+    gRPC probe would fail on it (hence tcpSocket), a TCP connect succeeds without any certificate, and
+    an executor configured by the chart (CA, client certificate, the host it dials) gets SERVING."""
+    import asyncio
+    import socket
+
+    import grpc
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    from shared.transport import ClientTls, ServerTls, open_channel, server_credentials
+
+    r = render(chart, {"tls": {"certManager": CERT_MANAGER, "mutual": {"enabled": True}}})
+    config = app_config(r)
+    certs = certificates(r)
+    root = tmp_path / "pod"
+
+    def place(path: str, data: bytes) -> str:
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        return str(target)
+
+    ca_pem, _, ca = _issue("agentrt test CA", [], None)
+    server = certs["scheduler"]["spec"]
+    server_pem, server_key, _ = _issue(server["dnsNames"][0], server["dnsNames"], ExtendedKeyUsageOID.SERVER_AUTH, ca)
+    client = certs["executor"]["spec"]
+    client_pem, client_key, _ = _issue(client["commonName"], client.get("dnsNames", []),
+                                       ExtendedKeyUsageOID.CLIENT_AUTH, ca)
+    s, e = config["scheduler"], config["executor"]
+    server_tls = ServerTls(place(s["tls_cert_file"], server_pem), place(s["tls_key_file"], server_key),
+                           place(s["tls_client_ca_file"], ca_pem))
+    host = e["scheduler_addr"].rsplit(":", 1)[0]
+    executor_tls = ClientTls(place(e["scheduler_tls_ca_file"], ca_pem), place(e["scheduler_tls_cert_file"], client_pem),
+                             place(e["scheduler_tls_key_file"], client_key), server_name=host)
+
+    async def scenario() -> None:
+        srv = grpc.aio.server()
+        servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, srv)
+        port = srv.add_secure_port("127.0.0.1:0", server_credentials(server_tls))
+        await srv.start()
+        await servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        addr = f"127.0.0.1:{port}"
+        try:
+            async def check(tls: ClientTls | None) -> Any:
+                async with open_channel(addr, tls) as channel:
+                    return await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=3)
+
+            with pytest.raises(grpc.aio.AioRpcError):  # what kubelet's native gRPC probe does: plaintext
+                await check(None)
+            with socket.create_connection(("127.0.0.1", port), timeout=3):  # the tcpSocket probe
+                pass
+            assert (await check(executor_tls)).status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.aio.AioRpcError):  # mutual TLS: no client certificate, no call
+                await check(ClientTls(executor_tls.ca_file, server_name=host))
+        finally:
+            await srv.stop(None)
+
+    asyncio.run(scenario())
