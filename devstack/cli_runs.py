@@ -178,6 +178,15 @@ async def _history(args: argparse.Namespace, client: AgentrtClient) -> None:
             return
 
 
+async def _export(args: argparse.Namespace, client: AgentrtClient) -> None:
+    """Every page of a run's history, one JSON document per line (audited as run.export)."""
+    async for page, token in client.history_pages(args.run_id, page_size=500, include=args.include or (),
+                                                  export=True, reason=args.reason or "", ticket_id=args.ticket or ""):
+        print(json.dumps({"run": page.run.as_dict(), "checkpoints": page.checkpoints,
+                          "tool_executions": page.tool_executions, "events": page.events, "journal": page.journal,
+                          "next_page_token": token}, sort_keys=True, default=str), flush=True)
+
+
 def _print_history_page(history: History, *, show_run: bool) -> None:
     if show_run:
         _print_run(history.run)
@@ -349,6 +358,14 @@ def _run_commands(sub: Any) -> None:
     p.add_argument("--include", action="append", choices=["checkpoints", "tool_executions", "events", "journal"],
                    help="only these parts (repeatable; default all)")
     p.set_defaults(func=_runner(_history))
+
+    p = runs.add_parser("export", help="a run's whole history as JSON lines, a page each (operator; audited)")
+    _common(p)
+    p.add_argument("run_id")
+    p.add_argument("--include", action="append", choices=["checkpoints", "tool_executions", "events", "journal"],
+                   help="only these parts (repeatable; default all)")
+    _audit_flags(p)
+    p.set_defaults(func=_runner(_export))
 
     p = runs.add_parser("list", help="list runs, newest first")
     _common(p)

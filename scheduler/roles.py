@@ -21,6 +21,7 @@ VERBS = MappingProxyType({
     "runs.cancel": "cancel the tenant's runs",
     "runs.resume": "approve, reject or answer a run paused for a human",
     "tools.resolve": "resolve IN_DOUBT tool executions with evidence",
+    "runs.export": "export a run's whole history (GetRunHistory with export; audited)",
     "keys.manage": "create, list and revoke API keys",
     "audit.read": "read the audit trail",
     "tenants.several": "hold a credential for several tenants and choose one with x-tenant-id",
@@ -29,7 +30,7 @@ VERBS = MappingProxyType({
 _OWN = {
     "viewer": ("runs.read", "stats.read", "agents.read"),
     "submitter": ("runs.submit", "runs.cancel"),
-    "operator": ("runs.resume", "tools.resolve"),
+    "operator": ("runs.resume", "tools.resolve", "runs.export"),
     "admin": ("keys.manage", "audit.read", "tenants.several"),
 }
 

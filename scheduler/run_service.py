@@ -30,7 +30,7 @@ from scheduler.store import (
     SubmitSpec,
 )
 from shared.canonical import canonical_json
-from shared.errors import AgentNotRegistered, InvalidArgument
+from shared.errors import AgentNotRegistered, InvalidArgument, PermissionDenied
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
@@ -186,6 +186,13 @@ class RunServicer(AdminRpcs, rs_grpc.RunServiceServicer):
         parts = frozenset(v.require_enum("include", p, HISTORY_PART) for p in request.include) or frozenset(
             HISTORY_PARTS)
         cursor = _decode_history_token(request.page_token, run_id, parts) if request.page_token else HistoryCursor()
+        if request.export:
+            if not principal().may("runs.export"):
+                raise PermissionDenied(f"role {','.join(principal().roles)} may not runs.export",
+                                       verb="runs.export", principal=principal().id)
+            if not request.page_token:  # one audit row per export, at its first page
+                await self.store.record_export(tenant, run_id, parts=parts, audit=audit_entry(context, request.note),
+                                               trace=current_trace())
         history, following = await self.store.history(tenant, run_id, parts=parts, cursor=cursor,
                                                       page_size=request.page_size or 100, page_bytes=4 * self.limit)
         return rs.RunHistory(

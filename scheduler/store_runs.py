@@ -261,6 +261,19 @@ class RunStore(Recovery):
         return requeued
 
     @db_call
+    async def record_export(self, tenant_id: str, run_id: uuid.UUID, *, parts: frozenset[str], audit: AuditEntry,
+                            trace: Trace = NO_TRACE) -> None:
+        """The audit row (and event) of an export of the run's history, before any of it is read."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            run = await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id)
+            if run is None:
+                raise NotFound(f"run {run_id} not found", run_id=run_id)
+            state = run_state(run)
+            await write_audit(conn, audit, tenant_id=tenant_id, action="run.export", run_id=run_id, before=state,
+                              after=state, evidence={"parts": sorted(parts)}, trace=trace,
+                              run_version=run["version"], fencing_token=run["fencing_token"])
+
+    @db_call
     async def history(self, tenant_id: str, run_id: uuid.UUID, *, parts: frozenset[str] = frozenset(HISTORY_PARTS),
                       cursor: HistoryCursor = HISTORY_START, page_size: int = 100,
                       page_bytes: int = 4 << 20) -> HistoryPage:

@@ -162,11 +162,23 @@ ORDER BY p.outbox_id
 LIMIT $2;
 
 -- name: retry_parked
--- Operator: let the relay try a parked row again (it goes first in its run).
-UPDATE outbox_parked
-SET state = 'RETRY', resolved_by = $2, resolution_note = $3, resolved_at = clock_timestamp()
-WHERE outbox_id = $1 AND state = 'PARKED'
-RETURNING *;
+-- Operator: let the relay try a parked row again (it goes first in its run). Audited in the
+-- same statement: the operator at a shell with the database URL is a `local:` principal.
+WITH retried AS (
+  UPDATE outbox_parked
+  SET state = 'RETRY', resolved_by = $2, resolution_note = $3, resolved_at = clock_timestamp()
+  WHERE outbox_id = $1 AND state = 'PARKED'
+  RETURNING *
+), audited AS (
+  INSERT INTO audit_log (audit_id, principal, principal_kind, tenant_id, action, run_id, reason,
+                         state_before, state_after, evidence)
+  SELECT gen_random_uuid(), 'local:' || $2, 'local', r.tenant_id, 'outbox.retry', r.run_id, $3,
+         jsonb_build_object('state', 'PARKED', 'outbox_id', r.outbox_id),
+         jsonb_build_object('state', 'RETRY', 'outbox_id', r.outbox_id),
+         jsonb_build_object('event_id', r.event_id, 'event_type', r.event_type, 'parked_reason', r.reason)
+  FROM retried r
+)
+SELECT * FROM retried;
 
 -- name: skip_parked
 -- Operator: give up on a parked row. It leaves the outbox's pending set
@@ -187,6 +199,14 @@ WITH skipped AS (
   SELECT 'relay_outbox_skipped', 1 FROM skipped
   ON CONFLICT (name) DO UPDATE
     SET value = runtime_counters.value + 1, updated_at = clock_timestamp()
+), audited AS (
+  INSERT INTO audit_log (audit_id, principal, principal_kind, tenant_id, action, run_id, reason,
+                         state_before, state_after, evidence)
+  SELECT gen_random_uuid(), 'local:' || $2, 'local', s.tenant_id, 'outbox.skip', s.run_id, $3,
+         jsonb_build_object('state', 'PARKED', 'outbox_id', s.outbox_id),
+         jsonb_build_object('state', 'SKIPPED', 'outbox_id', s.outbox_id),
+         jsonb_build_object('event_id', s.event_id, 'event_type', s.event_type, 'parked_reason', s.reason)
+  FROM skipped s
 )
 SELECT * FROM skipped;
 

@@ -278,7 +278,8 @@ class AgentrtClient:
         return RunInfo.from_proto(reply.run), _message_dict(reply.execution)
 
     async def history_pages(self, run_id: str, *, page_size: int = 100, page_token: str = "",
-                            include: Iterable[str] = ()) -> AsyncIterator[tuple[History, str]]:
+                            include: Iterable[str] = (), export: bool = False, reason: str = "",
+                            ticket_id: str = "") -> AsyncIterator[tuple[History, str]]:
         """A run's history page by page, with each page's next token ("" after the last).
 
         `include` names parts: checkpoints, tool_executions, events, journal (default all).
@@ -287,7 +288,8 @@ class AgentrtClient:
         token = page_token
         while True:
             reply = await self._call(self._stub.GetRunHistory, rs.GetRunHistoryRequest(
-                run_id=run_id, page_size=page_size, page_token=token, include=parts))
+                run_id=run_id, page_size=page_size, page_token=token, include=parts, export=export,
+                note=rs.AuditNote(reason=reason, ticket_id=ticket_id)))
             token = reply.next_page_token
             yield History(run=RunInfo.from_proto(reply.run),
                           checkpoints=[_message_dict(c) for c in reply.checkpoints],

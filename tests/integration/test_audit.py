@@ -184,3 +184,30 @@ async def test_list_audit_events_filters_and_pages(db_url):
             await stack.runs.ListAuditEvents(rs.ListAuditEventsRequest(action="run.resume", page_token=token or "x"),
                                              metadata=bearer(admin))
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_an_export_is_audited_once_at_its_first_page_and_needs_the_operator_role(db_url):
+    world = await world_of(db_url)
+    operator_id, operator = await make_key(db_url, role="operator", tenants=[TENANT])
+    _, viewer = await make_key(db_url, role="viewer", tenants=[TENANT])
+    before = len(await audit_rows(db_url))
+    async with scheduler_stack(db_url, **SETTINGS) as stack:
+        request = rs.GetRunHistoryRequest(run_id=world.running.run_id, page_size=1, export=True,
+                                          note=rs.AuditNote(reason="legal hold", ticket_id="LEG-1"))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stack.runs.GetRunHistory(request, metadata=bearer(viewer))
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        pages, token = 0, ""
+        while True:
+            request.page_token = token
+            page = await stack.runs.GetRunHistory(request, metadata=bearer(operator))
+            pages, token = pages + 1, page.next_page_token
+            if not token:
+                break
+        assert pages > 1
+        plain = rs.GetRunHistoryRequest(run_id=world.running.run_id)
+        await stack.runs.GetRunHistory(plain, metadata=bearer(viewer))  # a read, not an export
+    rows = (await audit_rows(db_url))[before:]
+    assert [(r["action"], r["principal"], r["reason"], r["ticket_id"]) for r in rows] == [
+        ("run.export", f"key:{operator_id}", "legal hold", "LEG-1")]
+    assert str(rows[0]["run_id"]) == world.running.run_id

@@ -69,6 +69,12 @@ async def test_keys_and_audit_from_the_cli(db_url):
         assert [k["name"] for k in json.loads(out)["keys"]] == ["ops"]  # live keys only by default
         code, _, err = await agentrt("runs", "list", *addr)
         assert code == 1 and len(err.strip().splitlines()) == 1 and "--api-key" in err
+        code, out, err = await agentrt("runs", "export", run["run_id"], "--ticket", "LEG-2", *addr, env=as_admin)
+        assert code == 0, err
+        pages = [json.loads(line) for line in out.splitlines()]
+        assert pages[0]["run"]["run_id"] == run["run_id"] and pages[-1]["next_page_token"] == ""
+        code, out, err = await agentrt("audit", "list", "--action", "run.export", "--json", *addr, env=as_admin)
+        assert [(e["run_id"], e["ticket_id"]) for e in json.loads(out)["events"]] == [(run["run_id"], "LEG-2")]
 
 
 async def test_bad_key_options_exit_with_one_line(db_url):

@@ -103,6 +103,10 @@ async def test_poison_row_parks_its_run_until_the_operator_skips_it(db_url, db, 
         "SKIPPED", "alice", "payload too large for the topic")
     assert await _counter(db, "relay_outbox_parked") == 1, "parked once, not once per round"
     assert await _counter(db, "relay_outbox_skipped") == 1
+    audit = await db.fetch("SELECT * FROM audit_log")  # the skip, in its own statement's transaction
+    assert [(a["action"], a["principal"], a["principal_kind"], a["reason"], a["run_id"]) for a in audit] == [
+        ("outbox.skip", "local:alice", "local", "payload too large for the topic", poisoned)]
+    assert audit[0]["state_after"]["state"] == "SKIPPED" and audit[0]["evidence"]["event_type"]
 
     code, _, err = await cli(db_url, "skip", str(p_ids[1]), "--note", "again")
     assert code == 1
@@ -141,3 +145,5 @@ async def test_retry_reparks_while_refused_then_delivers_in_order(db_url, db, ka
         await reader.stop()
     assert sequences_of(reader, poisoned) == p_ids, "the run's order held across park and retry"
     assert await db.fetchval("SELECT state FROM outbox_parked") == "DELIVERED"
+    retries = await db.fetch("SELECT action, principal FROM audit_log ORDER BY id")
+    assert [r["action"] for r in retries] == ["outbox.retry", "outbox.retry"] and retries[0]["principal"] == "local:bob"
