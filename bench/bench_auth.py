@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -100,6 +101,7 @@ class TlsScheduler:
         env = {**_cli_env(), "AGENTRT_DATABASE_URL": self.db_url, "AGENTRT_LISTEN_ADDR": self.addr,
                "AGENTRT_LOG_LEVEL": "WARNING", "AGENTRT_AUTH_MODE": self.auth_mode,
                "AGENTRT_TLS_CERT_FILE": str(self.cert), "AGENTRT_TLS_KEY_FILE": str(self.key),
+               "AGENTRT_WORK_TOKEN": secrets.token_hex(16),  # WorkService closed, as with auth it must be
                # the bench submits for an agent no executor registered
                "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false"}
         self.proc = subprocess.Popen([sys.executable, "-m", "devstack.cli", "scheduler"], cwd=ROOT, env=env)

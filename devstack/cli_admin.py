@@ -50,10 +50,14 @@ async def _create_in_database(args: argparse.Namespace) -> tuple[dict[str, Any],
     from scheduler.config import SchedulerSettings
     from scheduler.roles import ROLE_ORDER
     from scheduler.store import Store, connect_pool
+    from scheduler.validate import require_tenant
 
     tenants = _tenants(args)
     if not tenants:
         raise InvalidArgument("--tenant", "name the key's tenant (or '*' for an admin key of every tenant)")
+    for tenant in tenants:
+        if tenant != "*":
+            require_tenant("--tenant", tenant)
     if args.role not in ROLE_ORDER:
         raise InvalidArgument("--role", f"must be one of {', '.join(ROLE_ORDER)}")
     if args.role != "admin" and (len(tenants) > 1 or tenants == ["*"]):

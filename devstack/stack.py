@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -123,6 +124,7 @@ class DevStack:
         self.postgres_pid: int | None = None
         self.settled_once = False
         self.api_key: str | None = None  # the session's admin key (--auth api_key)
+        self.work_token: str | None = None  # the session's executor token (--auth api_key)
 
     def say(self, text: str) -> None:
         if self.view is not None and self.live_view:
@@ -171,8 +173,11 @@ class DevStack:
 
         listen = self.args.listen
         await self._make_key()
+        # With authentication on, WorkService takes a session token too (the scheduler refuses to leave it open).
+        self.work_token = secrets.token_hex(24) if self.args.auth != "none" else None
+        work = {"AGENTRT_WORK_TOKEN": self.work_token} if self.work_token else {}
         self.scheduler = Service("scheduler", ["scheduler"], self.child_env(
-            AGENTRT_LISTEN_ADDR=listen, AGENTRT_AUTH_MODE=self.args.auth), self.log_dir, health_addr=listen)
+            AGENTRT_LISTEN_ADDR=listen, AGENTRT_AUTH_MODE=self.args.auth, **work), self.log_dir, health_addr=listen)
         mock_port = free_port()
         self.mock_url = f"http://127.0.0.1:{mock_port}"
         latency = self.args.tool_latency_ms
@@ -197,8 +202,9 @@ class DevStack:
                 AGENTRT_SCHEDULER_ADDR=listen, AGENTRT_AGENTS_PATH=f"{self.data_dir / 'agents'},{EXAMPLE_MODULE}",
                 AGENTRT_EXAMPLE_TOOLS_URL=self.mock_url,
                 AGENTRT_HEALTH_ADDR=health, AGENTRT_RECONCILE_TENANTS=json.dumps([tenant]),
-                # The reconciler acts with the session's key, in clear over loopback (chosen here).
-                **({"AGENTRT_RUN_API_KEY": self.api_key, "AGENTRT_SCHEDULER_INSECURE": "true"}
+                # The reconciler acts with the session's key and WorkService calls carry the session's
+                # token, in clear over loopback (chosen here).
+                **({"AGENTRT_RUN_API_KEY": self.api_key, "AGENTRT_SCHEDULER_INSECURE": "true", **work}
                    if self.api_key else {})), self.log_dir,
                 health_addr=health, stop_timeout_s=20)
             executor.start({"AGENTRT_WORKER_ID": f"exec-{n}.1"})

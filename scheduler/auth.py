@@ -157,27 +157,66 @@ class DbClock:
 
 
 class KeyCache:
-    """API key lookups, each kept for `ttl_s` (a revocation is seen within it), at most `size` of them."""
+    """API key lookups, each kept for `ttl_s` (a revocation is seen within it).
 
-    def __init__(self, source: KeySource, clock: DbClock, ttl_s: float, size: int = 10_000) -> None:
+    Known keys and unknown ids are kept apart, each least-recently-used first out, so a flood
+    of made-up ids evicts only other made-up ids; concurrent lookups of one id share one query.
+    """
+
+    def __init__(self, source: KeySource, clock: DbClock, ttl_s: float, size: int = 10_000,
+                 unknown_size: int = 1_000) -> None:
         self._source = source
         self._clock = clock
         self._ttl_s = ttl_s
-        self._size = size
-        self._entries: OrderedDict[uuid.UUID, tuple[float, KeyForAuth | None]] = OrderedDict()
+        self._sizes = (size, unknown_size)
+        self._known: OrderedDict[uuid.UUID, tuple[float, KeyForAuth]] = OrderedDict()
+        self._unknown: OrderedDict[uuid.UUID, float] = OrderedDict()
+        self._flights: dict[uuid.UUID, asyncio.Future[KeyForAuth | None]] = {}
 
     def forget(self, key_id: uuid.UUID) -> None:
-        self._entries.pop(key_id, None)
+        self._known.pop(key_id, None)
+        self._unknown.pop(key_id, None)
+
+    def _cached(self, key_id: uuid.UUID) -> tuple[bool, KeyForAuth | None]:
+        now = time.monotonic()
+        known = self._known.get(key_id)
+        if known is not None and now - known[0] < self._ttl_s:
+            self._known.move_to_end(key_id)
+            return True, known[1]
+        seen = self._unknown.get(key_id)
+        if seen is not None and now - seen < self._ttl_s:
+            return True, None
+        return False, None
+
+    def _keep(self, key_id: uuid.UUID, row: KeyForAuth | None, started: float) -> None:
+        self.forget(key_id)
+        table: OrderedDict[uuid.UUID, Any] = self._unknown if row is None else self._known
+        table[key_id] = started if row is None else (started, row)
+        while len(table) > self._sizes[row is None]:
+            table.popitem(last=False)
 
     async def _lookup(self, key_id: uuid.UUID) -> KeyForAuth | None:
-        hit = self._entries.get(key_id)
-        if hit is not None and time.monotonic() - hit[0] < self._ttl_s:
-            return hit[1]
-        row = await self._source.key_for_auth(key_id)
-        self._entries[key_id] = (time.monotonic(), row)
-        self._entries.move_to_end(key_id)
-        while len(self._entries) > self._size:
-            self._entries.popitem(last=False)
+        hit, row = self._cached(key_id)
+        if hit:
+            return row
+        flight = self._flights.get(key_id)
+        if flight is not None:
+            return await asyncio.shield(flight)
+        flight = self._flights[key_id] = asyncio.get_running_loop().create_future()
+        started = time.monotonic()  # the entry's age counts from before the read: a revocation is never missed
+        try:
+            row = await self._source.key_for_auth(key_id)
+        except asyncio.CancelledError:
+            flight.cancel()  # the waiters' own calls fail; a later lookup starts afresh
+            raise
+        except Exception as error:
+            flight.set_exception(error)
+            flight.exception()  # retrieved: waiters re-raise it, nobody logs it as lost
+            raise
+        finally:
+            del self._flights[key_id]
+        flight.set_result(row)
+        self._keep(key_id, row, started)
         return row
 
     async def principal(self, text: str) -> Principal:
@@ -233,6 +272,10 @@ class RunAuth:
         if self.jwt is None or self.clock is None:
             raise CredentialInvalid("not an API key, and JWTs are not accepted here (auth_mode)", problem="kind")
         verified = await self.jwt.verify(token, now=await self.clock.now())
+        # A tenant claim is a tenant id, never '*' (every tenant is for API keys an admin made).
+        if any(t == ANY_TENANT or not v.is_tenant(t) for t in verified.tenants):
+            raise CredentialInvalid("the token's tenant claim holds something that is not a tenant id",
+                                    problem="claims")
         return Principal("jwt", f"jwt:{verified.subject}@{verified.issuer}", verified.subject, verified.roles,
                          verified.tenants, verbs_of(verified.roles))
 
@@ -249,12 +292,24 @@ class RunAuth:
 
 
 def peer_identities(context: grpc.aio.ServicerContext) -> set[str]:
-    """The verified client certificate's common name and DNS names (mutual TLS), else nothing."""
-    found: set[str] = set()
-    auth = context.auth_context() or {}
-    for key in ("x509_common_name", "x509_subject_alternative_name"):
-        for value in auth.get(key, ()):
-            found.add(value.decode() if isinstance(value, bytes) else str(value))
+    """The verified client certificate's common name and DNS names (mutual TLS), else nothing.
+
+    Read from the certificate itself: gRPC's SAN list mixes DNS, IP, e-mail and URI names,
+    and an IP or e-mail that happened to equal an identity must not count as one.
+    """
+    pems = (context.auth_context() or {}).get("x509_pem_cert", ())
+    if not pems:
+        return set()
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    cert = x509.load_pem_x509_certificate(pems[0] if isinstance(pems[0], bytes) else str(pems[0]).encode())
+    found = {str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)}
+    try:
+        found |= set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+                     .get_values_for_type(x509.DNSName))
+    except x509.ExtensionNotFound:
+        pass
     return found
 
 

@@ -56,6 +56,9 @@ class SchedulerSettings(ComponentSettings):
     work_token: SecretStr | None = None
     # mTLS client identities (certificate CN or DNS SAN) allowed on WorkService without the token.
     work_client_identities: list[str] = Field(default_factory=list)
+    # With authentication on, the scheduler refuses to start with WorkService open (no token, no
+    # identities): it hands out every tenant's runs. true = open on purpose (a closed network).
+    work_service_open: bool = False
     # How RunService callers authenticate: api_key, jwt, api_key,jwt, or none (every caller may act
     # for any tenant named in x-tenant-id: development only, logged as a warning at start).
     auth_mode: str = "api_key"
@@ -102,6 +105,13 @@ class SchedulerSettings(ComponentSettings):
         if self.max_journal_entry_bytes is None:
             self.max_journal_entry_bytes = min(DEFAULT_MAX_JOURNAL_ENTRY_BYTES, self.max_payload_bytes)
         return self
+
+    def refuse_open_work_service(self) -> None:
+        """Checked when a scheduler starts (not by `agentrt migrate`, which serves nothing)."""
+        if "none" not in parse_auth_mode(self.auth_mode) and not (
+                self.work_token or self.work_client_identities or self.work_service_open):
+            raise ValueError("WorkService would be open to anyone who reaches the port (it hands out every "
+                             "tenant's runs): set work_token or work_client_identities, or work_service_open: true")
 
     @property
     def server_tls(self) -> ServerTls | None:

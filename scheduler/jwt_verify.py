@@ -99,6 +99,9 @@ def check_config(config: JwtConfig) -> None:
         parts = urlsplit(config.jwks_url)
         if parts.scheme not in ("https", "http") or not parts.hostname:
             raise ValueError("jwt: jwks_url must be an http(s) URL with a host")
+        # Keys fetched in clear could be swapped on the way: plain http only to this machine.
+        if parts.scheme == "http" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError("jwt: jwks_url must be https (http only to a loopback address)")
     if isinstance(config.algorithms, str) or not config.algorithms:
         raise ValueError("jwt: algorithms must be a non-empty list of algorithm names, e.g. [RS256, ES256]")
     for name in config.algorithms:
@@ -445,7 +448,8 @@ class JwtVerifier:
     async def _get_json(self, url: str) -> Any:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S))
-        async with self._session.get(url, headers={"Accept": "application/json"}) as response:
+        async with self._session.get(url, headers={"Accept": "application/json"},
+                                     allow_redirects=False) as response:
             if response.status != 200:
                 raise ValueError(f"HTTP status {response.status}")
             body = await response.content.read(MAX_JWKS_BYTES + 1)

@@ -20,11 +20,11 @@ import grpc
 
 from scheduler import convert
 from scheduler import validate as v
-from scheduler.auth import ANONYMOUS, Principal
+from scheduler.auth import Principal
 from scheduler.store import LeaseRef
 from scheduler.wire import MalformedRequest
 from shared.canonical import uuid7
-from shared.errors import AgentrtError, InvalidArgument, status_code_for, to_grpc_status
+from shared.errors import AgentrtError, CredentialRequired, InvalidArgument, status_code_for, to_grpc_status
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.tracing import annotate
@@ -32,7 +32,7 @@ from shared.tracing import annotate
 log = logging.getLogger("scheduler.service")
 R = TypeVar("R")
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
-_PRINCIPAL: contextvars.ContextVar[Principal] = contextvars.ContextVar("principal", default=ANONYMOUS)
+_PRINCIPAL: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("principal", default=None)
 
 STATUS_FILTER = {number: name for name, number in convert.RUN_STATUS.items()}
 RESUME = {rs.RESUME_DECISION_APPROVE: "APPROVE", rs.RESUME_DECISION_REJECT: "REJECT",
@@ -92,8 +92,14 @@ def rpc(handler: Handler[R]) -> Handler[R]:
 
 
 def principal() -> Principal:
-    """The caller the guard admitted for the RPC being handled (ANONYMOUS with auth_mode none)."""
-    return _PRINCIPAL.get()
+    """The caller the guard admitted for the RPC being handled (ANONYMOUS with auth_mode none).
+
+    Fails closed: code that reaches here without the guard (no principal set) is refused.
+    """
+    admitted = _PRINCIPAL.get()
+    if admitted is None:
+        raise CredentialRequired("no authenticated caller for this call")
+    return admitted
 
 
 def lease_of(request: Any) -> LeaseRef:

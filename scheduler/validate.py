@@ -26,6 +26,10 @@ _NOT_STRUCTURE = bytes(byte for byte in range(256) if byte not in b'[]{}"')
 _ONE_BRACKET_KIND = bytes.maketrans(b"{}", b"[]")
 
 
+def is_tenant(value: object) -> bool:
+    return isinstance(value, str) and _TENANT.match(value) is not None
+
+
 def require_tenant(field: str, tenant: str) -> str:
     if not _TENANT.match(tenant):
         raise InvalidArgument(field, "must be 1-128 characters of letters, digits, . _ : -")

@@ -30,12 +30,12 @@ class ServerTls:
     client_ca_file: str | None = None  # set = mutual TLS, a client certificate is required
 
 
-def _stamp(*paths: str | None) -> tuple[tuple[int, int], ...]:
+def _stamp(*paths: str | None) -> tuple[tuple[int, ...], ...]:
     stamps = []
     for path in paths:
         if path:
-            info = os.stat(path)
-            stamps.append((info.st_mtime_ns, info.st_size))
+            info = os.stat(path)  # a copy that keeps its mtime (cp -p, rsync -t) still changes inode or ctime
+            stamps.append((info.st_ino, info.st_mtime_ns, info.st_ctime_ns, info.st_size))
     return tuple(stamps)
 
 

@@ -127,7 +127,8 @@ async def tenant_isolation(lab: Lab) -> None:
     await lab.runtime_database()
     owner, intruder = TENANT, "tenant-intruder"
     keys = {owner: await lab.api_key(owner, "operator"), intruder: await lab.api_key(intruder, "operator")}
-    await lab.scheduler(auth_mode="api_key")
+    # WorkService stays open on purpose: the forged-lease writes below test fencing, not the token.
+    await lab.scheduler(auth_mode="api_key", work_service_open="true")
     assert lab.api is not None
     lab.api.keys.update(keys)
     mock = await lab.mocktool()

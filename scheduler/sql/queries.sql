@@ -902,8 +902,9 @@ RETURNING audit_id, at;
 
 -- name: list_audit
 -- The audit trail of one tenant (or every tenant when :tenant_id is NULL), newest first, keyset on id.
+-- A key of several tenants is audited under "a,b": each of them sees it ('*' keys: every-tenant admins).
 SELECT * FROM audit_log
-WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id)
+WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id OR :tenant_id = ANY(string_to_array(tenant_id, ',')))
   AND (:run_id::uuid IS NULL OR run_id = :run_id)
   AND (:principal::text IS NULL OR principal = :principal)
   AND (:action::text IS NULL OR action = :action)

@@ -184,9 +184,10 @@ class AgentrtClient:
         if self._owns_channel:
             await self._channel.close()
 
-    async def _call(self, method: Callable[..., Awaitable[T]], request: Any) -> T:
+    async def _call(self, method: Callable[..., Awaitable[T]], request: Any, *, retry: bool = True) -> T:
+        """`retry=False` for a call a second copy of would do something again (a new API key)."""
         delay = 0.1
-        for attempt in range(self.max_retries + 1):
+        for attempt in range(self.max_retries + 1 if retry else 1):
             try:
                 return await method(request, metadata=inject_metadata(list(self._metadata)),
                                     timeout=self.timeout_s)
@@ -329,7 +330,7 @@ class AgentrtClient:
             raise InvalidArgument("role", "must be viewer, submitter, operator or admin")
         reply = await self._call(self._stub.CreateApiKey, rs.CreateApiKeyRequest(
             name=name, role=number, tenants=list(tenants), expires_in_s=expires_in_s,
-            note=rs.AuditNote(reason=reason, ticket_id=ticket_id)))
+            note=rs.AuditNote(reason=reason, ticket_id=ticket_id)), retry=False)
         return _key_dict(reply.key), reply.secret
 
     async def list_keys(self, *, include_revoked: bool = False) -> builtins.list[dict[str, Any]]:

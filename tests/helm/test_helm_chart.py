@@ -955,9 +955,16 @@ def test_executor_token_reaches_scheduler_and_executors_only_from_a_secret(rende
             assert ref == {"name": "prod-executor-token", "key": "token"}
         else:
             assert "AGENTRT_WORK_TOKEN" not in env
-    defaults = renders("defaults")
+    # By default (auth on, no mutual TLS) WorkService is never open: the token comes from
+    # "<fullname>-executor-token"; with auth.mode none and no Secret named, there is none.
+    for component, deployment in renders("defaults").deployments().items():
+        env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+        if component in ("scheduler", "executor"):
+            assert env["AGENTRT_WORK_TOKEN"]["valueFrom"]["secretKeyRef"]["name"].endswith("-executor-token")
+        else:
+            assert "AGENTRT_WORK_TOKEN" not in env
     assert all("AGENTRT_WORK_TOKEN" not in env_of(d["spec"]["template"]["spec"]["containers"][0])
-               for d in defaults.deployments().values())
+               for d in renders("plaintext-dev-values").deployments().values())
 
 
 # --- TLS and authentication ---------------------------------------------------------------

@@ -18,7 +18,7 @@ from shared.db import init_connection
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 
 pytestmark = pytest.mark.integration
-SETTINGS = {"auth_mode": "api_key", "api_key_cache_ttl_ms": 0}
+SETTINGS = {"auth_mode": "api_key", "api_key_cache_ttl_ms": 0, "work_token": "w-secret"}
 
 
 def bearer(key: str) -> list[tuple[str, str]]:
@@ -211,3 +211,22 @@ async def test_an_export_is_audited_once_at_its_first_page_and_needs_the_operato
     assert [(r["action"], r["principal"], r["reason"], r["ticket_id"]) for r in rows] == [
         ("run.export", f"key:{operator_id}", "legal hold", "LEG-1")]
     assert str(rows[0]["run_id"]) == world.running.run_id
+
+
+async def test_key_rows_of_several_tenants_are_seen_by_each_and_by_admins_of_every_tenant(db_url):
+    _, root = await make_key(db_url, role="admin", tenants=["*"], name="root")
+    _, acme_admin = await make_key(db_url, role="admin", tenants=[TENANT], name="acme-admin")
+    async with scheduler_stack(db_url, **SETTINGS) as stack:
+        await stack.runs.CreateApiKey(rs.CreateApiKeyRequest(name="two", role=rs.API_KEY_ROLE_ADMIN,
+                                                             tenants=[TENANT, "globex"]), metadata=bearer(root))
+        ours = await stack.runs.ListAuditEvents(rs.ListAuditEventsRequest(), metadata=bearer(acme_admin))
+        theirs = await stack.runs.ListAuditEvents(rs.ListAuditEventsRequest(),
+                                                  metadata=[*bearer(root), ("x-tenant-id", "globex")])
+        everything = await stack.runs.ListAuditEvents(rs.ListAuditEventsRequest(), metadata=bearer(root))
+
+    def created(events) -> list[str]:
+        return [json.loads(e.state_after_json)["name"] for e in events if e.action == "key.create"]
+
+    assert created(ours.events) == ["two", "acme-admin"]  # not the '*' key's row
+    assert created(theirs.events) == ["two"]
+    assert created(everything.events) == ["two", "acme-admin", "root"]

@@ -19,6 +19,7 @@ from scheduler.roles import ROLES as ROLE_VERBS
 from scheduler.roles import RPC_VERBS
 from shared.errors import error_info
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
+from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
 pytestmark = pytest.mark.integration
 REFUSED = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
@@ -58,7 +59,8 @@ async def world_of(db_url: str) -> World:
 
 
 def auth_settings(issuer: Issuer, **extra: Any) -> dict[str, Any]:
-    return {"auth_mode": "api_key,jwt", **issuer.settings(), "api_key_cache_ttl_ms": 300, **extra}
+    return {"auth_mode": "api_key,jwt", **issuer.settings(), "api_key_cache_ttl_ms": 300, "work_token": "w-secret",
+            **extra}
 
 
 async def bad_credentials(db_url: str, issuer: Issuer) -> dict[str, str | None]:
@@ -156,6 +158,10 @@ async def test_the_tenant_comes_from_the_credential(db_url, issuer):
         token = issuer.token(tenant=[TENANT, "globex"], roles=["operator"])
         assert await refusal(stack, "GetRun", get(run_id=ours.run_id), bearer(token, TENANT)) == (
             grpc.StatusCode.PERMISSION_DENIED, "ROLE_FORBIDS")
+        for claim in ("*", [TENANT, "*"], "bad tenant!"):  # a token never holds every tenant, nor a non-id
+            forged = issuer.token(tenant=claim, roles=["admin"])
+            assert await refusal(stack, "GetRun", get(run_id=ours.run_id), bearer(forged, TENANT)) == (
+                grpc.StatusCode.UNAUTHENTICATED, "CREDENTIAL_INVALID")
         admin_token = issuer.token(tenant=[TENANT, "globex"], roles=["admin"])
         assert await call(stack, "GetRun", get(run_id=theirs.run_id), bearer(admin_token, "globex")) == \
             grpc.StatusCode.OK
@@ -199,9 +205,18 @@ async def test_auth_mode_none_is_reported_and_api_key_mode_refuses_tokens(db_url
         stats = await stack.runs.GetStats(rs.GetStatsRequest(), metadata=stack.md())
         assert (stats.auth_mode, stats.principal) == ("none", "anonymous")
     _, key = await make_key(db_url, role="viewer", tenants=[TENANT])
-    async with scheduler_stack(db_url, auth_mode="api_key") as stack:
+    async with scheduler_stack(db_url, auth_mode="api_key", work_token="w-secret") as stack:
         stats = await stack.runs.GetStats(rs.GetStatsRequest(), metadata=bearer(key))
         assert stats.auth_mode == "api_key" and stats.principal.startswith("key:") and stats.role == "viewer"
         token = issuer.token(tenant=TENANT, roles=["admin"])
         assert await refusal(stack, "GetStats", rs.GetStatsRequest(), bearer(token)) == (
             grpc.StatusCode.UNAUTHENTICATED, "CREDENTIAL_INVALID")
+
+
+async def test_a_scheduler_with_authentication_will_not_leave_work_service_open(db_url, issuer):
+    with pytest.raises(ValueError, match="WorkService would be open"):
+        async with scheduler_stack(db_url, auth_mode="api_key"):
+            pass
+    async with scheduler_stack(db_url, auth_mode="api_key", work_service_open=True) as stack:  # said on purpose
+        reply = await stack.work.ClaimWork(ws.ClaimWorkRequest(worker_id="w", agents=["demo"], wait_ms=0))
+        assert not reply.HasField("lease")

@@ -33,7 +33,7 @@ async def test_keys_and_audit_from_the_cli(db_url):
     assert code == 0, err
     admin = out.strip()
     assert admin.startswith("agrt_") and "shown once" in err
-    async with scheduler_stack(db_url, auth_mode="api_key", api_key_cache_ttl_ms=0) as stack:
+    async with scheduler_stack(db_url, auth_mode="api_key", api_key_cache_ttl_ms=0, work_token="w") as stack:
         addr = ["--addr", stack.addr]
         as_admin = {"AGENTRT_API_KEY": admin}
         code, out, err = await agentrt("keys", "create", "--role", "submitter", "--name", "checkout", "--expires",

@@ -132,3 +132,18 @@ async def test_a_rotated_certificate_is_served_without_a_restart(db_url, pki):
 
         await wait_for(rotated, within=10, what="the new certificate to be served")
         assert await health(stack.addr, client(pki)) == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_only_the_common_name_and_dns_names_identify_an_executor(db_url, pki, tmp_path):
+    """An IP address in a certificate is no identity, even one equal to an allowed name."""
+    ca = make_authority(tmp_path / "ip", "ip-ca")
+    by_ip = ca.issue(tmp_path / "ip", "someone", client=True, dns=(), ips=("127.0.0.1",))
+    by_dns = ca.issue(tmp_path / "ip", "someone-else", client=True, dns=("127.0.0.1",), ips=(), stem="dns")
+    server = ca.issue(tmp_path / "ip", "localhost", stem="server")
+    settings = {"tls_cert_file": str(server.cert), "tls_key_file": str(server.key),
+                "tls_client_ca_file": str(ca.cert), "work_client_identities": ["127.0.0.1"]}
+    async with scheduler_stack(db_url, **settings) as stack:
+        ip_client = ClientTls(str(ca.cert), str(by_ip.cert), str(by_ip.key), "localhost")
+        dns_client = ClientTls(str(ca.cert), str(by_dns.cert), str(by_dns.key), "localhost")
+        assert await claim_as(stack.addr, ip_client) == (grpc.StatusCode.UNAUTHENTICATED, "EXECUTOR_TOKEN_REQUIRED")
+        assert await claim_as(stack.addr, dns_client) == (grpc.StatusCode.OK, None)

@@ -3,6 +3,7 @@ and the refusal to send credentials in clear."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import uuid
 
@@ -10,9 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 from executor.config import ExecutorSettings
-from scheduler.auth import ANONYMOUS, Principal, new_api_key, parse_api_key, secret_hash
+from scheduler.auth import ANONYMOUS, DbClock, KeyCache, Principal, new_api_key, parse_api_key, secret_hash
 from scheduler.config import SchedulerSettings
 from scheduler.roles import ROLE_ORDER, ROLES, RPC_VERBS, VERBS, parse_auth_mode, verbs_of
+from scheduler.store_auth import KeyForAuth
 from shared.errors import CredentialInvalid, InvalidArgument, TenantForbidden
 from shared.gen.agentrt.v1 import run_service_pb2
 
@@ -90,3 +92,42 @@ def test_an_executor_refuses_to_send_its_token_in_clear():
     assert ExecutorSettings(work_token="s3cret", scheduler_insecure=True).work_token is not None
     tls = ExecutorSettings(work_token="s3cret", scheduler_tls_ca_file="/etc/ca.crt").scheduler_tls
     assert tls is not None and tls.ca_file == "/etc/ca.crt"
+
+
+class CountingSource:
+    """A key store in memory that counts its reads (the cache's database)."""
+
+    def __init__(self, keys: dict) -> None:
+        self.keys = keys
+        self.reads = 0
+        self.gate: asyncio.Event | None = None
+
+    async def key_for_auth(self, key_id):
+        self.reads += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        return self.keys.get(key_id)
+
+    async def database_epoch(self) -> float:
+        return 1_700_000_000.0
+
+
+async def test_key_cache_keeps_real_keys_through_a_flood_of_made_up_ids_and_shares_lookups():
+    key_id, text, digest = new_api_key()
+    row = KeyForAuth(key_id, "k", ("acme",), "viewer", digest, False, None)
+    source = CountingSource({key_id: row})
+    cache = KeyCache(source, DbClock(source), ttl_s=60, size=10, unknown_size=5)
+    assert (await cache.principal(text)).tenants == ("acme",)
+    for _ in range(50):  # unknown ids evict only each other
+        with pytest.raises(CredentialInvalid):
+            await cache.principal(f"agrt_{uuid.uuid4().hex}_{'0' * 64}")
+    reads = source.reads
+    await cache.principal(text)
+    assert source.reads == reads  # still cached
+    cache.forget(key_id)
+    source.gate = asyncio.Event()
+    calls = [asyncio.create_task(cache.principal(text)) for _ in range(20)]
+    await asyncio.sleep(0.01)
+    source.gate.set()
+    assert {p.id for p in await asyncio.gather(*calls)} == {f"key:{key_id}"}
+    assert source.reads == reads + 1  # twenty concurrent calls, one read

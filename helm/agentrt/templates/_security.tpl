@@ -240,3 +240,14 @@ grpc:
   port: {{ $port }}
 {{- end -}}
 {{- end -}}
+
+{{/* The executor token's Secret: the one named in workToken.existingSecret; with authentication
+     on and no mutual TLS, "<fullname>-executor-token" (it must exist), because the scheduler
+     refuses to leave WorkService (every tenant's runs) open while RunService authenticates. */}}
+{{- define "agentrt.workTokenSecret" -}}
+{{- if .Values.workToken.existingSecret -}}
+{{ .Values.workToken.existingSecret }}
+{{- else if and (ne .Values.auth.mode "none") (not (and .Values.tls.enabled .Values.tls.mutual.enabled)) -}}
+{{ include "agentrt.fullname" . }}-executor-token
+{{- end -}}
+{{- end -}}
