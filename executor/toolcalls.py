@@ -17,7 +17,7 @@ from executor.agents import AgentDefinition
 from executor.checkpoint import SCHEMA_VERSION, State, ToolDecision
 from executor.errors import Action as ErrorAction
 from executor.errors import action_for, classify
-from executor.runlease import RunLease, run_end
+from executor.runlease import RunLease, reason_digest, run_end
 from executor.services import Services
 from executor.steps import tool_result
 from executor.tools.base import ToolCallContext, ToolOutcome
@@ -154,8 +154,8 @@ class ToolCalls:
         reply = await lease.client.complete_tool_call(request, lease.give_up_at)
         after = lease.committed(reply.version, data, reply.status, after)
         if isinstance(action, EndRun):
-            log.info("run %s -> %s (reason %s)", lease.run.run_id, pb.RunStatus.Name(reply.status),
-                     payload_digest(action.finished.reason))
+            log.info("run %s -> %s%s", lease.run.run_id, pb.RunStatus.Name(reply.status),
+                     reason_digest(action.finished.reason))
             return None
         return after, action
 
