@@ -38,21 +38,29 @@ _CORE = ("time", "level", "service", "logger", "message")
 _RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
-def bind_run(**fields: Any) -> Token[dict[str, Any] | None] | None:
-    """Names the run (run_id, tenant or tenant_id, fencing_token) in this task's log records.
+def bind_run(run_id: Any = None, tenant: Any = None, fencing_token: Any = None,
+             ) -> Token[dict[str, Any] | None] | None:
+    """Names the run in this task's log records (None keeps what is bound).
 
-    Other keyword names are ignored and None values keep what is bound, so span
-    annotations can be passed as they are. Returns the token to reset, or None when
-    nothing changed.
+    Returns the token to reset with unbind_run, or None when nothing changed.
     """
-    changes = {_BOUND_NAMES[key]: value for key, value in fields.items()
-               if value is not None and key in _BOUND_NAMES}
-    if not changes:
-        return None
     current = _RUN.get()
-    if current is not None and all(current.get(key) == value for key, value in changes.items()):
+    fields = dict(current) if current else {}
+    if run_id is not None:
+        fields["run_id"] = str(run_id)
+    if tenant is not None:
+        fields["tenant"] = tenant
+    if fencing_token is not None:
+        fields["fencing_token"] = fencing_token
+    if fields == (current or {}):
         return None
-    return _RUN.set({**current, **changes} if current else changes)
+    return _RUN.set(fields)
+
+
+def bind_annotations(attributes: dict[str, Any]) -> None:
+    """bind_run for span annotations (tracing.annotate): run_id, tenant_id, fencing_token; cheap without them."""
+    if "run_id" in attributes or "tenant_id" in attributes or "fencing_token" in attributes:
+        bind_run(attributes.get("run_id"), attributes.get("tenant_id"), attributes.get("fencing_token"))
 
 
 def unbind_run(token: Token[dict[str, Any] | None] | None) -> None:

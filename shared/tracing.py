@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from shared.logs import bind_run
+from shared.logs import bind_annotations
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -113,7 +113,7 @@ def annotate(**attributes: Any) -> None:
 
     The run, tenant and fencing token also go to this task's log records (shared/logs.py).
     """
-    bind_run(**attributes)
+    bind_annotations(attributes)
     span = trace.get_current_span()
     if not span.is_recording():
         return

@@ -110,7 +110,7 @@ def test_extras_are_fields_and_what_json_cannot_hold_becomes_its_repr() -> None:
 
 def test_extras_name_the_run_and_win_over_the_bound_run() -> None:
     async def in_a_task() -> dict[str, Any]:
-        bind_run(run_id="run-a", tenant_id="tenant-a", fencing_token=1)
+        bind_run(run_id="run-a", tenant="tenant-a", fencing_token=1)
         return line(record(run_id="run-b", tenant_id="tenant-b", fencing_token=2))
 
     assert {k: v for k, v in asyncio.run(in_a_task()).items() if k in ("run_id", "tenant", "fencing_token")} == {
