@@ -20,8 +20,11 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _setup_logging(settings: Any) -> None:
+    """Text or JSON lines on stderr, as the component's `log_level` and `log_format` say (shared/logs.py)."""
+    from shared.logs import setup_logging
+
+    setup_logging(settings.log_level, settings.log_format, settings.service_name)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -55,7 +58,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     if args.listen:
         overrides["listen_addr"] = args.listen
     settings = SchedulerSettings(**overrides)
-    _setup_logging(settings.log_level)
+    _setup_logging(settings)
     run_loop(serve(settings), settings.event_loop)
     return 0
 
@@ -72,15 +75,16 @@ def cmd_executor(args: argparse.Namespace) -> int:
     if args.slots:
         overrides["slots"] = args.slots
     settings = ExecutorSettings(**overrides)
-    _setup_logging(settings.log_level)
+    _setup_logging(settings)
     run_loop(serve(settings), settings.event_loop)
     return 0
 
 
 def cmd_mocktool(args: argparse.Namespace) -> int:
     from executor.mocktool import run_server
+    from shared.logs import setup_logging
 
-    _setup_logging("INFO")
+    setup_logging("INFO")
     asyncio.run(run_server(args.host, args.port, args.db, latency_ms=args.latency_ms))
     return 0
 
@@ -98,7 +102,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     if args.agents:
         overrides["agents_path"] = args.agents
     settings = ExecutorSettings(**overrides)
-    _setup_logging(settings.log_level)
+    _setup_logging(settings)
     report = asyncio.run(reconcile(settings, once=args.once))
     print(json.dumps(dataclasses.asdict(report), sort_keys=True))
     return 0
@@ -119,7 +123,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
     from relay.main import serve
 
     settings = _relay_settings(args)
-    _setup_logging(settings.log_level)
+    _setup_logging(settings)
     logging.getLogger("aiokafka").setLevel(settings.kafka_log_level.upper())
     run_loop(serve(settings), settings.event_loop)
     return 0

@@ -34,6 +34,7 @@ from shared import tracing
 from shared.errors import AgentrtError, DecisionNotCheckpointed, VersionConflict
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
+from shared.logs import payload_digest
 
 log = logging.getLogger(__name__)
 MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
@@ -266,7 +267,8 @@ class RunDriver:
 
     async def refuse(self, code: str, reason: str) -> None:
         """The executor cannot interpret this run: pause it for a person (freeze a WAITING_TOOL one)."""
-        log.error("run %s: %s", self.run.run_id, reason)
+        # The reason may quote the checkpoint (a validation error names the values): the run keeps it.
+        log.error("run %s: refused (%s); reason %s", self.run.run_id, code, payload_digest(reason))
         claimed_open = self.claim.pending_tool.step_key if self.claim.HasField("pending_tool") else ""
         step_key = self.lease.open_step or claimed_open
         if self.lease.status == pb.RUN_STATUS_WAITING_TOOL and step_key:

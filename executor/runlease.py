@@ -22,8 +22,14 @@ from executor.faults import Faults
 from executor.lease import HeldLease
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
+from shared.logs import payload_digest
 
 log = logging.getLogger(__name__)
+
+
+def reason_digest(reason: str) -> str:
+    """` (reason N bytes, sha256:…)` for a log line, or nothing for no reason."""
+    return f" (reason {payload_digest(reason)})" if reason else ""
 
 
 def run_end(finished: Finished) -> ws.RunEnd:
@@ -106,7 +112,9 @@ class RunLease:
             result_json=json.dumps(result) if result is not None else "", sleep_ms=sleep_ms,
             error_class=error_class, pause_when_exhausted=pause_when_exhausted)
         reply = await self.client.finish_run(request, self.give_up_at)
-        log.info("run %s -> %s %s", self.run.run_id, pb.RunStatus.Name(reply.status), reason[:200])
+        # A reason may quote a tool's answer or a prompt built from the input: never its text in a log.
+        log.info("run %s -> %s%s%s", self.run.run_id, pb.RunStatus.Name(reply.status),
+                 f" {error_class}" if error_class else "", reason_digest(reason))
 
     async def mark_in_doubt(self, step_key: str, code: str, detail: str) -> None:
         """Freezes the run on `step_key`, whose outcome nobody can tell (docs/design.md §in-doubt)."""

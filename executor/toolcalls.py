@@ -17,7 +17,7 @@ from executor.agents import AgentDefinition
 from executor.checkpoint import SCHEMA_VERSION, State, ToolDecision
 from executor.errors import Action as ErrorAction
 from executor.errors import action_for, classify
-from executor.runlease import RunLease, run_end
+from executor.runlease import RunLease, reason_digest, run_end
 from executor.services import Services
 from executor.steps import tool_result
 from executor.tools.base import ToolCallContext, ToolOutcome
@@ -25,6 +25,7 @@ from shared.canonical import canonical_json
 from shared.errors import AlreadyExists, DecisionNotCheckpointed
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
+from shared.logs import payload_digest
 from shared.tracing import inject_metadata
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,9 @@ class ToolCalls:
         detail = outcome.detail + (f" {json.dumps(outcome.evidence)}" if outcome.evidence else "")
         if action is ErrorAction.FREEZE_IN_DOUBT:
             await self.lease.mark_in_doubt(decision.step_key, code, detail)
-            log.warning("run %s step %s in doubt: %s %s", self.lease.run.run_id, decision.step_key, code, detail[:500])
+            # The detail quotes the tool's answer and evidence: its size and digest only (shared/logs.py).
+            log.warning("run %s step %s in doubt: %s (detail %s)", self.lease.run.run_id, decision.step_key, code,
+                        payload_digest(detail))
             return None
         retry = action is ErrorAction.RETRY_WITH_BACKOFF
         after = tool_result(state, decision, "FAILED", error_code=code, detail=outcome.detail,
@@ -151,8 +154,8 @@ class ToolCalls:
         reply = await lease.client.complete_tool_call(request, lease.give_up_at)
         after = lease.committed(reply.version, data, reply.status, after)
         if isinstance(action, EndRun):
-            log.info("run %s -> %s %s", lease.run.run_id, pb.RunStatus.Name(reply.status),
-                     action.finished.reason[:200])
+            log.info("run %s -> %s%s", lease.run.run_id, pb.RunStatus.Name(reply.status),
+                     reason_digest(action.finished.reason))
             return None
         return after, action
 

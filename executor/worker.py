@@ -36,6 +36,7 @@ from executor.registration import Registration
 from executor.shutdown import Shutdown, Stopped
 from executor.tools import ToolRegistry
 from shared.errors import AgentrtError
+from shared.logs import bind_run
 from shared.metrics import Metrics
 from shared.transport import open_channel
 
@@ -150,6 +151,8 @@ class Worker:
         def on_lost(why: str) -> None:
             task.cancel()
 
+        # Before the heartbeat task starts, so its records name the run too (each run is its own task).
+        bind_run(run_id=held.run_id, tenant=driver.run.tenant_id, fencing_token=held.fencing_token)
         held.start(on_lost)
         try:
             self.faults.hit("after_claim_commit", held.run_id)

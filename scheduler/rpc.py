@@ -73,9 +73,13 @@ def rpc(handler: Handler[R]) -> Handler[R]:
                 annotate(principal=admitted.id)
             if isinstance(request, MalformedRequest):
                 raise request.error()
-            return await handler(self, request, context)
+            reply = await handler(self, request, context)
+            # The handler's annotate() bound the run for this call's records (shared/logs.py).
+            log.debug("%s answered", handler.__name__)
+            return reply
         except AgentrtError as error:
             annotate(error_reason=error.reason)
+            log.debug("%s refused: %s", handler.__name__, error.reason)
             await context.abort_with_status(to_grpc_status(error))
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise

@@ -64,6 +64,8 @@ class ComponentSettings(BaseSettings):
     section: ClassVar[str] = "common"
 
     log_level: str = "INFO"
+    # text (for a person at a terminal) | json (one object per line, for a log pipeline): shared/logs.py.
+    log_format: Literal["text", "json"] = "text"
     # none | console | memory (tests). Trace context is propagated whatever the exporter.
     otel_exporter: str = "none"
     service_name: str = "agentrt"

@@ -23,6 +23,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from shared.logs import bind_annotations
+
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 # Span attribute names used across services (one spelling everywhere).
@@ -107,7 +109,11 @@ def current_trace() -> Trace:
 
 
 def annotate(**attributes: Any) -> None:
-    """Sets agentrt.* attributes on the current span (None values are skipped)."""
+    """Sets agentrt.* attributes on the current span (None values are skipped).
+
+    The run, tenant and fencing token also go to this task's log records (shared/logs.py).
+    """
+    bind_annotations(attributes)
     span = trace.get_current_span()
     if not span.is_recording():
         return

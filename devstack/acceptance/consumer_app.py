@@ -18,6 +18,7 @@ import asyncpg
 
 from shared.client.consumer import ConsumerSettings, EventConsumer
 from shared.cloudevents import AgentEvent
+from shared.logs import setup_logging
 
 log = logging.getLogger("acceptance.consumer")
 
@@ -39,7 +40,7 @@ async def apply(event: AgentEvent, conn: asyncpg.Connection) -> None:
 async def main() -> None:
     overrides: dict[str, Any] = {}  # everything from AGENTRT_* (the lab sets them)
     settings = ConsumerSettings(**overrides)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(settings.log_level, settings.log_format, settings.service_name)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -11,7 +11,6 @@ schema-1 checkpoints as they are and refuses newer ones, like the old image did.
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Any
 
@@ -38,9 +37,10 @@ def main() -> int:
     from devstack.loop import run as run_loop
     from executor.config import ExecutorSettings
     from executor.main import serve
+    from shared.logs import setup_logging
 
     settings = ExecutorSettings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(settings.log_level, settings.log_format, settings.service_name)
     run_loop(serve(settings), settings.event_loop)
     return 0
 
