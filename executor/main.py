@@ -45,7 +45,7 @@ async def reconciler_for(settings: ExecutorSettings, catalog: AgentCatalog) -> A
 
 async def serve(settings: ExecutorSettings) -> None:
     catalog = AgentCatalog.load(settings.agents_path)  # an invalid definition stops us here
-    setup_tracing(settings.service_name, settings.otel_exporter)
+    setup_tracing(settings.tracing())
     stop = _stop_event()
     worker = Worker(settings, catalog)
     await worker.start()
@@ -63,7 +63,7 @@ async def serve(settings: ExecutorSettings) -> None:
 
 async def reconcile(settings: ExecutorSettings, once: bool) -> SweepReport:
     catalog = AgentCatalog.load(settings.agents_path)
-    setup_tracing(settings.service_name, settings.otel_exporter)
+    setup_tracing(settings.tracing())
     async with reconciler_for(settings, catalog) as reconciler:
         if once:
             return await reconciler.sweep()

@@ -28,7 +28,6 @@ def default_relay_id() -> str:
 
 class RelaySettings(KafkaClientSettings):
     section: ClassVar[str] = "relay"
-
     service_name: str = "agentrt-relay"
     database_url: str = "postgresql://postgres@127.0.0.1:5432/agentrt"
     relay_id: str = Field(default_factory=default_relay_id)

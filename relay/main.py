@@ -59,7 +59,7 @@ class RelayServer:
 
     async def start(self) -> None:
         s = self.settings
-        setup_tracing("agentrt-relay", s.otel_exporter)
+        setup_tracing(s.tracing())
         pool = await connect_pool(s.database_url, min_size=s.db_pool_min, max_size=s.db_pool_max,
                                   command_timeout=s.db_command_timeout_s)
         self.store = RelayStore(pool)

@@ -15,7 +15,6 @@ from shared.transport import ServerTls
 
 class SchedulerSettings(ComponentSettings):
     section: ClassVar[str] = "scheduler"
-
     service_name: str = "agentrt-scheduler"
     database_url: str = "postgresql://postgres@127.0.0.1:5432/agentrt"
     listen_addr: str = "0.0.0.0:50051"

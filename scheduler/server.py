@@ -60,7 +60,7 @@ class SchedulerServer:
     async def start(self) -> int:
         s = self.settings
         s.refuse_open_work_service()
-        provider = setup_tracing("agentrt-scheduler", s.otel_exporter, self.tracer_provider)
+        provider = setup_tracing(s.tracing(), self.tracer_provider)
         pool = await connect_pool(s.database_url, min_size=s.db_pool_min, max_size=s.db_pool_max,
                                   command_timeout=s.db_command_timeout_s)
         try:

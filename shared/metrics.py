@@ -1,6 +1,7 @@
 """Prometheus metrics: one registry per process, served on `metrics_addr` (off when empty).
 
-Names are agentrt_*; the Helm chart's ServiceMonitor scrapes the `metrics` port.
+Names are agentrt_*; the Helm chart's ServiceMonitor scrapes the `metrics` port. Every
+registry carries the process's span export counts (agentrt_otel_spans_*, see shared/otlp.py).
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from shared.otlp import SpanExportCollector
+
 
 class Metrics:
     def __init__(self, component: str) -> None:
         self.registry = CollectorRegistry()
+        self.registry.register(SpanExportCollector())
         self.component = component
         self._server: Any = None
 

@@ -19,10 +19,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from shared.config import TracingOptions
 from shared.logs import bind_annotations
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -49,24 +50,47 @@ class Trace:
 NO_TRACE = Trace()
 
 
-def setup_tracing(service_name: str, exporter: str = "none",
-                  provider: TracerProvider | None = None) -> TracerProvider:
+def setup_tracing(options: TracingOptions, provider: TracerProvider | None = None) -> TracerProvider:
     """Installs a tracer provider (once per process) and returns it."""
     current = trace.get_tracer_provider()
     if provider is None and isinstance(current, TracerProvider):
         return current
     if provider is None:
-        if exporter not in ("none", "console"):
-            raise ValueError(f"otel_exporter must be none or console, got {exporter!r}")
-        # With no exporter, spans are not sampled: nothing records them (which costs a third of a
-        # step's CPU at benchmark load), yet trace and span ids are still made and propagated, so
-        # outbox rows, tool requests and Kafka events keep carrying one trace per run.
-        sampler = ALWAYS_ON if exporter != "none" else ALWAYS_OFF
-        provider = TracerProvider(resource=Resource.create({"service.name": service_name}), sampler=sampler)
-        if exporter == "console":
-            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+        provider = _provider(options)
     trace.set_tracer_provider(provider)
     return provider
+
+
+def _provider(options: TracingOptions) -> TracerProvider:
+    exporter = options.exporter
+    if exporter not in ("none", "console", "otlp"):
+        raise ValueError(f"otel_exporter must be none, console or otlp, got {exporter!r}")
+    # With no exporter, spans are not sampled: nothing records them (which costs a third of a
+    # step's CPU at benchmark load), yet trace and span ids are still made and propagated, so
+    # outbox rows, tool requests and Kafka events keep carrying one trace per run. With one,
+    # the SDK's sampler: OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG, else parent-based always-on.
+    sampler = ALWAYS_OFF if exporter == "none" else None
+    provider = TracerProvider(resource=service_resource(options), sampler=sampler)
+    if exporter == "console":
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+    elif exporter == "otlp":
+        from shared.otlp import otlp_span_processor
+
+        provider.add_span_processor(otlp_span_processor(options))
+    return provider
+
+
+def service_resource(options: TracingOptions) -> Resource:
+    """OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME (read by the SDK), and agentrt's service name.
+
+    An explicit agentrt `service_name` wins; the component's default name only where
+    neither variable names the service.
+    """
+    resource = Resource.create({})
+    named = not str(resource.attributes.get("service.name", "")).startswith("unknown_service")
+    if options.service_name_set or not named:
+        resource = resource.merge(Resource({"service.name": options.service_name}))
+    return resource
 
 
 def records_spans(provider: Any) -> bool:
