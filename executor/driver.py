@@ -131,6 +131,7 @@ class RunDriver:
                 state = load_state(json.loads(self.claim.checkpoint.state_json),
                                    self.claim.checkpoint.schema_version)
             except UnsupportedCheckpoint as exc:
+                self.s.counts.checkpoint_migration_failures += 1
                 await self.refuse("checkpoint_unsupported", str(exc))
                 return
         agent = self._agent(state)
@@ -196,6 +197,8 @@ class RunDriver:
                 elif isinstance(action, EndRun):
                     self.s.faults.hit("before_finish", self.run.run_id)
                     end = run_end(action.finished)
+                    if end.error_class.endswith(":budget_exhausted"):
+                        self.s.counts.budget_exhausted += 1
                     await self.lease.finish(end.outcome, end.reason, result=action.finished.result,
                                             error_class=end.error_class)
                     return

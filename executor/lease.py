@@ -38,6 +38,7 @@ class HeldLease:
         # The claim's own expiry was set before its answer arrived: keep a margin.
         self.expires_at = received_at + self.duration_s * 0.9
         self.lost: str | None = None
+        self.lost_reason = ""  # the refusal's reason (LEASE_LOST, RUN_CANCELLED, ...) or UNAVAILABLE
         self._on_lost: Callable[[str], None] | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -66,9 +67,10 @@ class HeldLease:
                 await self._task
             self._task = None
 
-    def _lose(self, why: str) -> None:
+    def _lose(self, reason: str, why: str) -> None:
         if self.lost is None:
             self.lost = why
+            self.lost_reason = reason
             log.warning("lease on run %s (fence %d) lost: %s", self.run_id, self.fencing_token, why)
             if self._on_lost is not None:
                 self._on_lost(why)
@@ -82,9 +84,9 @@ class HeldLease:
             try:
                 await self.client.heartbeat(self.ref, give_up_at=self.expires_at)
             except Unavailable as exc:
-                self._lose(f"heartbeat unanswered until the lease lapsed: {exc.message}")
+                self._lose(exc.reason, f"heartbeat unanswered until the lease lapsed: {exc.message}")
                 return
             except AgentrtError as exc:
-                self._lose(f"{exc.reason}: {exc.message}")
+                self._lose(exc.reason, f"{exc.reason}: {exc.message}")
                 return
             self.expires_at = sent + self.duration_s

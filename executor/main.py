@@ -53,6 +53,7 @@ async def serve(settings: ExecutorSettings) -> None:
         async with contextlib.AsyncExitStack() as extra:
             if settings.reconcile_tenants:
                 reconciler = await extra.enter_async_context(reconciler_for(settings, catalog))
+                worker.reconciler = reconciler
                 task = asyncio.create_task(reconciler.run_forever(settings.reconcile_interval_s, stop))
                 extra.push_async_callback(asyncio.wait_for, task, 30)
             await stop.wait()

@@ -1,4 +1,8 @@
-"""The executor's Prometheus metrics, read from its Worker at scrape time."""
+"""The executor's Prometheus metrics, read from its Worker at scrape time.
+
+Nothing here runs on a run's path: the worker, its runs and the in-process
+reconciler keep plain counts, and a scrape reads them.
+"""
 
 from __future__ import annotations
 
@@ -25,12 +29,40 @@ class _WorkerCollector(Collector):
         yield GaugeMetricFamily("agentrt_executor_active_runs", "Runs this executor holds a lease on",
                                 value=len(w.active))
         yield GaugeMetricFamily("agentrt_executor_slots", "Concurrent run slots", value=w.settings.slots)
+        renewals = CounterMetricFamily("agentrt_executor_lease_renewal_failures",
+                                       "Heartbeats refused or unanswered until the lease lapsed, by reason",
+                                       labels=("reason",))
+        for reason, count in sorted(w.renewal_failures.items()):
+            renewals.add_metric((reason,), count)
+        yield renewals
+        counts = w.services.counts if w.services is not None else None
+        if counts is not None:
+            yield CounterMetricFamily("agentrt_executor_checkpoint_migration_failures",
+                                      "Claimed checkpoints no registered migration could read (run paused)",
+                                      value=counts.checkpoint_migration_failures)
+            yield CounterMetricFamily("agentrt_executor_budget_exhausted", "Runs ended FAILED on an exhausted budget",
+                                      value=counts.budget_exhausted)
+        if w.reconciler is not None:
+            yield _reconciliations(w.reconciler.totals)
         batcher = w.services.client.batcher if w.services is not None else None
         if batcher is not None:  # writes per WriteBatch call = batched_writes / write_batches
             yield CounterMetricFamily("agentrt_executor_write_batches", "WriteBatch calls sent",
                                       value=batcher.batches)
             yield CounterMetricFamily("agentrt_executor_batched_writes", "Scheduler writes sent in WriteBatch calls",
                                       value=batcher.items)
+
+
+RECONCILE_OUTCOMES = ("succeeded", "not_executed", "undecided", "no_lookup", "errors")
+
+
+def _reconciliations(totals: Any) -> CounterMetricFamily:
+    """succeeded: the lookup found the result; not_executed: not found, safe to retry; undecided: the lookup
+    could not tell (or not found without a retry contract); no_lookup: the tool has none; errors: the call failed."""
+    family = CounterMetricFamily("agentrt_executor_reconciliations",
+                                 "In-doubt tool rows the reconciler looked up, by outcome", labels=("outcome",))
+    for outcome in RECONCILE_OUTCOMES:
+        family.add_metric((outcome,), getattr(totals, outcome))
+    return family
 
 
 def executor_metrics(worker: Any) -> Metrics:

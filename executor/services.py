@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
@@ -15,6 +15,14 @@ from executor.tools import ToolRegistry
 
 
 @dataclass
+class RunCounts:
+    """What the runs of this process counted, for the metrics (executor/metrics.py reads them at scrape time)."""
+
+    checkpoint_migration_failures: int = 0  # claimed checkpoints no registered migration could read
+    budget_exhausted: int = 0  # runs ended FAILED because a budget ran out
+
+
+@dataclass
 class Services:
     catalog: AgentCatalog
     deciders: DeciderRegistry
@@ -24,3 +32,4 @@ class Services:
     faults: Faults
     shutdown: Shutdown
     tracer: trace.Tracer
+    counts: RunCounts = field(default_factory=RunCounts)

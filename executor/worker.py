@@ -12,12 +12,14 @@ and are taken over. `stop()` is safe to call twice.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
+from typing import Any
 
 import aiohttp
 import grpc
@@ -56,6 +58,8 @@ class Worker:
         self.claimed = 0
         self.leases_lost = 0
         self.run_errors = 0
+        self.renewal_failures: collections.Counter[str] = collections.Counter()  # refused heartbeats, by reason
+        self.reconciler: Any = None  # the in-process Reconciler (executor/main.py), for its totals
         self.metrics_port: int | None = None
         self._exported_metrics: Metrics | None = None
         self.health_port: int | None = None
@@ -149,6 +153,7 @@ class Worker:
         assert task is not None
 
         def on_lost(why: str) -> None:
+            self.renewal_failures[held.lost_reason] += 1
             task.cancel()
 
         # Before the heartbeat task starts, so its records name the run too (each run is its own task).

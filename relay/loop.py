@@ -41,6 +41,7 @@ class RelayMetrics:
     broker_failing_since: float | None = None
     last_broker_error: str | None = None
     producer_recreated: int = 0
+    held_back_total: int = 0  # rows a round could not publish; each is sent again in a later round
     lag: Lag | None = None
     started: float = field(default_factory=time.monotonic)
 
@@ -137,6 +138,7 @@ class RelayLoop:
             await self._fault(FAULT_MID_BATCH)
 
         result = await self.publisher.publish(rows, after_send=after_send if s.fault_point else None)
+        self.metrics.held_back_total += result.held_back
         if result.delivered:
             await self._fault(FAULT_AFTER_ACK_BEFORE_MARK)
             ids = [row.id for row in result.delivered]

@@ -24,6 +24,9 @@ class _RelayCollector(Collector):
                                   value=m.parked_total)
         yield CounterMetricFamily("agentrt_relay_producer_recreated", "Kafka producers re-created after errors",
                                   value=m.producer_recreated)
+        yield CounterMetricFamily("agentrt_relay_publish_retries",
+                                  "Outbox rows a round could not publish (sent again in a later round)",
+                                  value=m.held_back_total)
         yield GaugeMetricFamily("agentrt_relay_broker_healthy", "1 while publishing succeeds",
                                 value=1 if m.broker_healthy else 0)
         if m.lag is not None:

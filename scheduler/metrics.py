@@ -1,7 +1,9 @@
-"""The scheduler's Prometheus metrics: per-RPC counts and latency, and database gauges.
+"""The scheduler's Prometheus metrics: per-RPC counts and latency, refused fenced writes, in-doubt
+marks, the connection pool, and database gauges.
 
 Gauges (runs by status, queue and in-doubt ages, outbox lag, commit-unknown
-freezes) come from one read-only query every `refresh_s`, not per scrape.
+freezes, database size and connections) come from one read-only query every
+`refresh_s`, not per scrape; the pool is read at scrape time (no I/O).
 """
 
 from __future__ import annotations
@@ -9,7 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from scheduler.rows import GlobalStats
 from shared.metrics import Metrics
@@ -30,11 +36,22 @@ class SchedulerMetrics:
         self.outbox_pending = m.gauge("agentrt_outbox_pending", "Outbox events not yet published")
         self.outbox_age = m.gauge("agentrt_outbox_oldest_pending_age_seconds", "Age of the oldest unpublished event")
         self.commit_unknown = m.gauge("agentrt_commit_unknown_inconsistent", "Runs frozen by commit-unknown recovery")
+        # LEASE_LOST here is a stale fence refused: a write from a holder whose lease was taken over.
+        self.refusals = m.counter("agentrt_work_refusals_total", "WorkService calls and WriteBatch items refused, "
+                                  "by method and error reason", ("method", "reason"))
+        self.in_doubt_marks = m.counter("agentrt_tool_in_doubt_marks_total",
+                                        "Tool calls marked IN_DOUBT (unknown outcome; the run pauses)")
+        self.database_bytes = m.gauge("agentrt_db_size_bytes", "Size of the scheduler's database")
+        self.client_connections = m.gauge("agentrt_db_client_connections", "Client connections to the server")
+        self.max_connections = m.gauge("agentrt_db_max_connections", "The server's max_connections")
         self._task: asyncio.Task[None] | None = None
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         self.rpcs.labels(method, code).inc()
         self.rpc_seconds.labels(method).observe(seconds)
+
+    def refused(self, method: str, reason: str) -> None:
+        self.refusals.labels(method, reason).inc()
 
     def apply(self, row: GlobalStats) -> None:
         by_status = row.by_status
@@ -45,8 +62,12 @@ class SchedulerMetrics:
         self.outbox_pending.set(row.outbox_pending)
         self.outbox_age.set(float(row.outbox_oldest_s or 0))
         self.commit_unknown.set(row.commit_unknown_inconsistent)
+        self.database_bytes.set(row.database_bytes)
+        self.client_connections.set(row.client_connections)
+        self.max_connections.set(row.max_connections)
 
     def start(self, addr: str, store: Any, refresh_s: float = 10.0) -> int | None:
+        self.metrics.registry.register(_PoolCollector(store.pool))
         port = self.metrics.serve(addr)
         self._task = asyncio.create_task(self._refresh(store, refresh_s), name="metrics-refresh")
         return port
@@ -65,3 +86,20 @@ class SchedulerMetrics:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self.metrics.stop()
+
+
+class _PoolCollector(Collector):
+    """The scheduler's asyncpg pool: connections open, in use, and the pool's ceiling."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    def collect(self) -> Iterator[Any]:
+        size, idle = self._pool.get_size(), self._pool.get_idle_size()
+        connections = GaugeMetricFamily("agentrt_db_pool_connections", "Pool connections, by state",
+                                        labels=("state",))
+        connections.add_metric(("in_use",), size - idle)
+        connections.add_metric(("idle",), idle)
+        yield connections
+        yield GaugeMetricFamily("agentrt_db_pool_max_connections", "The pool's max_size",
+                                value=self._pool.get_max_size())

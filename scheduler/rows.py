@@ -194,6 +194,9 @@ class GlobalStats(Row):
     outbox_pending: int
     outbox_oldest_s: float | None
     commit_unknown_inconsistent: int
+    database_bytes: int = 0
+    client_connections: int = 0
+    max_connections: int = 0
 
 
 # ------------------------------------------------------------------ results

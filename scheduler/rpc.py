@@ -80,6 +80,9 @@ def rpc(handler: Handler[R]) -> Handler[R]:
         except AgentrtError as error:
             annotate(error_reason=error.reason)
             log.debug("%s refused: %s", handler.__name__, error.reason)
+            refused = getattr(self, "refused", None)  # the WorkService's metrics hook (work_service.py)
+            if refused is not None:
+                refused(handler.__name__, error.reason)
             await context.abort_with_status(to_grpc_status(error))
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise

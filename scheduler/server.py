@@ -90,7 +90,8 @@ class SchedulerServer:
         add_service(server, RUN_SERVICE, RunServicer(self.store, s, self.auth, self._notifier))
         add_service(server, WORK_SERVICE, WorkServicer(
             self.store, s, self._notifier, tracer=provider.get_tracer("agentrt.grpc.server"),
-            observe=self.metrics.observe_rpc if self.metrics else None, recording=records_spans(provider)))
+            observe=self.metrics.observe_rpc if self.metrics else None, recording=records_spans(provider),
+            metrics=self.metrics))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -20,6 +20,7 @@ from scheduler import convert
 from scheduler import validate as v
 from scheduler.auth import WorkAuth
 from scheduler.config import SchedulerSettings
+from scheduler.metrics import SchedulerMetrics
 from scheduler.notifier import WorkNotifier
 from scheduler.rpc import (
     DEFAULT_JOURNAL_PAGE_SIZE,
@@ -55,7 +56,7 @@ from shared.writes import MAX_BATCH_ITEMS, MAX_JOURNAL_ENTRIES, WRITE_OPS
 class WorkServicer(ws_grpc.WorkServiceServicer):
     def __init__(self, store: Store, settings: SchedulerSettings, notifier: WorkNotifier, *,
                  tracer: Any = None, observe: Callable[[str, str, float], None] | None = None,
-                 recording: bool = True) -> None:
+                 recording: bool = True, metrics: SchedulerMetrics | None = None) -> None:
         self.store = store
         self.settings = settings
         self.notifier = notifier
@@ -64,6 +65,9 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         self._tracer = tracer or trace.get_tracer("agentrt.grpc.server")
         self._observe = observe
         self._recording = recording  # False: no spans of our own, only the caller's context carried on
+        self._metrics = metrics
+        # Called by the rpc wrapper (scheduler/rpc.py) and by WriteBatch items with each typed refusal.
+        self.refused: Callable[[str, str], None] | None = metrics.refused if metrics is not None else None
         token = settings.work_token.get_secret_value() if settings.work_token else None
         self.guard = WorkAuth(token, settings.work_client_identities).admit
 
@@ -112,6 +116,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             return ws.WriteBatchResult(**{field: reply}), grpc.StatusCode.OK
         except AgentrtError as error:
             annotate(error_reason=error.reason)
+            if self.refused is not None:
+                self.refused(method, error.reason)
             return ws.WriteBatchResult(error=batch_error(error)), status_code_for(error)
         except asyncio.CancelledError:
             raise
@@ -353,6 +359,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         annotate(step_key=step_key)
         replayed = await self.store.mark_tool_in_doubt(lease, step_key=step_key, error_code=error_code, detail=detail,
                                                        event_id=event_id, trace=current_trace())
+        if not replayed and self._metrics is not None:
+            self._metrics.in_doubt_marks.inc()
         return ws.MarkToolInDoubtResponse(status=pb.RUN_STATUS_PAUSED_INDOUBT, replayed=replayed)
 
     @rpc

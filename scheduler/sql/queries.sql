@@ -790,8 +790,9 @@ SELECT
   clock_timestamp() AS db_now;
 
 -- name: global_stats
--- Metrics (all tenants): runs by status, queue/in-doubt ages, outbox lag, and
--- the commit-unknown counter. Reads only; refreshed on an interval, not per scrape.
+-- Metrics (all tenants): runs by status, queue/in-doubt ages, outbox lag, the
+-- commit-unknown counter, and the database's size and client connections against
+-- max_connections (capacity alerts). Reads only; refreshed on an interval, not per scrape.
 SELECT
   (SELECT coalesce(jsonb_object_agg(status, n), '{}'::jsonb)
      FROM (SELECT status, count(*) AS n FROM agent_runs GROUP BY status) s) AS by_status,
@@ -803,7 +804,10 @@ SELECT
   (SELECT extract(epoch FROM clock_timestamp() - min(created_at)) FROM outbox
     WHERE published_at IS NULL) AS outbox_oldest_s,
   (SELECT coalesce(max(value), 0) FROM runtime_counters WHERE name = 'commit_unknown_inconsistent')
-    AS commit_unknown_inconsistent;
+    AS commit_unknown_inconsistent,
+  pg_database_size(current_database()) AS database_bytes,
+  (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend') AS client_connections,
+  current_setting('max_connections')::int AS max_connections;
 
 -- The agent registry (docs/design.md §agents): registrations are timed by the database clock, like leases.
 

@@ -45,7 +45,7 @@ SUBCOMMANDS = {"scheduler", "executor", "relay", "migrate"}
 # The newest Kubernetes schema that kubernetes-validate ships.
 KUBE_VERSION = kv_utils.latest_version()
 # Kinds defined by CRDs: no upstream schema, checked structurally instead.
-CRD_KINDS = {"ServiceMonitor", "Certificate"}
+CRD_KINDS = {"ServiceMonitor", "Certificate", "PrometheusRule"}  # PrometheusRule: tests/helm/test_alerts.py
 # Env var names that carry credentials: they must come from Secrets.
 SECRETISH = re.compile(r"(?i)(password|passwd|secret|token|api_?key|credential|database_url|dsn)")
 # Settings whose names look like credentials but are not (the chart writes them to the config file).
