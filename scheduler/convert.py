@@ -36,6 +36,12 @@ def set_time(message: Any, field: str, value: dt.datetime | None) -> None:
         getattr(message, field).CopyFrom(ts)
 
 
+def trace_id_of(traceparent: str | None) -> str:
+    """The trace id of a W3C traceparent (version-traceid-spanid-flags), "" when there is none."""
+    parts = (traceparent or "").split("-")
+    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != "0" * 32 else ""
+
+
 def run_to_proto(row: RunRow) -> pb.Run:
     run = pb.Run(
         run_id=str(row.id),
@@ -57,6 +63,7 @@ def run_to_proto(row: RunRow) -> pb.Run:
         result_json=json_text(row.result),
         lease_owner=row.lease_owner or "",
         human_input_json=json_text(row.human_input),
+        last_trace_id=trace_id_of(row.last_traceparent),
     )
     run.budget.max_steps = row.budget_max_steps
     run.budget.max_tokens = row.budget_max_tokens

@@ -96,6 +96,7 @@ class RunRow(Row):
     lease_live: bool | None = None
     db_now: dt.datetime | None = None
     doubted_intents: int | None = None
+    last_traceparent: str | None = None  # get_run only: the latest event's W3C traceparent
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

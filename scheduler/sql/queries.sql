@@ -83,8 +83,11 @@ SELECT inserted.* FROM inserted;
 SELECT * FROM agent_runs WHERE tenant_id = :tenant_id AND client_request_id = :client_request_id;
 
 -- name: get_run
--- Tenant-scoped read: another tenant's run is indistinguishable from none.
-SELECT * FROM agent_runs WHERE id = :run_id AND tenant_id = :tenant_id;
+-- Tenant-scoped read: another tenant's run is indistinguishable from none. With the trace
+-- context of its latest event (outbox_run_idx, read backwards: one index probe).
+SELECT r.*, (SELECT o.traceparent FROM outbox o WHERE o.run_id = r.id ORDER BY o.id DESC LIMIT 1)
+         AS last_traceparent
+FROM agent_runs r WHERE r.id = :run_id AND r.tenant_id = :tenant_id;
 
 -- name: list_runs
 -- Keyset pagination on (created_at, id), newest first, within one tenant.

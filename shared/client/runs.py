@@ -78,6 +78,7 @@ class RunInfo:
     updated_at: dt.datetime | None
     finished_at: dt.datetime | None
     next_attempt_at: dt.datetime | None
+    last_trace_id: str = ""  # GetRun: the trace of the run's last step (look it up in your tracing backend)
 
     @property
     def terminal(self) -> bool:
@@ -95,6 +96,7 @@ class RunInfo:
             result=_json(run.result_json), human_input=_json(run.human_input_json),
             created_at=_time(run, "created_at"), updated_at=_time(run, "updated_at"),
             finished_at=_time(run, "finished_at"), next_attempt_at=_time(run, "next_attempt_at"),
+            last_trace_id=run.last_trace_id,
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -158,3 +158,25 @@ async def test_without_an_exporter_a_call_without_context_starts_a_trace_of_its_
     parts = [row["traceparent"].split("-") for row in rows]
     assert all(len(p) == 4 and len(p[1]) == 32 and p[1] != "0" * 32 and p[3] == "00" for p in parts), parts
     assert parts[0][1] != parts[1][1], "each call without context is a trace of its own"
+
+
+async def test_get_run_names_the_trace_of_the_runs_last_step(db_url, db):
+    """`agentrt runs get` shows the trace id of the latest write, to look the step up in a tracing backend."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    submit_trace, step_trace = "0af7651916cd43dd8448eb211c80319c", "4bf92f3577b34da6a3ce929d0e0e4736"
+    async with scheduler_stack(db_url, tracer_provider=TracerProvider(sampler=ALWAYS_OFF)) as stack:
+        caller = ("traceparent", f"00-{submit_trace}-b7ad6b7169203331-01")
+        reply = await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="demo", input_json="{}"),
+                                           metadata=[*stack.md(), caller])
+        run = await stack.runs.GetRun(rs.GetRunRequest(run_id=reply.run.run_id), metadata=stack.md())
+        assert run.last_trace_id == submit_trace
+        lease = await claim(stack)
+        await stack.work.SaveCheckpoint(ws.SaveCheckpointRequest(
+            lease=lease_ref(lease), expected_version=0, state_json="{}", schema_version=1, event_id=eid()),
+            metadata=[("traceparent", f"00-{step_trace}-00f067aa0ba902b7-01")])
+        run = await stack.runs.GetRun(rs.GetRunRequest(run_id=reply.run.run_id), metadata=stack.md())
+        assert run.last_trace_id == step_trace
+        await db.execute("UPDATE outbox SET traceparent = NULL")
+        run = await stack.runs.GetRun(rs.GetRunRequest(run_id=reply.run.run_id), metadata=stack.md())
+        assert run.last_trace_id == ""
