@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench._pg import free_port, pgbench_tps, server_url
+from shared.transport import ClientTls, open_channel
 
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -48,10 +49,23 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
-async def wait_serving(addr: str, proc: subprocess.Popen[bytes], limit_s: float) -> None:
-    """Until the scheduler process on `addr` answers gRPC health SERVING (it must not exit first)."""
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    """SIGTERM a process this bench started, then SIGKILL it if it has not exited within `timeout_s`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def wait_serving(addr: str, proc: subprocess.Popen[bytes], limit_s: float,
+                       tls: ClientTls | None = None) -> None:
+    """Until the scheduler process on `addr` answers gRPC health SERVING, over TLS when `tls` is
+    given (it must not exit first)."""
     deadline = time.monotonic() + limit_s
-    async with grpc.aio.insecure_channel(addr) as channel:
+    async with open_channel(addr, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if proc.poll() is not None:

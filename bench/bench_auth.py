@@ -32,7 +32,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,9 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench._core_procs import ROOT, _proc_cpu
+from bench._core_procs import ROOT, _proc_cpu, stop_process, wait_serving
 from bench._pg import emit, figure, free_port, log, percentile, scratch_database
 from devstack.certs import make_authority
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
@@ -72,16 +70,6 @@ def cli(*args: str) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"devstack.cli {args[0]} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @dataclass
@@ -111,21 +99,8 @@ class TlsScheduler:
         return f"127.0.0.1:{self.port}"
 
     async def wait_serving(self, tls: ClientTls, limit_s: float = 30.0) -> None:
-        """Until gRPC health answers SERVING over TLS (the process must not exit first)."""
         assert self.proc is not None
-        deadline = time.monotonic() + limit_s
-        async with open_channel(self.addr, tls) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"scheduler {self.label} exited with {self.proc.returncode} before serving")
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"scheduler {self.label} on {self.addr} not SERVING over TLS after {limit_s}s")
-                await asyncio.sleep(0.1)
+        await wait_serving(self.addr, self.proc, limit_s, tls)
 
     def cpu_seconds(self) -> float:
         assert self.proc is not None
@@ -133,7 +108,7 @@ class TlsScheduler:
 
     def stop(self) -> None:
         if self.proc is not None:
-            stop_process(self.proc)
+            stop_process(self.proc, timeout_s=20)
 
 
 @dataclass

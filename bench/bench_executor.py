@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from urllib.parse import unquote, urlsplit
 import asyncpg
 import yaml
 
-from bench._core_procs import wait_serving
+from bench._core_procs import stop_process, wait_serving
 from bench._pg import emit, figure, free_port, log, scratch_database
 from scheduler.migrate import migrate
 
@@ -94,16 +93,6 @@ def backends_cpu(pids: list[int]) -> dict[int, float]:
         with contextlib.suppress(OSError):
             seen[pid] = cpu_seconds(pid)
     return seen
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class SchedulerProc:
