@@ -9,6 +9,7 @@ from executor_support import (
     mock_tool,
     scripted_agent,
     tap_writes,
+    wait_for,
     wait_status,
     write_agent,
 )
@@ -17,6 +18,12 @@ from support import scheduler_stack, submit
 from shared.gen.agentrt.v1 import common_pb2 as pb
 
 pytestmark = pytest.mark.integration
+def _retries_reached(client, n):
+    async def probe():
+        return client.retries >= n
+    return probe
+
+
 # Step one: SaveCheckpoint + BeginToolCall; one → two: CompleteAndBeginToolCall; two: CompleteToolCall,
 # which carries the run's end.
 METHODS = ("SaveCheckpoint", "BeginToolCall", "CompleteAndBeginToolCall", "CompleteToolCall")
@@ -38,7 +45,10 @@ async def test_lost_answers_are_retried_with_the_same_event_id_and_replayed(db_u
                        lose=lambda name, n: grpc.StatusCode.DEADLINE_EXCEEDED if n == 1 else None)
             final = await wait_status(stack, run.run_id, pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_FAILED,
                                       pb.RUN_STATUS_PAUSED_INDOUBT)
-            assert worker.services.client.retries == 4
+            # The run's last write commits before its lost answer is retried: wait for the retry.
+            client = worker.services.client
+            await wait_for(_retries_reached(client, 4), within=30, what="4 retries")
+            assert client.retries == 4
         assert final.status == pb.RUN_STATUS_COMPLETED, final.terminal_reason or final.pause_reason
         seen = {name: [r.event_id for r in sent] for name, sent in requests.items()}
         for name in METHODS:
@@ -63,7 +73,10 @@ async def test_a_lost_finish_answer_is_retried_with_the_same_event_id(db_url, db
                        lose=lambda name, n: grpc.StatusCode.UNAVAILABLE if n == 1 else None)
             final = await wait_status(stack, run.run_id, pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_FAILED,
                                       pb.RUN_STATUS_PAUSED_INDOUBT)
-            assert worker.services.client.retries == 2
+            # The run's last write commits before its lost answer is retried: wait for the retry.
+            client = worker.services.client
+            await wait_for(_retries_reached(client, 2), within=30, what="2 retries")
+            assert client.retries == 2
         assert final.status == pb.RUN_STATUS_COMPLETED, final.terminal_reason or final.pause_reason
         for name in ("SaveCheckpoint", "FinishRun"):
             first, second = requests[name]
