@@ -30,6 +30,7 @@ class ReceivedSpan:
     span_id: str
     parent_span_id: str  # "" for a root span
     attributes: dict[str, Any] = field(default_factory=dict)
+    links: tuple[tuple[str, str], ...] = ()  # (trace id, span id) of each linked span
 
 
 def _value(value: AnyValue) -> Any:
@@ -47,7 +48,8 @@ def flatten(request: trace_service_pb2.ExportTraceServiceRequest) -> list[Receiv
                 spans.append(ReceivedSpan(
                     service=service, name=span.name, kind=span.kind, trace_id=span.trace_id.hex(),
                     span_id=span.span_id.hex(), parent_span_id=span.parent_span_id.hex(),
-                    attributes={a.key: _value(a.value) for a in span.attributes}))
+                    attributes={a.key: _value(a.value) for a in span.attributes},
+                    links=tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links)))
     return spans
 
 

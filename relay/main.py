@@ -41,8 +41,9 @@ HEALTH_SERVICE = "agentrt.relay"
 
 
 class RelayServer:
-    def __init__(self, settings: RelaySettings) -> None:
+    def __init__(self, settings: RelaySettings, tracer_provider: Any = None) -> None:
         self.settings = settings
+        self.tracer_provider = tracer_provider  # None: the process's, set up from the settings
         self.metrics = RelayMetrics()
         self.health_port: int | None = None
         self.store: RelayStore | None = None
@@ -59,11 +60,11 @@ class RelayServer:
 
     async def start(self) -> None:
         s = self.settings
-        setup_tracing(s.tracing())
+        provider = self.tracer_provider or setup_tracing(s.tracing())
         pool = await connect_pool(s.database_url, min_size=s.db_pool_min, max_size=s.db_pool_max,
                                   command_timeout=s.db_command_timeout_s)
         self.store = RelayStore(pool)
-        publisher = Publisher(s)
+        publisher = Publisher(s, provider)
         try:
             async with pool.acquire() as conn:
                 await require_schema(conn)

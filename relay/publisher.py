@@ -35,6 +35,7 @@ from aiokafka.partitioner import murmur2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from relay.config import RelaySettings
+from relay.spans import PublishSpans, publish_tracer
 from relay.store import OutboxRow
 from shared.cloudevents import encode_headers
 from shared.errors import Unavailable
@@ -79,8 +80,9 @@ def key_hash(key: bytes) -> int:
 
 
 class Publisher:
-    def __init__(self, settings: RelaySettings) -> None:
+    def __init__(self, settings: RelaySettings, tracer_provider: Any = None) -> None:
         self.settings = settings
+        self._tracer_provider = tracer_provider  # None: the process's (setup_tracing)
         self._producer: AIOKafkaProducer | None = None
         # Partitions narrowed down one row per round after a permanent batch error:
         # value = rows still to try one by one.
@@ -93,6 +95,8 @@ class Publisher:
         # murmur2 in pure Python is the relay's costliest step per event; a run
         # has many events, so remember each run's hash.
         self._key_hash: dict[str, int] = {}
+        # Publish spans only where spans are recorded (relay/spans.py); read at start().
+        self._tracer: Any = None
 
     @property
     def connected(self) -> bool:
@@ -112,6 +116,7 @@ class Publisher:
 
     async def start(self, within_s: float | None = None) -> None:
         """Connects; raises KafkaUnreachable if no broker answers in time."""
+        self._tracer = publish_tracer(self._tracer_provider)
         timeout = self.settings.startup_timeout_s if within_s is None else within_s
         producer = self._new_producer()
         try:
@@ -148,10 +153,13 @@ class Publisher:
         if self._metadata_stale and not await self._refresh_metadata(producer, result):
             result.held_back = len(rows)
             return result
-        batches = await self._build_batches(producer, rows, result)
+        spans = PublishSpans(self._tracer) if self._tracer is not None else None
+        batches = await self._build_batches(producer, rows, result, spans)
         sent = await self._send_batches(producer, batches, result, after_send)
         if sent:
             await self._settle(sent, batches.members, result)
+        if spans is not None:
+            spans.settle(result.delivered, result.error)
         if result.error is not None:
             self._metadata_stale = True
         return result
@@ -169,7 +177,7 @@ class Publisher:
         return True
 
     async def _build_batches(self, producer: AIOKafkaProducer, rows: list[OutboxRow],
-                             result: RoundResult) -> _Batches:
+                             result: RoundResult, spans: PublishSpans | None = None) -> _Batches:
         """Appends each row to its partition's one batch of the round, in order.
 
         A run whose row cannot go out this round (no partitions known, row too
@@ -208,18 +216,25 @@ class Publisher:
             topic_partitions = partitions[topic]
             tp = (topic, topic_partitions[hashed % len(topic_partitions)])
             value = row.payload_json.encode()
+            traceparent, tracestate = row.traceparent, row.tracestate
+            if spans is not None:
+                traceparent, tracestate = spans.start(row, tp[0], tp[1])
             headers = encode_headers(
                 event_id=row.event_id, event_type=row.event_type, source=s.cloudevents_source,
                 run_id=row.run_id, time=row.time_text, tenant_id=row.tenant_id,
                 fencing_token=row.fencing_token, run_version=row.run_version, outbox_id=row.id,
-                traceparent=row.traceparent, tracestate=row.tracestate)
+                traceparent=traceparent, tracestate=tracestate)
             size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
             if size > s.max_message_bytes:
-                result.refused.append(
-                    (row, f"record is {size} bytes, over max_message_bytes {s.max_message_bytes}"))
+                reason = f"record is {size} bytes, over max_message_bytes {s.max_message_bytes}"
+                result.refused.append((row, reason))
+                if spans is not None:
+                    spans.fail(row, reason)
                 blocked_runs.add(row.run_id)
                 continue
             if tp in closed:
+                if spans is not None:
+                    spans.fail(row, "batch closed: held back for a later round")
                 blocked_runs.add(row.run_id)
                 result.held_back += 1
                 continue
@@ -229,6 +244,8 @@ class Publisher:
                 members[tp] = []
             if builder.append(timestamp=row.created_ms, key=key, value=value, headers=headers) is None:
                 # Batch full: this partition waits for the next round from here on.
+                if spans is not None:
+                    spans.fail(row, "batch full: held back for a later round")
                 closed.add(tp)
                 blocked_runs.add(row.run_id)
                 result.held_back += 1

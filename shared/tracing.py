@@ -132,6 +132,13 @@ def current_trace() -> Trace:
     return Trace(carrier.get("traceparent"), carrier.get("tracestate"))
 
 
+def traceparent_of(span: Any) -> tuple[str | None, str | None]:
+    """The W3C (traceparent, tracestate) naming `span` as the parent."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier.get("traceparent"), carrier.get("tracestate")
+
+
 def annotate(**attributes: Any) -> None:
     """Sets agentrt.* attributes on the current span (None values are skipped).
 

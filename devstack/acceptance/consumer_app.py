@@ -19,6 +19,7 @@ import asyncpg
 from shared.client.consumer import ConsumerSettings, EventConsumer
 from shared.cloudevents import AgentEvent
 from shared.logs import setup_logging
+from shared.tracing import setup_tracing
 
 log = logging.getLogger("acceptance.consumer")
 
@@ -41,6 +42,8 @@ async def main() -> None:
     overrides: dict[str, Any] = {}  # everything from AGENTRT_* (the lab sets them)
     settings = ConsumerSettings(**overrides)
     setup_logging(settings.log_level, settings.log_format, settings.service_name)
+    # OTEL_TRACES_EXPORTER=otlp (or otel_exporter) exports the handler spans, as in every service.
+    setup_tracing(settings.tracing())  # flushed at exit (bounded, shared/otlp.py)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -107,6 +107,7 @@ class ConsumerSettings(KafkaClientSettings):
     # AGENTRT_TOPICS="a,b" (comma-separated) or a list in the config file.
     topics: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["agentrt.events"])
     group_id: str = "agentrt-consumer"
+    service_name: str = "agentrt-consumer"
     # The dedupe identity; defaults to group_id. Never change it for a live
     # consumer: every event would look new to it.
     consumer_name: str | None = None
@@ -295,9 +296,11 @@ class EventConsumer:
 
     async def _apply(self, event: AgentEvent) -> None:
         attributes: dict[str, Any] = {
-            "messaging.system": "kafka", "messaging.operation.type": "process",
-            "messaging.destination.name": event.topic, "messaging.kafka.message.offset": event.offset,
-            "messaging.destination.partition.id": str(event.partition), "messaging.message.id": str(event.id),
+            "messaging.system": "kafka", "messaging.operation": "process", "messaging.operation.type": "process",
+            "messaging.operation.name": "process", "messaging.destination.name": event.topic,
+            "messaging.kafka.message.offset": event.offset, "messaging.kafka.message.key": str(event.run_id),
+            "messaging.destination.partition.id": str(event.partition),
+            "messaging.kafka.destination.partition": event.partition, "messaging.message.id": str(event.id),
             "messaging.consumer.group.name": self.settings.group_id, "cloudevents.event_type": event.type,
             RUN_ID: str(event.run_id), TENANT: event.tenant_id, FENCING_TOKEN: event.fencing_token,
             RUN_VERSION: event.run_version,

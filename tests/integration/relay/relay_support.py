@@ -17,6 +17,8 @@ from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from relay.config import RelaySettings
 from relay.main import RelayServer
@@ -40,8 +42,9 @@ def relay_settings(db_url: str, bootstrap: str, **overrides: Any) -> RelaySettin
 
 
 @asynccontextmanager
-async def running_relay(settings: RelaySettings) -> AsyncIterator[RelayServer]:
-    server = RelayServer(settings)
+async def running_relay(settings: RelaySettings, tracer_provider: Any = None) -> AsyncIterator[RelayServer]:
+    """The relay in-process; without a tracer provider it records no spans (whatever this process set up)."""
+    server = RelayServer(settings, tracer_provider or TracerProvider(sampler=ALWAYS_OFF))
     await server.start()
     try:
         yield server

@@ -1,4 +1,6 @@
-"""Trace context continues from the transaction that wrote the outbox row into the consumer's span."""
+"""Trace context continues from the transaction that wrote the outbox row, through the relay's
+publish span (the writer's child, linked to it), into the consumer's span; a relay that records no
+spans hands the writer's context on unchanged."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind
 from relay_support import pending_count, relay_settings, running_relay, wait_until
 from support import scheduler_stack, submit
@@ -20,7 +23,8 @@ from shared.client.consumer import EventConsumer
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 
-async def test_consumer_span_continues_the_writers_trace(db_url, db, kafka_bootstrap):
+@pytest.mark.parametrize("relay_records", [True, False], ids=["relay-spans", "relay-without-spans"])
+async def test_consumer_span_continues_the_writers_trace(db_url, db, kafka_bootstrap, relay_records):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -34,7 +38,8 @@ async def test_consumer_span_continues_the_writers_trace(db_url, db, kafka_boots
     assert len(writer) == 1 and "SubmitRun" in writer[0].name, [s.name for s in exporter.get_finished_spans()]
 
     settings = relay_settings(db_url, kafka_bootstrap)
-    async with running_relay(settings):
+    relay_provider = provider if relay_records else TracerProvider(sampler=ALWAYS_OFF)
+    async with running_relay(settings, relay_provider):
         await wait_until(lambda: _drained(db), 30, "the relay to publish")
 
     seen_inside: list[trace.SpanContext] = []
@@ -59,7 +64,25 @@ async def test_consumer_span_continues_the_writers_trace(db_url, db, kafka_boots
     span = spans[0]
     assert span.name == "process agent.run_submitted"
     assert span.context.trace_id == int(trace_hex, 16) == writer[0].context.trace_id
-    assert span.parent is not None and span.parent.span_id == int(parent_hex, 16)
+    publishes = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.PRODUCER]
+    if relay_records:
+        [publish] = publishes
+        assert publish.name == f"publish {settings.topic}"
+        assert publish.context.trace_id == writer[0].context.trace_id
+        assert publish.parent is not None and publish.parent.span_id == int(parent_hex, 16)
+        assert [link.context.span_id for link in publish.links] == [int(parent_hex, 16)]
+        assert publish.status.is_ok
+        assert publish.attributes["messaging.operation"] == "publish"
+        assert publish.attributes["messaging.kafka.message.key"] == run.run_id
+        assert publish.attributes["agentrt.outbox_id"] == row["id"]
+        assert publish.attributes["agentrt.fencing_token"] == row["fencing_token"]
+        assert publish.attributes["agentrt.run_version"] == row["run_version"]
+        assert span.parent is not None and span.parent.span_id == publish.context.span_id
+    else:
+        assert publishes == []
+        assert span.parent is not None and span.parent.span_id == int(parent_hex, 16)
+    assert span.attributes["messaging.operation"] == "process"
+    assert span.attributes["messaging.kafka.message.key"] == run.run_id
     assert span.attributes["agentrt.run_id"] == run.run_id
     assert span.attributes["agentrt.tenant_id"] == "tenant-a"
     assert span.attributes["messaging.message.id"] == str(row["event_id"])
