@@ -96,8 +96,10 @@ def tighter(a: float, b: float) -> float:
 
 class Advancer:
     def __init__(self, agent: AgentDefinition, decider: Decider, ids: RunIds, run_input: dict,
-                 limits: Limits, max_attempts: int, db_now: Callable[[], dt.datetime]) -> None:
+                 limits: Limits, max_attempts: int, db_now: Callable[[], dt.datetime],
+                 used: Callable[[Proposal], None] | None = None) -> None:
         self.agent = agent
+        self.used = used  # told each proposal's model usage (the token and cost metrics)
         self.decider = decider
         self.ids = ids
         self.run_input = run_input
@@ -136,7 +138,10 @@ class Advancer:
                             policy_pause=self.agent.policy.on_budget_exhausted == "pause")
         ctx = DecisionContext(agent=self.agent, run_id=self.ids.run_id, tenant_id=self.ids.tenant_id,
                               input=self.run_input, state=state)
-        return self.apply(state, await self.decider.decide(ctx))
+        proposal = await self.decider.decide(ctx)
+        if self.used is not None:
+            self.used(proposal)
+        return self.apply(state, proposal)
 
     def validate(self, call: ToolCall) -> Invalid | None:
         if self.agent.tool(call.tool) is None:

@@ -72,6 +72,9 @@ class Proposal:
     # The decider's own small state, kept in the checkpoint (at most MAX_AGENT_STATE_BYTES of JSON);
     # None leaves it as it was. Persisted with the decision, so it is never ahead of the run.
     agent_state: dict[str, Any] | None = None
+    # Of `tokens`, what the model read and wrote, where the decider knows (the openai decider does).
+    input_tokens: int = 0
+    output_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from executor.advance import Action, Advancer, DecideAgain, EndRun, ExecuteTool,
 from executor.agents import AgentDefinition
 from executor.checkpoint import State, UnsupportedCheckpoint, Waiting
 from executor.deciders.base import DeciderUnavailable
+from executor.decisions import Proposal
 from executor.faults import InjectedCrash
 from executor.lease import HeldLease
 from executor.migrations import load_state
@@ -68,6 +69,10 @@ class RunDriver:
         return {tracing.AGENT: self.run.agent_name, tracing.RUN_ID: self.run.run_id,
                 tracing.TENANT: self.run.tenant_id, tracing.FENCING_TOKEN: self.lease.fencing_token,
                 tracing.RUN_VERSION: self.lease.version, tracing.WORKER: self.s.worker_id}
+
+    def count_usage(self, proposal: Proposal) -> None:
+        self.s.counts.used(self.run.tenant_id, self.run.agent_name, proposal.input_tokens, proposal.output_tokens,
+                           proposal.tokens, proposal.cost_usd)
 
     async def load_journal(self, state: State) -> State:
         """A schema-2 run's history, tool results, inputs and exceptions, rebuilt from its journal.
@@ -150,7 +155,7 @@ class RunDriver:
             self.lease.saved = json.loads(self.claim.checkpoint.state_json)
         decider = self.s.deciders.get(agent)
         advancer = Advancer(agent, decider, self.ids, json.loads(self.run.input_json or "{}"),
-                            self._limits(agent), self.run.max_attempts, self.db_now)
+                            self._limits(agent), self.run.max_attempts, self.db_now, used=self.count_usage)
         calls = ToolCalls(self.lease, self.s, agent, advancer, decider.pure)
         action: Action | None = None
         if self.lease.status == pb.RUN_STATUS_WAITING_TOOL:

@@ -42,6 +42,7 @@ class _WorkerCollector(Collector):
                                       value=counts.checkpoint_migration_failures)
             yield CounterMetricFamily("agentrt_executor_budget_exhausted", "Runs ended FAILED on an exhausted budget",
                                       value=counts.budget_exhausted)
+            yield from _usage(counts.usage)
         if w.reconciler is not None:
             yield _reconciliations(w.reconciler.totals)
         batcher = w.services.client.batcher if w.services is not None else None
@@ -50,6 +51,20 @@ class _WorkerCollector(Collector):
                                       value=batcher.batches)
             yield CounterMetricFamily("agentrt_executor_batched_writes", "Scheduler writes sent in WriteBatch calls",
                                       value=batcher.items)
+
+
+def _usage(usage: dict[tuple[str, str], list[float]]) -> Iterator[CounterMetricFamily]:
+    """Model tokens by type (input, output; other: a total the decider did not split) and cost, per tenant, agent."""
+    tokens = CounterMetricFamily("agentrt_model_tokens", "Model tokens the deciders reported, by type",
+                                 labels=("tenant", "agent", "type"))
+    cost = CounterMetricFamily("agentrt_model_cost_usd", "Model cost the deciders reported, in US dollars",
+                               labels=("tenant", "agent"))
+    for (tenant, agent), (input_tokens, output_tokens, other, usd) in sorted(usage.items()):
+        for kind, count in (("input", input_tokens), ("output", output_tokens), ("other", other)):
+            tokens.add_metric((tenant, agent, kind), count)
+        cost.add_metric((tenant, agent), usd)
+    yield tokens
+    yield cost
 
 
 RECONCILE_OUTCOMES = ("succeeded", "not_executed", "undecided", "no_lookup", "errors")

@@ -20,6 +20,19 @@ class RunCounts:
 
     checkpoint_migration_failures: int = 0  # claimed checkpoints no registered migration could read
     budget_exhausted: int = 0  # runs ended FAILED because a budget ran out
+    # Model usage the deciders reported, by (tenant, agent): [input tokens, output tokens, other tokens, USD].
+    usage: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+
+    def used(self, tenant: str, agent: str, input_tokens: int, output_tokens: int, tokens: int,
+             cost_usd: float) -> None:
+        """One decision's usage; `tokens` beyond input + output (a decider that reports a total only) is "other"."""
+        if not (tokens or input_tokens or output_tokens or cost_usd):
+            return
+        totals = self.usage.setdefault((tenant, agent), [0, 0, 0, 0.0])
+        totals[0] += input_tokens
+        totals[1] += output_tokens
+        totals[2] += max(0, tokens - input_tokens - output_tokens)
+        totals[3] += cost_usd
 
 
 @dataclass

@@ -79,9 +79,9 @@ class Worker:
         agents = self.catalog.all()
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max(100, s.slots)))
         try:
-            tools = ToolRegistry(agents, self._session)
+            tools = ToolRegistry(agents, self._session, self.tracer)
             key = s.openai_api_key.get_secret_value() if s.openai_api_key else None
-            deciders = DeciderRegistry(agents, self._session, key)
+            deciders = DeciderRegistry(agents, self._session, key, self.tracer)
         except BaseException:
             await self._session.close()
             raise

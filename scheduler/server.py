@@ -24,6 +24,7 @@ from scheduler.notifier import WorkNotifier
 from scheduler.service import RunServicer, WorkServicer
 from scheduler.store import Store, connect_pool
 from scheduler.wire import add_service
+from shared.db import trace_queries
 from shared.gen.agentrt.v1 import run_service_pb2, work_service_pb2
 from shared.tracing import ServerSpans, records_spans, setup_tracing
 from shared.transport import server_credentials
@@ -69,10 +70,8 @@ class SchedulerServer:
         except BaseException:
             await pool.close()
             raise
-        if s.trace_sql:
-            from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
-
-            AsyncPGInstrumentor().instrument(tracer_provider=provider)
+        # A span per named statement (shared/db.py), where spans are recorded at all.
+        trace_queries(provider.get_tracer("agentrt.sql") if s.trace_sql and records_spans(provider) else None)
         self.store = Store(pool, s)
         self._notifier = WorkNotifier(s.database_url)
         await self._notifier.start(pool)
@@ -136,6 +135,8 @@ class SchedulerServer:
             await self._notifier.stop()
         if self.store is not None:
             await self.store.pool.close()
+        if self.settings.trace_sql:
+            trace_queries(None)
         log.info("scheduler stopped")
 
     async def __aenter__(self) -> SchedulerServer:

@@ -102,8 +102,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                             "agentrt.batch_index": index},
             ) as span:
                 result, code = await self._write(method, op, getattr(item, op))
+                span.set_attribute("rpc.grpc.status_code", code.value[0])
                 if code is not grpc.StatusCode.OK:
-                    span.set_attribute("rpc.grpc.status_code", code.value[0])
                     span.set_status(Status(StatusCode.ERROR, code.name))
         if self._observe is not None:
             self._observe(method, code.name, time.perf_counter() - started)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 import asyncpg
+from opentelemetry.trace import SpanKind
 
 from shared.canonical import encode_json
 from shared.errors import SchemaMismatch
@@ -49,6 +50,7 @@ _BLOCK = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
 # group 1 is a `:name` parameter (`::type` casts are not), group 2 a `{fragment}` inclusion.
 _TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|(?<![:\w]):([A-Za-z_]\w*)|\{(\w+)\}")
 _POSITIONAL = re.compile(r"\$\d+")
+_CLIENT = SpanKind.CLIENT
 
 
 class QueryArgumentError(TypeError):
@@ -166,20 +168,57 @@ def load_queries(path: Path) -> Queries:
     return parse_named_queries(path.read_text(encoding="utf-8"))
 
 
+# The tracer of the optional SQL spans (the scheduler's `trace_sql`), or None: then the helpers
+# below cost one global read each.
+_SQL_TRACER: Any = None
+_OPERATION = re.compile(r"\s*(?:--[^\n]*\n\s*)*(\w+)")
+
+
+def trace_queries(tracer: Any) -> None:
+    """A CLIENT span per named statement from now on (None: none). Process-wide, like the asyncpg pool."""
+    global _SQL_TRACER
+    _SQL_TRACER = tracer
+
+
+def _operation(sql: str) -> str:
+    match = _OPERATION.match(sql)
+    return match.group(1).upper() if match else "SQL"
+
+
+async def _traced(method: str, conn: Executor, query: Query, args: list[Any]) -> Any:
+    """The statement inside a span named by its query: the database conventions, the SQL text with
+    its `$n` placeholders, never the values."""
+    operation = _operation(query.sql)
+    summary = f"{operation} {query.name}" if query.name else operation
+    with _SQL_TRACER.start_as_current_span(summary, kind=_CLIENT, attributes={
+            "db.system": "postgresql", "db.system.name": "postgresql", "db.operation": operation,
+            "db.operation.name": operation, "db.query.summary": summary, "db.query.text": query.sql,
+            "agentrt.query": query.name}):
+        return await getattr(conn, method)(query.sql, *args)
+
+
 async def fetchrow(conn: Executor, query: Query, /, **params: Any) -> asyncpg.Record | None:
     """Runs `query` with its parameters by name (see `Query.args`)."""
+    if _SQL_TRACER is not None:
+        return await _traced("fetchrow", conn, query, query.args(**params))  # type: ignore[no-any-return]
     return await conn.fetchrow(query.sql, *query.args(**params))
 
 
 async def fetch(conn: Executor, query: Query, /, **params: Any) -> list[asyncpg.Record]:
+    if _SQL_TRACER is not None:
+        return await _traced("fetch", conn, query, query.args(**params))  # type: ignore[no-any-return]
     return await conn.fetch(query.sql, *query.args(**params))
 
 
 async def fetchval(conn: Executor, query: Query, /, **params: Any) -> Any:
+    if _SQL_TRACER is not None:
+        return await _traced("fetchval", conn, query, query.args(**params))
     return await conn.fetchval(query.sql, *query.args(**params))
 
 
 async def execute(conn: Executor, query: Query, /, **params: Any) -> str:
+    if _SQL_TRACER is not None:
+        return await _traced("execute", conn, query, query.args(**params))  # type: ignore[no-any-return]
     return await conn.execute(query.sql, *query.args(**params))
 
 

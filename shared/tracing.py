@@ -232,8 +232,8 @@ class ServerSpans:
                     return await behavior(request, context)
                 finally:
                     code = context.code()
+                    span.set_attribute("rpc.grpc.status_code", code.value[0] if code is not None else 0)
                     if code is not None and code != grpc.StatusCode.OK:
-                        span.set_attribute("rpc.grpc.status_code", code.value[0])
                         span.set_status(self._status(self._error, str(code.name)))
                     if observe is not None:
                         observe(name, code.name if code is not None else "OK", time.perf_counter() - started)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 
 from executor.agents import AgentDefinition, DefinitionError, OpenAIDecider, PythonDecider, ScriptedDecider
@@ -13,7 +15,8 @@ class DeciderRegistry:
     """One decider per (agent, version); built at start so a bad definition stops the executor early."""
 
     def __init__(self, agents: list[AgentDefinition], session: aiohttp.ClientSession,
-                 default_api_key: str | None = None) -> None:
+                 default_api_key: str | None = None, tracer: Any = None) -> None:
+        """`tracer`: the executor's, for the openai decider's GenAI spans (None: the process's)."""
         from executor.deciders.openai import OpenAIDeciderImpl
         from executor.deciders.python import PythonDeciderImpl
         from executor.deciders.scripted import ScriptedDeciderImpl
@@ -34,7 +37,7 @@ class DeciderRegistry:
             else:
                 assert isinstance(agent.decider, OpenAIDecider)
                 try:
-                    decider = OpenAIDeciderImpl(agent, agent.decider, session, default_api_key)
+                    decider = OpenAIDeciderImpl(agent, agent.decider, session, default_api_key, tracer)
                 except ValueError as exc:
                     raise DefinitionError(agent.source, "tools", str(exc)) from None
             self._deciders[(agent.name, agent.version)] = decider

@@ -14,8 +14,11 @@ import json
 import os
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from executor.agents import AgentDefinition, OpenAIDecider
 from executor.checkpoint import State
@@ -30,7 +33,11 @@ from executor.deciders.base import (
     ToolCall,
     WaitForInput,
 )
+from shared.tracing import AGENT
 
+_TRACER = trace.get_tracer("agentrt.decider.openai")
+# The model cost of the call, priced by the decider's usd_per_1k_* settings (no GenAI convention names it).
+COST_ATTRIBUTE = "agentrt.cost_usd"
 FINISH, SLEEP, WAIT = "agentrt_finish", "agentrt_sleep", "agentrt_wait_for_input"
 DEFAULT_SYSTEM = ("You are an agent. Use the tools to do the task in the user's message. "
                   f"Call {FINISH} with the result when the task is done.")
@@ -61,12 +68,25 @@ def capped(text: str, limit: int) -> str:
     return text[:limit] + f"… [cut {len(text) - limit} of {len(text)} characters]"
 
 
+def _usage_attributes(proposal: Proposal) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "gen_ai.response.model": proposal.model, "gen_ai.usage.input_tokens": proposal.input_tokens,
+        "gen_ai.usage.output_tokens": proposal.output_tokens, COST_ATTRIBUTE: proposal.cost_usd,
+        "agentrt.decision": type(proposal.decision).__name__}
+    if proposal.extra.get("finish_reason"):
+        attributes["gen_ai.response.finish_reasons"] = (proposal.extra["finish_reason"],)
+    if proposal.extra.get("response_id"):
+        attributes["gen_ai.response.id"] = proposal.extra["response_id"]
+    return attributes
+
+
 class OpenAIDeciderImpl:
     pure = False
 
     def __init__(self, agent: AgentDefinition, config: OpenAIDecider, session: aiohttp.ClientSession,
-                 default_api_key: str | None) -> None:
+                 default_api_key: str | None, tracer: Any = None) -> None:
         self.agent = agent
+        self.tracer = tracer or _TRACER
         self.config = config
         self.session = session
         self.api_key = (os.environ.get(config.api_key_env) if config.api_key_env else None) or default_api_key
@@ -123,8 +143,33 @@ class OpenAIDeciderImpl:
                                 "temperature": self.config.temperature}
         if self.config.max_output_tokens:
             body["max_tokens"] = self.config.max_output_tokens
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         url = self.config.base_url.rstrip("/") + "/chat/completions"
+        with self.tracer.start_as_current_span(f"chat {self.config.model}", kind=SpanKind.CLIENT,
+                                           attributes=self._request_attributes(url, body),
+                                           record_exception=False, set_status_on_exception=False) as span:
+            try:
+                proposal = await self._complete(ctx, url, body)
+            except DeciderUnavailable as exc:
+                span.set_attribute("error.type", "unavailable")
+                span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
+                raise
+            if span.is_recording():
+                span.set_attributes(_usage_attributes(proposal))
+            return proposal
+
+    def _request_attributes(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """GenAI semantic conventions for the request (no prompt or answer text: payloads stay out of traces)."""
+        parts = urlsplit(url)
+        attributes: dict[str, Any] = {
+            "gen_ai.system": "openai", "gen_ai.operation.name": "chat", "gen_ai.request.model": self.config.model,
+            "gen_ai.request.temperature": float(self.config.temperature), "server.address": parts.hostname or "",
+            "server.port": parts.port or (443 if parts.scheme == "https" else 80), AGENT: self.agent.name}
+        if self.config.max_output_tokens:
+            attributes["gen_ai.request.max_tokens"] = int(body["max_tokens"])
+        return attributes
+
+    async def _complete(self, ctx: DecisionContext, url: str, body: dict[str, Any]) -> Proposal:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
             async with self.session.post(url, json=body, headers=headers,
                                          timeout=aiohttp.ClientTimeout(total=self.config.timeout_s)) as resp:
@@ -152,7 +197,10 @@ class OpenAIDeciderImpl:
                 + completion_tokens * self.config.usd_per_1k_output_tokens) / 1000
         decision, node = self._decision(choice, message, index)
         return Proposal(decision, node, raw=message, tokens=tokens, cost_usd=cost,
-                        model=str(reply.get("model") or self.config.model))
+                        model=str(reply.get("model") or self.config.model), input_tokens=prompt_tokens,
+                        output_tokens=completion_tokens,
+                        extra={"finish_reason": str(choice.get("finish_reason") or ""),
+                               "response_id": str(reply.get("id") or "")})
 
     def _decision(self, choice: dict[str, Any], message: dict[str, Any], index: int) -> tuple[Decision, str]:
         if choice.get("finish_reason") == "content_filter":

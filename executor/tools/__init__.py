@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 
 from executor.agents import AgentDefinition, DefinitionError, HttpTool
@@ -13,14 +15,15 @@ from executor.tools.python import CallableImportError, PythonToolAdapter
 class ToolRegistry:
     """One adapter per (agent, version, tool); http adapters share one client session."""
 
-    def __init__(self, agents: list[AgentDefinition], session: aiohttp.ClientSession) -> None:
+    def __init__(self, agents: list[AgentDefinition], session: aiohttp.ClientSession, tracer: Any = None) -> None:
+        """`tracer`: the executor's, for the http adapters' CLIENT spans (None: the process's)."""
         self.session = session
         self._adapters: dict[tuple[str, str, str], ToolAdapter] = {}
         for agent in agents:
             for index, tool in enumerate(agent.tools):
                 adapter: ToolAdapter
                 if isinstance(tool, HttpTool):
-                    adapter = HttpToolAdapter(tool, session)
+                    adapter = HttpToolAdapter(tool, session, tracer)
                 else:
                     try:
                         adapter = PythonToolAdapter(tool)

@@ -39,7 +39,7 @@ def _headers(tool: HttpTool, ctx: ToolCallContext, trace_headers: dict[str, str]
 
 
 @contextlib.contextmanager
-def _client_span(method: str, url: str, tool: HttpTool, ctx: ToolCallContext) -> Iterator[Any]:
+def _client_span(tracer: Any, method: str, url: str, tool: HttpTool, ctx: ToolCallContext) -> Iterator[Any]:
     """A CLIENT span for the request, where the step's span is recorded; yields (span, its trace headers).
 
     It carries the fence and the idempotency key, and the request's traceparent names it, so the
@@ -54,7 +54,7 @@ def _client_span(method: str, url: str, tool: HttpTool, ctx: ToolCallContext) ->
         "server.port": parts.port or (443 if parts.scheme == "https" else 80), TOOL: tool.name,
         RUN_ID: ctx.run_id, TENANT: ctx.tenant_id, STEP_KEY: ctx.step_key, FENCING_TOKEN: ctx.fencing_token,
         IDEMPOTENCY_KEY: ctx.idempotency_key}
-    with _TRACER.start_as_current_span(method, kind=SpanKind.CLIENT, attributes=attributes,
+    with tracer.start_as_current_span(method, kind=SpanKind.CLIENT, attributes=attributes,
                                        record_exception=False, set_status_on_exception=False) as span:
         yield span, dict(inject_metadata())
 
@@ -81,12 +81,13 @@ def _json_or_none(text: str) -> Any:
 
 
 class HttpToolAdapter:
-    def __init__(self, tool: HttpTool, session: aiohttp.ClientSession) -> None:
+    def __init__(self, tool: HttpTool, session: aiohttp.ClientSession, tracer: Any = None) -> None:
         self.tool = tool
         self.session = session
+        self.tracer = tracer or _TRACER
 
     async def call(self, request: dict[str, Any], ctx: ToolCallContext) -> ToolOutcome:
-        with _client_span("POST", self.tool.url, self.tool, ctx) as (span, trace_headers):
+        with _client_span(self.tracer, "POST", self.tool.url, self.tool, ctx) as (span, trace_headers):
             return await self._post(request, ctx, span, trace_headers)
 
     async def _post(self, request: dict[str, Any], ctx: ToolCallContext, span: Any,
@@ -132,7 +133,7 @@ class HttpToolAdapter:
     async def lookup(self, ctx: ToolCallContext) -> LookupOutcome:
         if self.tool.lookup_url is None:
             return LookupOutcome("unknown", evidence={"reason": "tool has no lookup contract"})
-        with _client_span("GET", self.tool.lookup_url, self.tool, ctx) as (span, trace_headers):
+        with _client_span(self.tracer, "GET", self.tool.lookup_url, self.tool, ctx) as (span, trace_headers):
             return await self._get(ctx, span, trace_headers)
 
     async def _get(self, ctx: ToolCallContext, span: Any, trace_headers: dict[str, str] | None) -> LookupOutcome:

@@ -1,3 +1,4 @@
+import contextlib
 import json
 
 import pytest
@@ -180,3 +181,39 @@ async def test_get_run_names_the_trace_of_the_runs_last_step(db_url, db):
         await db.execute("UPDATE outbox SET traceparent = NULL")
         run = await stack.runs.GetRun(rs.GetRunRequest(run_id=reply.run.run_id), metadata=stack.md())
         assert run.last_trace_id == ""
+
+
+async def test_rpc_spans_follow_the_rpc_conventions_and_sql_spans_name_their_query(db_url, spans):
+    """RPC attributes on every call (status code 0 when OK); with trace_sql, each named statement is a
+    CLIENT span of the call with the database conventions and no parameter values."""
+    provider, exporter = spans
+    async with scheduler_stack(db_url, tracer_provider=provider, trace_sql=True) as stack:
+        with exporter_cleared(exporter):
+            reply = await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="demo", input_json='{"secret": 41}'),
+                                               metadata=stack.md())
+    finished = exporter.get_finished_spans()
+    [submit] = [s for s in finished if s.name == "/agentrt.v1.RunService/SubmitRun"]
+    assert (submit.attributes["rpc.system"], submit.attributes["rpc.service"], submit.attributes["rpc.method"],
+            submit.attributes["rpc.grpc.status_code"]) == ("grpc", "agentrt.v1.RunService", "SubmitRun", 0)
+    sql = [s for s in finished if s.attributes.get("db.system") == "postgresql"]
+    assert sql and all(s.parent is not None and s.parent.span_id == submit.context.span_id for s in sql)
+    assert all(s.kind.name == "CLIENT" and s.attributes["db.system.name"] == "postgresql" for s in sql)
+    for span in sql:
+        operation, query = span.attributes["db.operation.name"], span.attributes["agentrt.query"]
+        assert operation in ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH") and query
+        assert span.name == span.attributes["db.query.summary"] == f"{operation} {query}"
+        assert "41" not in span.attributes["db.query.text"] and "$1" in span.attributes["db.query.text"]
+    assert any(s.attributes["db.operation.name"] in ("INSERT", "WITH") for s in sql), [s.name for s in sql]
+    assert reply.run.run_id
+
+    # Off by default: no statement spans.
+    exporter.clear()
+    async with scheduler_stack(db_url, tracer_provider=provider) as stack:
+        await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="demo", input_json="{}"), metadata=stack.md())
+    assert not [s for s in exporter.get_finished_spans() if s.attributes.get("db.system") == "postgresql"]
+
+
+@contextlib.contextmanager
+def exporter_cleared(exporter):
+    exporter.clear()
+    yield

@@ -5,8 +5,13 @@ import json
 import pytest
 from executor_support import executor, history, http_tool, latest_state, mock_tool, wait_status, write_agent
 from openai_stub import OpenAIStub, completion, tool_call
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from support import scheduler_stack, submit
 
+from executor.metrics import executor_metrics
 from shared.gen.agentrt.v1 import common_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -106,3 +111,46 @@ async def test_an_unavailable_model_endpoint_retries_the_run_later(db_url, tmp_p
     assert final.status == pb.RUN_STATUS_COMPLETED and len(stub.requests) == 2
     [retry] = [e for e in hist.events if e.event_type == "agent.run_retry_scheduled"]
     assert "model_unavailable" in retry.payload_json
+
+
+async def test_the_model_call_is_a_genai_span_and_its_usage_is_counted_per_tenant_and_agent(db_url, tmp_path,
+                                                                                             monkeypatch):
+    monkeypatch.setenv("TEST_LLM_KEY", "sk-local-test")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    stub = OpenAIStub([tool_call("orders_get", {"order_id": 42}), tool_call("agentrt_finish", {"result": "ok"})])
+    async with stub, mock_tool(tmp_path) as mock, scheduler_stack(db_url) as stack:
+        write_agent(tmp_path / "agents", openai_agent(stub.url, mock.url))
+        run = await submit(stack, agent="support", payload={"ask": "where is order 42?"})
+        async with executor(stack, tmp_path / "agents", tracer_provider=provider) as worker:
+            final = await wait_status(stack, run.run_id, *END)
+            registry = executor_metrics(worker).registry
+    assert final.status == pb.RUN_STATUS_COMPLETED
+
+    chats = [s for s in exporter.get_finished_spans() if s.name == "chat gpt-test"]
+    assert len(chats) == 2
+    steps = {s.context.span_id: s for s in exporter.get_finished_spans() if s.name == "agent.step"}
+    for span in chats:
+        assert span.kind == SpanKind.CLIENT and span.parent is not None and span.parent.span_id in steps
+        a = span.attributes
+        assert (a["gen_ai.system"], a["gen_ai.operation.name"], a["gen_ai.request.model"]) == (
+            "openai", "chat", "gpt-test")
+        assert a["gen_ai.response.model"] == "stub-model-1" and a["gen_ai.response.id"] == "chatcmpl-1"
+        assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (20, 10)
+        assert a["agentrt.cost_usd"] == pytest.approx((20 * 0.5 + 10 * 1.5) / 1000)
+        assert a["gen_ai.response.finish_reasons"] == ("tool_calls",)
+        assert not any("content" in key or "prompt" in key for key in a), "no prompt or answer text in traces"
+    # The tool call's HTTP span is the step's child as well, with the fence and the idempotency key.
+    [http] = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.CLIENT and s.name == "POST"]
+    assert http.attributes["agentrt.fencing_token"] == 1
+    assert http.attributes["agentrt.idempotency_key"] == next(iter(mock.calls_by_key()))
+    assert http.attributes["http.response.status_code"] == 200
+
+    def sample(name, **labels):
+        return registry.get_sample_value(name, {"tenant": "tenant-a", "agent": "support", **labels})
+
+    assert sample("agentrt_model_tokens_total", type="input") == 40
+    assert sample("agentrt_model_tokens_total", type="output") == 20
+    assert sample("agentrt_model_tokens_total", type="other") == 0
+    assert sample("agentrt_model_cost_usd_total") == pytest.approx(0.05)
