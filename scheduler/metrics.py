@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from scheduler.rows import GlobalStats
-from shared.metrics import Metrics
+from shared.metrics import Metrics, trace_exemplar
 
 log = logging.getLogger(__name__)
 STATUSES = ("QUEUED", "RUNNING", "WAITING_TOOL", "PAUSED_INDOUBT", "PAUSED_HUMAN", "COMPLETED", "FAILED")
@@ -47,8 +47,10 @@ class SchedulerMetrics:
         self._task: asyncio.Task[None] | None = None
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
+        """Called inside the call's span: a sampled trace becomes the observation's exemplar
+        (OpenMetrics exposition), so a slow SaveCheckpoint or ClaimWork leads to its trace."""
         self.rpcs.labels(method, code).inc()
-        self.rpc_seconds.labels(method).observe(seconds)
+        self.rpc_seconds.labels(method).observe(seconds, trace_exemplar())
 
     def refused(self, method: str, reason: str) -> None:
         self.refusals.labels(method, reason).inc()

@@ -94,6 +94,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if not self._recording:
             with continued(carrier):
                 result, code = await self._write(method, op, getattr(item, op))
+                self._observed(method, code, started)
         else:
             with self._tracer.start_as_current_span(
                 f"/agentrt.v1.WorkService/{method}", context=extract_context(carrier) if carrier else None,
@@ -105,9 +106,12 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                 span.set_attribute("rpc.grpc.status_code", code.value[0])
                 if code is not grpc.StatusCode.OK:
                     span.set_status(Status(StatusCode.ERROR, code.name))
+                self._observed(method, code, started)  # inside the item's span: its trace is the exemplar
+        return result
+
+    def _observed(self, method: str, code: grpc.StatusCode, started: float) -> None:
         if self._observe is not None:
             self._observe(method, code.name, time.perf_counter() - started)
-        return result
 
     async def _write(self, method: str, field: str, request: Any) -> tuple[ws.WriteBatchResult, grpc.StatusCode]:
         """The single call's body; its typed error becomes this item's answer."""

@@ -8,9 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from shared.otlp import SpanExportCollector
+
+
+def trace_exemplar() -> dict[str, str] | None:
+    """The current span's trace and span ids as a histogram exemplar, when the trace is sampled
+    (exported, so there is something to follow); None otherwise. Prometheus shows exemplars in
+    the OpenMetrics exposition (`Accept: application/openmetrics-text`)."""
+    context = trace.get_current_span().get_span_context()
+    if not context.trace_flags.sampled:
+        return None
+    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
 
 
 class Metrics:
