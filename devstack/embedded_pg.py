@@ -59,10 +59,13 @@ def _as_user() -> dict[str, object]:
 
 
 class EmbeddedPostgres:
-    def __init__(self, data_dir: Path, port: int | None = None, *, fsync: bool = True) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, *, fsync: bool = True,
+                 settings: dict[str, str] | None = None) -> None:
+        """`settings`: more server settings (`-c name=value`), e.g. shared_preload_libraries."""
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.fsync = fsync
+        self.settings = dict(settings or {})
         self._owner = _as_user()
 
     @property
@@ -97,6 +100,7 @@ class EmbeddedPostgres:
                    "-c shared_buffers=128MB")
         if not self.fsync:
             options += " -c synchronous_commit=off -c full_page_writes=off"
+        options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         self._run(str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data_dir), "-w", "-t", "60",
                   "-l", str(self.data_dir / "server.log"), "-o", options, "start", timeout=90)
         self._wait_ready()

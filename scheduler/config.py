@@ -44,8 +44,14 @@ class SchedulerSettings(ComponentSettings):
     db_pool_max: int = Field(20, ge=1)
     db_command_timeout_s: float = Field(30.0, gt=0)
     shutdown_grace_s: float = Field(10.0, ge=0)
-    # Tracing of each SQL statement (asyncpg instrumentation): off by default for speed.
+    # A span per named SQL statement (shared/db.py), where spans are exported: off by default for speed.
     trace_sql: bool = False
+    # Database health metrics (scheduler/db_health.py), read this often with metrics_addr set; 0 = off.
+    db_health_interval_s: float = Field(60.0, ge=0)
+    # pg_stat_statements (where installed and loaded): a statement is slow at this mean time or more;
+    # the slowest this many are exported by query id.
+    db_slow_statement_ms: float = Field(100.0, gt=0)
+    db_slow_statement_top: int = Field(5, ge=0, le=50)
     # SubmitRun refuses an agent (or version) that no live executor has registered (AGENT_NOT_REGISTERED)
     # unless the submit sets allow_unregistered; false admits every agent (inputs are still checked
     # against the schema of a registered version).

@@ -17,6 +17,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from scheduler.db_health import DbHealthCollector, refresh_db_health
 from scheduler.rows import GlobalStats
 from shared.metrics import Metrics, trace_exemplar
 
@@ -45,6 +46,9 @@ class SchedulerMetrics:
         self.client_connections = m.gauge("agentrt_db_client_connections", "Client connections to the server")
         self.max_connections = m.gauge("agentrt_db_max_connections", "The server's max_connections")
         self._task: asyncio.Task[None] | None = None
+        self.db_health = DbHealthCollector()
+        self.metrics.registry.register(self.db_health)
+        self._health_task: asyncio.Task[None] | None = None
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         """Called inside the call's span: a sampled trace becomes the observation's exemplar
@@ -68,10 +72,14 @@ class SchedulerMetrics:
         self.client_connections.set(row.client_connections)
         self.max_connections.set(row.max_connections)
 
-    def start(self, addr: str, store: Any, refresh_s: float = 10.0) -> int | None:
+    def start(self, addr: str, store: Any, refresh_s: float = 10.0, settings: Any = None) -> int | None:
+        """`settings`: the scheduler's, for the database health figures (db_health_interval_s; 0 = off)."""
         self.metrics.registry.register(_PoolCollector(store.pool))
         port = self.metrics.serve(addr)
         self._task = asyncio.create_task(self._refresh(store, refresh_s), name="metrics-refresh")
+        if settings is not None and settings.db_health_interval_s > 0:
+            self._health_task = asyncio.create_task(refresh_db_health(self.db_health, store, settings),
+                                                    name="db-health-refresh")
         return port
 
     async def _refresh(self, store: Any, refresh_s: float) -> None:
@@ -83,10 +91,11 @@ class SchedulerMetrics:
             await asyncio.sleep(refresh_s)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._health_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self.metrics.stop()
 
 

@@ -200,6 +200,34 @@ class GlobalStats(Row):
     max_connections: int = 0
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DbTableHealth(Row):
+    """db_health_tables: one table's tuples, sizes, freeze age and time since its last vacuum."""
+
+    table_name: str
+    live_tuples: int
+    dead_tuples: int
+    table_bytes: int
+    index_bytes: int
+    xid_age: int
+    vacuum_age_s: float | None
+    autovacuum_count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DbHealth:
+    """The database health figures of one refresh (scheduler/db_health.py)."""
+
+    xid_age: int
+    wal_bytes: int | None  # None on a standby
+    db_clock_s: float
+    tables: list[DbTableHealth]
+    # pg_stat_statements: None when it is not installed here, or not loaded (then `statements_problem`).
+    slow_count: int | None = None
+    slowest: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    statements_problem: str = ""
+
+
 # ------------------------------------------------------------------ results
 
 

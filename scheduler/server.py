@@ -110,7 +110,7 @@ class SchedulerServer:
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.metrics is not None:
-            self.metrics_port = self.metrics.start(s.metrics_addr, self.store)
+            self.metrics_port = self.metrics.start(s.metrics_addr, self.store, settings=s)
         log.info("scheduler listening on %s (port %d)", s.listen_addr, self.port)
         return self.port
 

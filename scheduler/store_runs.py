@@ -7,6 +7,7 @@ call other than to PostgreSQL ever happens while a run row is locked.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from typing import Any
@@ -18,6 +19,8 @@ from scheduler.queries import Q
 from scheduler.replay import Recovery
 from scheduler.rows import (
     CheckpointRow,
+    DbHealth,
+    DbTableHealth,
     EventRow,
     ExecutionRow,
     GlobalStats,
@@ -346,6 +349,28 @@ class RunStore(Recovery):
             row = await fetchrow(conn, Q.global_stats)
         assert row is not None
         return GlobalStats.of(row)
+
+    @db_call
+    async def db_health(self, *, slow_ms: float, top: int) -> DbHealth:
+        """Database health for operators, in read-only transactions; pg_stat_statements only where it
+        is installed and loaded (a server without it in shared_preload_libraries refuses to read it)."""
+        async with self.pool.acquire() as conn:
+            async with conn.transaction(readonly=True):
+                server = await fetchrow(conn, Q.db_health_server)
+                tables = await fetch(conn, Q.db_health_tables)
+            assert server is not None
+            health = DbHealth(xid_age=server["xid_age"], wal_bytes=server["wal_bytes"],
+                              db_clock_s=server["db_clock_s"], tables=[DbTableHealth.of(r) for r in tables])
+            if not server["statements_installed"]:
+                return dataclasses.replace(health, statements_problem="pg_stat_statements is not installed")
+            try:
+                async with conn.transaction(readonly=True):
+                    row = await fetchrow(conn, Q.db_slow_statements, slow_ms=slow_ms, top=top)
+            except (asyncpg.ObjectNotInPrerequisiteStateError, asyncpg.UndefinedTableError,
+                    asyncpg.InsufficientPrivilegeError) as exc:
+                return dataclasses.replace(health, statements_problem=f"pg_stat_statements: {exc}")
+        assert row is not None
+        return dataclasses.replace(health, slow_count=row["slow_count"], slowest=list(row["slowest"]))
 
     @db_call
     async def tenant_stats(self, tenant_id: str) -> TenantStats:

@@ -19,7 +19,9 @@ from executor.services import RunCounts
 from relay.loop import RelayMetrics
 from relay.metrics import _RelayCollector
 from relay.store import Lag
+from scheduler.db_health import DbHealthCollector
 from scheduler.metrics import SchedulerMetrics, _PoolCollector
+from scheduler.rows import DbHealth, DbTableHealth
 from shared.client.consumer import ConsumerStats
 from shared.client.consumer_metrics import ConsumerCollector
 
@@ -36,8 +38,14 @@ def _stand_ins() -> list[Any]:
                                  client=SimpleNamespace(batcher=SimpleNamespace(batches=1, items=2))))
     relay = RelayMetrics(lag=Lag(pending=1, oldest_age_s=1.0, parked=0, parked_total=0))
     consumer = SimpleNamespace(stats=ConsumerStats(), settings=SimpleNamespace(dedupe_name="orders"))
+    db_health = DbHealthCollector()
+    table = DbTableHealth("agent_runs", 1, 1, 8192, 8192, 1, 1.0, 1)
+    for clock in (1.0, 2.0):  # two reads: the WAL rate exists
+        db_health.update(DbHealth(xid_age=1, wal_bytes=int(clock * 100), db_clock_s=clock, tables=[table],
+                                  slow_count=1, slowest=[{"queryid": "1", "query": "SELECT 1", "calls": 1,
+                                                          "mean_s": 0.2}]))
     return [_PoolCollector(pool), _WorkerCollector(worker), _RelayCollector(relay, SimpleNamespace(held_count=1)),
-            ConsumerCollector(consumer)]
+            ConsumerCollector(consumer), db_health]
 
 
 def exported_metric_names() -> set[str]:

@@ -812,6 +812,56 @@ SELECT
   (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend') AS client_connections,
   current_setting('max_connections')::int AS max_connections;
 
+-- Database health for operators (scheduler/db_health.py): read-only, on their own
+-- interval, never per scrape.
+
+-- name: db_health_server
+-- The database's transaction-id age (wraparound), the WAL position in bytes (NULL
+-- on a standby: a counter whose rate is the WAL rate), the database clock, and
+-- whether pg_stat_statements is installed in this database.
+SELECT
+  age(d.datfrozenxid)::bigint AS xid_age,
+  CASE WHEN pg_is_in_recovery() THEN NULL
+       ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint END AS wal_bytes,
+  extract(epoch FROM clock_timestamp())::float8 AS db_clock_s,
+  EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements') AS statements_installed
+FROM pg_database d
+WHERE d.datname = current_database();
+
+-- name: db_health_tables
+-- Per table of the schema in use: live and dead tuples (bloat estimate), heap and
+-- index sizes, the age of relfrozenxid and the seconds since the last (auto)vacuum
+-- (NULL: never vacuumed since the statistics were reset).
+SELECT
+  t.relname AS table_name,
+  t.n_live_tup AS live_tuples,
+  t.n_dead_tup AS dead_tuples,
+  pg_table_size(t.relid) AS table_bytes,
+  pg_indexes_size(t.relid) AS index_bytes,
+  age(c.relfrozenxid)::bigint AS xid_age,
+  extract(epoch FROM clock_timestamp() - greatest(t.last_autovacuum, t.last_vacuum))::float8 AS vacuum_age_s,
+  t.autovacuum_count AS autovacuum_count
+FROM pg_stat_user_tables t
+JOIN pg_class c ON c.oid = t.relid
+WHERE t.schemaname = current_schema()
+ORDER BY t.relname;
+
+-- name: db_slow_statements
+-- From pg_stat_statements (only where it is installed and loaded): how many of this
+-- database's statements take :slow_ms or more on average, and the :top slowest by
+-- mean time (normalised text, constants as $n, cut to 120 characters).
+WITH mine AS (
+  SELECT queryid, query, calls, mean_exec_time
+  FROM pg_stat_statements
+  WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+SELECT
+  (SELECT count(*) FROM mine WHERE mean_exec_time >= :slow_ms) AS slow_count,
+  coalesce((SELECT jsonb_agg(jsonb_build_object(
+              'queryid', s.queryid::text, 'query', left(regexp_replace(s.query, '\s+', ' ', 'g'), 120),
+              'calls', s.calls, 'mean_s', s.mean_exec_time / 1000.0) ORDER BY s.mean_exec_time DESC)
+            FROM (SELECT * FROM mine ORDER BY mean_exec_time DESC LIMIT :top) s), '[]'::jsonb) AS slowest;
+
 -- The agent registry (docs/design.md §agents): registrations are timed by the database clock, like leases.
 
 -- name: register_agents
