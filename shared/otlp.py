@@ -80,6 +80,10 @@ class CountingExporter(SpanExporter):
             result = self._exporter.export(spans)
             ok = result is SpanExportResult.SUCCESS
             return result
+        except Exception:
+            if self._abandoned.is_set():  # the exit flush gave up and closed the channel under this export
+                return SpanExportResult.FAILURE
+            raise
         finally:
             self._stats.settled(len(spans), ok)
 

@@ -530,6 +530,8 @@ BAD_VALUES = {
                                               "      name: ca\n      kind: Vault\n"),
     "certificate duration in days": "tls:\n  certManager:\n    duration: 90d\n",
     "inline TLS key": "tls:\n  key: '-----BEGIN PRIVATE KEY-----'\n",
+    "unknown log format": "config:\n  common:\n    log_format: yaml\n",
+    "unknown trace exporter": "config:\n  common:\n    otel_exporter: jaeger\n",
 }
 
 
@@ -600,6 +602,17 @@ def test_config_map_feeds_every_component(case: str, renders: Renders) -> None:
         pod = dep["spec"]["template"]["spec"]
         (config_volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
         assert config_volume["configMap"]["name"] == cm["metadata"]["name"]
+
+
+def test_logs_are_json_lines_by_default_and_text_on_request(chart: helm.Chart, renders: Renders) -> None:
+    """config.common.log_format reaches every component (the ConfigMap) and the migrations (env)."""
+    for values, expected in ((None, "json"), ({"config": {"common": {"log_format": "text"}}}, "text")):
+        r = render(chart, values) if values else renders("defaults")
+        config = yaml.safe_load(r.named("ConfigMap", f"{fullname(r.values)}-config")["data"]["config.yaml"])
+        assert config["common"]["log_format"] == expected
+        for job in migrate_jobs(r):
+            [container] = containers(job["spec"]["template"]["spec"])
+            assert env_of(container)["AGENTRT_LOG_FORMAT"]["value"] == expected
 
 
 def test_executors_dial_the_scheduler_service(renders: Renders) -> None:

@@ -267,6 +267,8 @@ The executors' agents_path: the mounted ConfigMap's directory and the modules, c
     {{- include "agentrt.databaseEnv" . | nindent 4 }}
     - name: AGENTRT_LOG_LEVEL
       value: {{ .Values.config.common.log_level | default "INFO" | quote }}
+    - name: AGENTRT_LOG_FORMAT
+      value: {{ .Values.config.common.log_format | default "text" | quote }}
   resources:
     {{- toYaml $cv.resources | nindent 4 }}
   securityContext:
