@@ -1,12 +1,16 @@
-"""A real Prometheus (Debian's `prometheus` binary) scrapes a live scheduler and executor, loads
-the chart's alert rules, and evaluates every rule and every dashboard query without error."""
+"""A real Prometheus (Debian's `prometheus` binary) scrapes a live scheduler, executor, relay and
+consumer, loads the chart's alert rules, and evaluates every rule and every dashboard query without
+error."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import signal
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +22,14 @@ from executor_support import executor, scripted_agent, wait_for, write_agent
 from support import scheduler_stack, submit
 
 from devstack.embedded_pg import free_port
+from devstack.kafka_testing import kafka_for_tests
+from relay.config import RelaySettings
+from relay.main import RelayServer
+from shared.client.consumer import ConsumerSettings, EventConsumer
+from shared.client.consumer_metrics import ConsumerCollector
+from shared.metrics import Metrics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 CHART = Path(__file__).resolve().parents[2] / "helm" / "agentrt"
 PROMETHEUS = shutil.which("prometheus")
 
@@ -46,10 +56,12 @@ async def test_a_real_prometheus_evaluates_every_rule_and_dashboard_query(db_url
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{**g, "interval": "1s"} for g in groups]}))
     agents = tmp_path / "agents"
     write_agent(agents, scripted_agent("prom-agent", [{"id": "done", "finish": {"ok": True}}], []))
-    async with scheduler_stack(db_url, metrics_addr="127.0.0.1:0") as stack:
+    async with scheduler_stack(db_url, metrics_addr="127.0.0.1:0") as stack, \
+            relay_and_consumer(db_url, tmp_path) as (relay, consumer_port):
         await submit(stack, agent="prom-agent")
         async with executor(stack, agents, metrics_addr="127.0.0.1:0") as worker:
-            targets = [f"127.0.0.1:{stack.server.metrics_port}", f"127.0.0.1:{worker.metrics_port}"]
+            targets = [f"127.0.0.1:{port}" for port in (stack.server.metrics_port, worker.metrics_port,
+                                                         relay.metrics_port, consumer_port)]
             port = free_port()
             (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -70,6 +82,43 @@ async def test_a_real_prometheus_evaluates_every_rule_and_dashboard_query(db_url
                     await proc.wait()
 
 
+@contextlib.asynccontextmanager
+async def relay_and_consumer(db_url: str, tmp_path: Path) -> AsyncIterator[tuple[RelayServer, int]]:
+    """A relay and a consumer (the library, its collector on a registry of its own) on a test broker."""
+    with kafka_for_tests(tmp_path / "tansu.log") as (bootstrap, _broker):
+        topic = f"prom-{uuid.uuid4().hex[:8]}"
+        relay = RelayServer(RelaySettings(
+            database_url=db_url, kafka_bootstrap=bootstrap, topic=topic, health_addr="127.0.0.1:0",
+            metrics_addr="127.0.0.1:0", shard_count=2, busy_poll_ms=5, idle_poll_ms=100, lag_report_interval_s=1,
+            shutdown_grace_s=5, startup_timeout_s=10))
+        consumer = EventConsumer(ConsumerSettings(
+            database_url=db_url, kafka_bootstrap=bootstrap, topics=[topic], group_id=f"prom-{topic}",
+            dead_letter_topic=f"{topic}.dlq", fetch_max_wait_ms=50, session_timeout_ms=2_000,
+            heartbeat_interval_ms=500), _ignore)
+        exported = Metrics("consumer")
+        exported.registry.register(ConsumerCollector(consumer))
+        await relay.start()
+        stop = asyncio.Event()
+        task = None
+        try:
+            await consumer.start()
+            task = asyncio.create_task(consumer.run(stop))
+            port = exported.serve("127.0.0.1:0")
+            assert port is not None
+            yield relay, port
+        finally:
+            stop.set()
+            if task is not None:
+                await task
+            await consumer.stop()
+            exported.stop()
+            await relay.stop()
+
+
+async def _ignore(event: Any, conn: Any) -> None:
+    return None
+
+
 async def check_prometheus(base: str, groups: list[dict[str, Any]]) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         async def get(path: str, **params: str) -> Any:
@@ -82,11 +131,22 @@ async def check_prometheus(base: str, groups: list[dict[str, Any]]) -> None:
         async def scraped() -> bool:
             answer = await get("/api/v1/targets")
             active = (answer or {}).get("data", {}).get("activeTargets", [])
-            return len(active) == 2 and all(t["health"] == "up" for t in active)
+            return len(active) == 4 and all(t["health"] == "up" for t in active)
 
-        await wait_for(scraped, within=60, what="Prometheus to scrape the scheduler and the executor", interval=0.5)
+        await wait_for(scraped, within=60, what="Prometheus to scrape the scheduler, executor, relay and consumer",
+                       interval=0.5)
         names = set((await get("/api/v1/label/__name__/values"))["data"])
         assert {"agentrt_runs", "agentrt_rpc_total", "agentrt_work_refusals_total"} & names, sorted(names)[:20]
+
+        async def delivered() -> bool:
+            # The run's events went outbox → relay → Kafka → consumer, as Prometheus saw it.
+            published = await get("/api/v1/query", query="sum(agentrt_relay_published_total)")
+            applied = await get("/api/v1/query", query="sum(agentrt_consumer_applied_total)")
+            values = [float(r["data"]["result"][0]["value"][1]) if r and r["data"]["result"] else 0.0
+                      for r in (published, applied)]
+            return all(v >= 1 for v in values)
+
+        await wait_for(delivered, within=60, what="the relay's and the consumer's counts scraped", interval=0.5)
 
         async def rules_evaluated() -> bool:
             answer = await get("/api/v1/rules")
