@@ -100,6 +100,7 @@ class Worker:
         await self._start_health()
         self._exported_metrics = executor_metrics(self)
         self.metrics_port = self._exported_metrics.serve(s.metrics_addr)
+        self._exported_metrics.start_export(s)
         self._claimers = [asyncio.create_task(self._claim_loop(), name=f"claimer-{i}") for i in range(s.claimers)]
         log.info("executor %s serving %s with %d slots via %s", self.worker_id, ", ".join(self.catalog.names()),
                  s.slots, s.scheduler_addr)

@@ -91,6 +91,7 @@ class RelayServer:
             raise
         self.exported_metrics = relay_metrics(self.metrics, self.leases)
         self.metrics_port = self.exported_metrics.serve(s.metrics_addr)
+        self.exported_metrics.start_export(s)
         stopping = self._stopping
         self._loop_task = asyncio.create_task(loop.run(stopping), name="relay-loop")
         self._side_tasks = [

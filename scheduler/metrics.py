@@ -76,6 +76,8 @@ class SchedulerMetrics:
         """`settings`: the scheduler's, for the database health figures (db_health_interval_s; 0 = off)."""
         self.metrics.registry.register(_PoolCollector(store.pool))
         port = self.metrics.serve(addr)
+        if settings is not None:
+            self.metrics.start_export(settings)
         self._task = asyncio.create_task(self._refresh(store, refresh_s), name="metrics-refresh")
         if settings is not None and settings.db_health_interval_s > 0:
             self._health_task = asyncio.create_task(refresh_db_health(self.db_health, store, settings),

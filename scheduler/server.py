@@ -76,7 +76,7 @@ class SchedulerServer:
         self._notifier = WorkNotifier(s.database_url)
         await self._notifier.start(pool)
         limit = max_receive_bytes(s)
-        self.metrics = SchedulerMetrics() if s.metrics_addr else None
+        self.metrics = SchedulerMetrics() if s.metrics_addr or s.otel_metrics_exporter == "otlp" else None
         server = grpc.aio.server(
             interceptors=[
                 ServerSpans(provider, self.metrics.observe_rpc if self.metrics else None).interceptor(),

@@ -80,6 +80,9 @@ class ComponentSettings(BaseSettings):
     otel_max_queue_size: int = Field(2048, ge=1)
     # One export's deadline (retries included); unset = OTEL_EXPORTER_OTLP_TIMEOUT, else 10 s.
     otel_export_timeout_s: float | None = Field(None, gt=0)
+    # none | otlp: the Prometheus metrics also sent to the OTLP collector (shared/otlp_metrics.py);
+    # unset = OTEL_METRICS_EXPORTER, else none. Prometheus scraping stays on either way.
+    otel_metrics_exporter: Literal["none", "otlp"] = "none"
     service_name: str = "agentrt"
     # Prometheus /metrics on host:port; empty = off (the Helm chart sets 0.0.0.0:9464).
     metrics_addr: str = ""
@@ -91,7 +94,17 @@ class ComponentSettings(BaseSettings):
         # OpenTelemetry's convention: OTEL_TRACES_EXPORTER applies unless agentrt's own setting is set.
         if "otel_exporter" not in self.model_fields_set:
             self.otel_exporter = _otel_traces_exporter(os.environ.get("OTEL_TRACES_EXPORTER", ""))
+        if "otel_metrics_exporter" not in self.model_fields_set:
+            names = {n.strip().lower() for n in os.environ.get("OTEL_METRICS_EXPORTER", "").split(",")}
+            self.otel_metrics_exporter = "otlp" if "otlp" in names else "none"
         return self
+
+    def metrics_protocol(self) -> str:
+        protocol = (self.otel_protocol or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+                    or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
+        if protocol not in ("grpc", "http/protobuf"):
+            raise ValueError(f"OTLP protocol {protocol!r}: agentrt exports grpc or http/protobuf")
+        return protocol
 
     def tracing(self) -> TracingOptions:
         """What setup_tracing needs, with the OTEL_* variables agentrt (not the exporter) must read."""

@@ -30,6 +30,7 @@ class Metrics:
         self.registry.register(SpanExportCollector())
         self.component = component
         self._server: Any = None
+        self._export: Any = None  # the OTLP metrics export, when on
 
     def counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
         return Counter(name, doc, labels, registry=self.registry)
@@ -42,6 +43,21 @@ class Metrics:
                   ) -> Histogram:
         return Histogram(name, doc, labels, registry=self.registry, buckets=buckets)
 
+    def start_export(self, settings: Any) -> None:
+        """With otel_metrics_exporter otlp (or OTEL_METRICS_EXPORTER=otlp): this registry goes to the
+        OTLP collector too, every OTEL_METRIC_EXPORT_INTERVAL ms (shared/otlp_metrics.py)."""
+        if settings.otel_metrics_exporter != "otlp" or self._export is not None:
+            return
+        from shared.otlp_metrics import MetricExportStats, RegistryExporter, export_interval_s, otlp_metric_exporter
+        from shared.tracing import service_resource
+
+        stats = MetricExportStats()
+        self.registry.register(stats)
+        self._export = RegistryExporter(
+            self.registry, otlp_metric_exporter(settings.metrics_protocol(), settings.otel_endpoint or None),
+            service_resource(settings.tracing()), export_interval_s(), stats)
+        self._export.start()
+
     def serve(self, addr: str) -> int | None:
         """Starts the /metrics HTTP endpoint on host:port; returns the bound port (None when addr is empty)."""
         if not addr:
@@ -52,6 +68,9 @@ class Metrics:
         return int(server.server_address[1])
 
     def stop(self) -> None:
+        if self._export is not None:
+            self._export.stop()
+            self._export = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -191,7 +191,8 @@ async def test_one_steps_spans_reach_the_collector_from_both_services_as_one_tra
 async def test_a_dead_collector_neither_stops_runs_nor_goes_uncounted(db_url, db, tmp_path):
     """Nothing listens on the collector's port: runs complete; the spans are counted as not exported."""
     dead = f"http://127.0.0.1:{free_port()}"
-    otel = {**otel_env(dead, "grpc"), "AGENTRT_OTEL_EXPORT_TIMEOUT_S": "0.5"}
+    otel = {**otel_env(dead, "grpc"), "AGENTRT_OTEL_EXPORT_TIMEOUT_S": "0.5", "OTEL_METRICS_EXPORTER": "otlp",
+            "OTEL_METRIC_EXPORT_INTERVAL": "300", "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
     async with running(db_url, tmp_path, otel) as (procs, _mock):
         run_ids = await submit(procs.addr, 6)
         await until(all_completed(db, run_ids), 60, "every run to complete", procs)
@@ -201,11 +202,59 @@ async def test_a_dead_collector_neither_stops_runs_nor_goes_uncounted(db_url, db
                 return await procs.counter(service, "agentrt_otel_spans_dropped_total", '{reason="export_failed"}') > 0
             return probe
 
+        def failed_metric_exports_counted(service: str) -> Callable[[], Awaitable[bool]]:
+            async def probe() -> bool:
+                return await procs.counter(service, "agentrt_otel_metric_exports_failed_total") > 0
+            return probe
+
         for service in ("executor", "scheduler"):
             await until(failed_exports_counted(service), 30, f"{service}: failed exports counted", procs)
             assert await procs.counter(service, "agentrt_otel_spans_exported_total") == 0
+            await until(failed_metric_exports_counted(service), 30, f"{service}: failed metric exports counted",
+                        procs)
+            assert await procs.counter(service, "agentrt_otel_metric_exports_total") == 0
         started = time.monotonic()
         codes = await procs.stop()
     # The exit flush gives up on a dead collector (shared/otlp.py EXIT_FLUSH_S) within the grace period.
     assert codes == {"executor": 0, "scheduler": 0}, (codes, procs.log("executor"), procs.log("scheduler"))
     assert time.monotonic() - started < 12
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+async def test_the_prometheus_metrics_also_reach_the_collector_as_otlp_metrics(db_url, db, tmp_path, protocol):
+    """OTEL_METRICS_EXPORTER=otlp: each service's registry goes to the collector as OTLP metrics, next
+    to the Prometheus endpoint, with the same figures."""
+    async with OtlpReceiver() as receiver:
+        otel = {**otel_env(receiver.endpoint(protocol), protocol), "OTEL_METRICS_EXPORTER": "otlp",
+                "OTEL_METRIC_EXPORT_INTERVAL": "300"}
+        async with running(db_url, tmp_path, otel) as (procs, _mock):
+            [run_id] = await submit(procs.addr, 1)
+            await until(all_completed(db, [run_id]), 60, "the run to complete", procs)
+
+            def latest(service: str, name: str, **attributes: Any) -> Any:
+                found = [p for p in receiver.points if p.service == service and p.name == name
+                         and all(p.attributes.get(k) == v for k, v in attributes.items())]
+                return found[-1] if found else None
+
+            async def exported() -> bool:
+                claimed = latest("agentrt-executor", "agentrt_executor_claimed")
+                return claimed is not None and claimed.value >= 1 and latest(
+                    "agentrt-scheduler", "agentrt_rpc_seconds", method="CompleteToolCall") is not None
+
+            await until(exported, 30, f"metrics from both services ({len(receiver.points)} points so far)", procs)
+            scraped_claims = await procs.counter("executor", "agentrt_executor_claimed_total")
+            assert await procs.counter("scheduler", "agentrt_otel_metric_exports_total") > 0
+            await until(lambda: _equal(lambda: latest("agentrt-executor", "agentrt_executor_claimed").value,
+                                       scraped_claims), 10, "the OTLP figure to match the scrape", procs)
+    submitted = latest("agentrt-scheduler", "agentrt_rpc", method="SubmitRun", code="OK")
+    assert submitted.kind == "sum" and submitted.monotonic and submitted.value == 1
+    histogram = latest("agentrt-scheduler", "agentrt_rpc_seconds", method="CompleteToolCall")
+    assert histogram.kind == "histogram" and histogram.count >= 1
+    assert sum(histogram.bucket_counts) == histogram.count
+    assert len(histogram.bucket_counts) == len(histogram.explicit_bounds) + 1
+    runs = [p for p in receiver.points if p.name == "agentrt_runs" and p.kind == "gauge"]
+    assert runs and {p.attributes["status"] for p in runs} >= {"QUEUED", "COMPLETED"}
+
+
+async def _equal(value: Callable[[], Any], expected: float) -> bool:
+    return bool(value() == expected)
