@@ -29,7 +29,7 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not insta
 # The design's priority order (docs/runbooks.md keeps it).
 ALERT_ORDER = ["AgentrtRunsInDoubtTooLong", "AgentrtOutboxBacklog", "AgentrtFrequentLeaseLoss",
                "AgentrtCheckpointMigrationFailures", "AgentrtBudgetExhaustedRunsHigh", "AgentrtDatabasePoolSaturated",
-               "AgentrtDatabaseConnectionsNearLimit", "AgentrtDatabaseSizeHigh"]
+               "AgentrtDatabaseConnectionsNearLimit", "AgentrtDatabaseSizeHigh", "AgentrtDatabaseXidAgeHigh"]
 
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
