@@ -12,7 +12,8 @@ from shared.canonical import canonical_json
 from shared.gen.agentrt.v1 import common_pb2 as pb
 
 RUN_STATUS = {name: getattr(pb, f"RUN_STATUS_{name}") for name in
-              ("QUEUED", "RUNNING", "WAITING_TOOL", "PAUSED_INDOUBT", "PAUSED_HUMAN", "COMPLETED", "FAILED")}
+              ("QUEUED", "RUNNING", "WAITING_TOOL", "PAUSED_INDOUBT", "PAUSED_HUMAN", "COMPLETED", "FAILED",
+               "CANCELLED")}
 RUN_STATUS_NAME = {number: name for name, number in RUN_STATUS.items()}
 TOOL_STATUS = {name: getattr(pb, f"TOOL_EXECUTION_STATUS_{name}") for name in
                ("OUTBOUND_INTENT", "SUCCEEDED", "FAILED", "IN_DOUBT", "NOT_EXECUTED")}

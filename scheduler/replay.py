@@ -236,15 +236,15 @@ class Recovery(StoreBase):
                       and run["fencing_token"] == lease.fencing_token and run["lease_live"])
             if not holder or run is None or run["cancel_requested_at"] is None:
                 raise LeaseLost(f"lease on run {lease.run_id} is no longer held", run_id=lease.run_id)
-            transition(run["status"], Op.APPLY_CANCEL)
+            target = transition(run["status"], Op.APPLY_CANCEL)
             if step_key is not None and close_as is not None:
                 # The tool's outcome is a fact about the world: keep it even though the run ends.
                 status, response, remote_id, error_code = close_as
                 await execute(conn, Q.close_open_execution, run_id=lease.run_id, step_key=step_key, status=status,
                               response=response, remote_resource_id=remote_id, error_code=error_code)
             reason = f"cancelled: {run['cancel_reason']}"
-            ended = await fetchrow(conn, Q.end_run, run_id=lease.run_id, reason=reason, cancel=False,
-                                   cancel_reason=None)
+            ended = await fetchrow(conn, Q.end_run, run_id=lease.run_id, status=target.value, reason=reason,
+                                   cancel=False, cancel_reason=None)
             assert ended is not None
             await self._event(conn, ended, "agent.run_cancelled", {"reason": run["cancel_reason"]}, NO_TRACE)
         return RunCancelled(f"run {lease.run_id} was cancelled: {run['cancel_reason']}", run_id=lease.run_id)

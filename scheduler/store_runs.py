@@ -118,9 +118,9 @@ class RunStore(Recovery):
                 assert updated is not None
                 await self._event(conn, updated, "agent.cancel_requested", {"reason": reason}, trace)
             else:
-                transition(status, Op.CANCEL)
-                updated = await fetchrow(conn, Q.end_run, run_id=run_id, reason=f"cancelled: {reason}", cancel=True,
-                                         cancel_reason=reason)
+                target = transition(status, Op.CANCEL)
+                updated = await fetchrow(conn, Q.end_run, run_id=run_id, status=target.value,
+                                         reason=f"cancelled: {reason}", cancel=True, cancel_reason=reason)
                 assert updated is not None
                 await self._event(conn, updated, "agent.run_cancelled",
                                   {"reason": reason, "intents_in_doubt": updated["doubted_intents"]}, trace)

@@ -70,9 +70,9 @@ class WorkStore(ToolWrites):
                     assert locked is not None
                     if locked["fencing_token"] != row["fencing_token"]:
                         continue  # taken over in between: its new holder will end it
-                    transition(locked["status"], op)
-                    ended = await fetchrow(conn, Q.end_run, run_id=row["id"], reason=reason, cancel=False,
-                                           cancel_reason=None)
+                    target = transition(locked["status"], op)
+                    ended = await fetchrow(conn, Q.end_run, run_id=row["id"], status=target.value, reason=reason,
+                                           cancel=False, cancel_reason=None)
                     assert ended is not None
                     await self._event(conn, ended, event,
                                       {"reason": reason, "intents_in_doubt": ended["doubted_intents"]}, trace)

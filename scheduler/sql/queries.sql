@@ -540,19 +540,20 @@ FROM agent_runs WHERE id = :run_id;
 
 -- name: end_run
 -- Ends a locked run at once (cancel of an unleased run, cancel applied at the
--- holder's write or at claim, deadline passed at claim, approval rejected).
+-- holder's write or at claim, deadline passed at claim, approval rejected), in
+-- :status (CANCELLED or FAILED: the transition table's answer for the operation).
 -- The lease is cleared with the transition (docs/design.md §invariants, rule 1). A
 -- terminal run holds no open intent (rule 8): a tool call still
 -- OUTBOUND_INTENT (its holder died or never reported) becomes IN_DOUBT in the
 -- same statement, for reconciliation.
 WITH ended AS (
   UPDATE agent_runs
-  SET status = 'FAILED', lease_owner = NULL, lease_expires_at = NULL,
+  SET status = :status, lease_owner = NULL, lease_expires_at = NULL,
       terminal_reason = :reason, finished_at = clock_timestamp(), updated_at = clock_timestamp(),
       cancel_requested_at = CASE WHEN :cancel THEN COALESCE(cancel_requested_at, clock_timestamp())
                                  ELSE cancel_requested_at END,
       cancel_reason = CASE WHEN :cancel THEN COALESCE(cancel_reason, :cancel_reason) ELSE cancel_reason END
-  WHERE id = :run_id AND status NOT IN ('COMPLETED', 'FAILED')
+  WHERE id = :run_id AND status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
   RETURNING *
 ), doubted AS (
   UPDATE tool_executions AS te

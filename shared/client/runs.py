@@ -41,7 +41,7 @@ from shared.transport import ClientTls, open_channel, require_tls
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 T = TypeVar("T")
-TERMINAL = frozenset({"COMPLETED", "FAILED"})
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
 _STATUS_NAMES = {value: name.removeprefix("RUN_STATUS_") for name, value in pb.RunStatus.items()}
 _STATUS_NUMBERS = {name: value for value, name in _STATUS_NAMES.items()}
 

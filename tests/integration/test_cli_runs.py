@@ -82,7 +82,7 @@ async def test_every_runs_command_against_a_live_scheduler(db_url):
         assert code == 0 and "tool executions (1)" in out
 
         code, out, _ = await agentrt("runs", "cancel", run_id, "--reason", "done testing", "--json", addr=a)
-        assert json.loads(out)["status"] == "FAILED"
+        assert json.loads(out)["status"] == "CANCELLED"
 
         # Errors: one readable line, non-zero exit, no traceback.
         code, _, err = await agentrt("runs", "get", "not-a-uuid", addr=a)

@@ -20,6 +20,7 @@ class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RUN_STATUS_PAUSED_HUMAN: _ClassVar[RunStatus]
     RUN_STATUS_COMPLETED: _ClassVar[RunStatus]
     RUN_STATUS_FAILED: _ClassVar[RunStatus]
+    RUN_STATUS_CANCELLED: _ClassVar[RunStatus]
 
 class ToolExecutionStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -37,6 +38,7 @@ RUN_STATUS_PAUSED_INDOUBT: RunStatus
 RUN_STATUS_PAUSED_HUMAN: RunStatus
 RUN_STATUS_COMPLETED: RunStatus
 RUN_STATUS_FAILED: RunStatus
+RUN_STATUS_CANCELLED: RunStatus
 TOOL_EXECUTION_STATUS_UNSPECIFIED: ToolExecutionStatus
 TOOL_EXECUTION_STATUS_OUTBOUND_INTENT: ToolExecutionStatus
 TOOL_EXECUTION_STATUS_SUCCEEDED: ToolExecutionStatus
