@@ -22,7 +22,7 @@ from scheduler.queries import Q
 from scheduler.states import LEASED, Op, RunStatus, sources, transition
 from scheduler.store_core import COMMIT_UNKNOWN_COUNTER, StoreBase, log
 from scheduler.store_types import NO_JOURNAL, Effect, Journal, LeaseRef, WriteBinding
-from shared.db import execute, fetchrow
+from shared.db import execute, fetch, fetchrow
 from shared.errors import (
     AgentrtError,
     AlreadyExists,
@@ -184,7 +184,8 @@ class Recovery(StoreBase):
             run_id=lease.run_id, fencing_token=run["fencing_token"], status=run["status"])
 
     async def _refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
-                       expected_version: int | None, journal: Journal = NO_JOURNAL) -> AgentrtError:
+                       expected_version: int | None, journal: Journal = NO_JOURNAL,
+                       consume_signal_seqs: tuple[int, ...] = ()) -> AgentrtError:
         """Why a fenced write matched no row. Applies a requested cancel (the holder's write ends it)."""
         run = await fetchrow(conn, Q.read_run, run_id=lease.run_id)
         if (run is None or run["lease_owner"] != lease.worker_id or run["fencing_token"] != lease.fencing_token
@@ -205,6 +206,11 @@ class Recovery(StoreBase):
         length = run["journal_length"]
         if journal and journal.seqs[0] != length + 1:
             return InvalidArgument("journal[0].seq", f"must be {length + 1}, the run's journal has {length} entries")
+        if consume_signal_seqs:
+            refused = await fetch(conn, Q.unconsumable_signals, seqs=list(consume_signal_seqs), run_id=lease.run_id)
+            if refused:
+                return InvalidArgument("consume_signal_seqs", f"signal {refused[0]['seq']} is consumed already or "
+                                                              "not a signal of this run; nothing was written")
         return VersionConflict(f"run {lease.run_id} changed concurrently; re-read and retry",
                                run_id=lease.run_id, version=run["version"])
 
