@@ -82,7 +82,7 @@ TARGET_RSS_MB = 150
 TARGET_TAKEOVER_MS = 200
 POLL_S = 0.1
 # A run in one of these is not going anywhere without an operator (or is done).
-STOPPED = frozenset({"COMPLETED", "FAILED", "PAUSED_INDOUBT", "PAUSED_HUMAN"})
+STOPPED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "PAUSED_INDOUBT", "PAUSED_HUMAN"})
 HELD = frozenset({"RUNNING", "WAITING_TOOL"})
 
 

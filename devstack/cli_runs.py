@@ -144,6 +144,16 @@ async def _cancel(args: argparse.Namespace, client: AgentrtClient) -> None:
                                     comment=args.comment or ""))
 
 
+async def _signal(args: argparse.Namespace, client: AgentrtClient) -> None:
+    payload = _json_arg("--payload", args.payload)
+    signal = await client.signal(args.run_id, args.name, payload, request_id=args.request_id or "")
+    if args.json:
+        _print_json(signal.as_dict())
+    else:
+        print(f"{'queued' if signal.created else 'already queued'}: signal {signal.name} #{signal.seq} "
+              f"for run {args.run_id} ({signal.run_status})")
+
+
 async def _resume(args: argparse.Namespace, client: AgentrtClient) -> None:
     approve = True if args.approve else False if args.reject else None
     value = _json_arg("--input", args.input)
@@ -388,6 +398,14 @@ def _run_commands(sub: Any) -> None:
     p.add_argument("--reason")
     _audit_flags(p, reason=False)
     p.set_defaults(func=_runner(_cancel))
+
+    p = runs.add_parser("signal", help="send a named signal to a run (a run waiting for it wakes at once)")
+    _common(p)
+    p.add_argument("run_id")
+    p.add_argument("name")
+    p.add_argument("--payload", help="JSON value (or @file)")
+    p.add_argument("--request-id", help="idempotency key: the same id and signal queue it once")
+    p.set_defaults(func=_runner(_signal))
 
     p = runs.add_parser("resume", help="answer a run paused for a human")
     _common(p)

@@ -415,7 +415,7 @@ class DevStack:
         assert self.view is not None
         try:
             self.view.stats = await client.stats()
-            open_runs = [r for r in self.runs if r.run_id and r.status not in ("COMPLETED", "FAILED")]
+            open_runs = [r for r in self.runs if r.run_id and r.status not in ("COMPLETED", "FAILED", "CANCELLED")]
             for start in range(0, len(open_runs), 50):
                 batch = open_runs[start:start + 50]
                 for run, info in zip(batch, await asyncio.gather(*(client.get(r.run_id) for r in batch)),

@@ -8,8 +8,10 @@ then — budgets permitting — a new proposal from the decider, validated here.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jsonschema
 
@@ -25,6 +27,7 @@ from executor.deciders.base import (
     Sleep,
     ToolCall,
     WaitForInput,
+    WaitForSignal,
 )
 from executor.errors import ErrorClass, classify
 from executor.steps import (
@@ -90,6 +93,18 @@ class Limits:
         return None
 
 
+_SIGNAL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")  # the scheduler's name rule
+MAX_SIGNAL_WAIT_MS = 366 * 24 * 3600 * 1000
+
+
+def signal_wait_invalid(wait: WaitForSignal) -> Invalid | None:
+    if not _SIGNAL_NAME.match(wait.name or ""):
+        return Invalid("invalid_arguments", f"signal name {wait.name!r}: letters, digits and ._/- (up to 200)")
+    if not 0 < wait.timeout_ms <= MAX_SIGNAL_WAIT_MS:
+        return Invalid("invalid_arguments", f"signal wait timeout_ms {wait.timeout_ms}: 1 to {MAX_SIGNAL_WAIT_MS}")
+    return None
+
+
 def tighter(a: float, b: float) -> float:
     return min(x for x in (a, b) if x) if (a or b) else 0
 
@@ -107,6 +122,8 @@ class Advancer:
         self.max_attempts = max_attempts
         self.db_now = db_now
         self.validators = {t.name: jsonschema.Draft202012Validator(t.input_schema) for t in agent.tools}
+        # Signals taken in for the next decision (executor/signals.py): shown to the decider once.
+        self.delivered: tuple[dict[str, Any], ...] = ()
 
     def end(self, state: State, code: str, reason: str, *, policy_pause: bool) -> tuple[State, Action]:
         """A permanent error: FAILED, or PAUSED_HUMAN when the agent's policy says so."""
@@ -137,7 +154,8 @@ class Advancer:
             return self.end(state, "budget_exhausted", f"budget exhausted: {why}",
                             policy_pause=self.agent.policy.on_budget_exhausted == "pause")
         ctx = DecisionContext(agent=self.agent, run_id=self.ids.run_id, tenant_id=self.ids.tenant_id,
-                              input=self.run_input, state=state)
+                              input=self.run_input, state=state, signals=self.delivered)
+        self.delivered = ()
         proposal = await self.decider.decide(ctx)
         if self.used is not None:
             self.used(proposal)
@@ -163,6 +181,12 @@ class Advancer:
             else:
                 state = state.model_copy(update={"agent_state": proposal.agent_state})
         decision = proposal.decision
+        if isinstance(decision, WaitForSignal):
+            refused = signal_wait_invalid(decision)
+            if refused is not None:
+                proposal = Proposal(refused, proposal.node, proposal.raw, proposal.tokens, proposal.cost_usd,
+                                    proposal.model)
+                decision = refused
         if isinstance(decision, ToolCall):
             invalid = self.validate(decision)
             if invalid is not None:
@@ -186,11 +210,15 @@ class Advancer:
                 error_class="" if completed else f"{ErrorClass.PERMANENT.value}:plan_failed")
             state = decided_finish(state, proposal, finished)
             return state, EndRun(finished)
-        if isinstance(decision, Sleep | WaitForInput):
+        if isinstance(decision, Sleep | WaitForInput | WaitForSignal):
             key = step_key_for(proposal.node, 1)
-            waiting = (Waiting(kind="sleep", step_key=key, node=proposal.node, sleep_ms=decision.ms)
-                       if isinstance(decision, Sleep)
-                       else Waiting(kind="input", step_key=key, node=proposal.node, prompt=decision.prompt))
+            if isinstance(decision, Sleep):
+                waiting = Waiting(kind="sleep", step_key=key, node=proposal.node, sleep_ms=decision.ms)
+            elif isinstance(decision, WaitForSignal):
+                waiting = Waiting(kind="signal", step_key=key, node=proposal.node, signal=decision.name,
+                                  sleep_ms=decision.timeout_ms)
+            else:
+                waiting = Waiting(kind="input", step_key=key, node=proposal.node, prompt=decision.prompt)
             state = decided_wait(state, proposal, waiting)
             return state, Park(waiting)
         assert isinstance(decision, Invalid)

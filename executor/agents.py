@@ -122,7 +122,8 @@ class Condition(_Strict):
 
 
 class PlanNode(_Strict):
-    """One node of a scripted plan: exactly one of tool / sleep_ms / wait_for_input / finish / fail."""
+    """One node of a scripted plan: exactly one of tool / sleep_ms / wait_for_input / wait_for_signal /
+    finish / fail."""
 
     id: str = Field(pattern=_NODE)
     # Entered only when this holds; otherwise the plan moves on to the node that would follow it.
@@ -131,6 +132,10 @@ class PlanNode(_Strict):
     args: dict[str, Any] = Field(default_factory=dict)
     sleep_ms: int | None = Field(default=None, gt=0)
     wait_for_input: str | None = None
+    # Wait for a signal of this name (RunService.SignalRun), at most timeout_ms; the answer is
+    # ${inputs.<node>}: {"name", "payload", "seq", "timed_out"}.
+    wait_for_signal: str | None = None
+    timeout_ms: int = Field(default=86_400_000, gt=0, le=366 * 24 * 3600 * 1000)
     finish: Any = None
     fail: str | None = None
     # Where to go next (default: the following node); a node may be revisited.
@@ -142,11 +147,13 @@ class PlanNode(_Strict):
 
     @model_validator(mode="after")
     def _one_action(self) -> PlanNode:
-        chosen = [k for k in ("tool", "sleep_ms", "wait_for_input", "fail") if getattr(self, k) is not None]
+        chosen = [k for k in ("tool", "sleep_ms", "wait_for_input", "wait_for_signal", "fail")
+                  if getattr(self, k) is not None]
         if "finish" in self.model_fields_set:  # `finish: null` ends the run with no result
             chosen.append("finish")
         if len(chosen) != 1:
-            raise ValueError("a plan node needs exactly one of tool, sleep_ms, wait_for_input, finish, fail")
+            raise ValueError("a plan node needs exactly one of tool, sleep_ms, wait_for_input, wait_for_signal, "
+                             "finish, fail")
         return self
 
 

@@ -66,11 +66,12 @@ class Waiting(_Model):
     """A durable wait the run is parked on: a timer, operator input, an approval, or an
     operator's decision after a pause (`resume`: budget exhausted, decisions kept failing...)."""
 
-    kind: Literal["sleep", "input", "approval", "resume"]
+    kind: Literal["sleep", "input", "approval", "resume", "signal"]
     step_key: str
     node: str
     prompt: str | None = None  # input: the question; approval / resume: the reason shown
-    sleep_ms: int | None = None
+    sleep_ms: int | None = None  # sleep: the timer; signal: the wait's timeout
+    signal: str | None = None  # signal: the name waited for
     tool: ToolDecision | None = None  # approval: the decision awaiting it
 
 

@@ -200,10 +200,12 @@ class WorkClient:
 
     async def save_checkpoint(self, lease: ws.LeaseRef, expected_version: int, state: dict[str, Any],
                               schema_version: int, step_key: str, give_up_at: float | None,
-                              journal: list[pb.JournalEntry] | None = None) -> ws.SaveCheckpointResponse:
+                              journal: list[pb.JournalEntry] | None = None,
+                              consume_signal_seqs: list[int] | None = None) -> ws.SaveCheckpointResponse:
         request = ws.SaveCheckpointRequest(
             lease=lease, expected_version=expected_version, state_json=canonical_json(state),
-            schema_version=schema_version, step_key=step_key, event_id=new_event_id(), journal=journal or [])
+            schema_version=schema_version, step_key=step_key, event_id=new_event_id(), journal=journal or [],
+            consume_signal_seqs=consume_signal_seqs or [])
         return await self._call("save_checkpoint", request, give_up_at)
 
     async def read_journal(self, lease: ws.LeaseRef, after_seq: int, page_size: int = 1000, *,

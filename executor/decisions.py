@@ -40,6 +40,18 @@ class WaitForInput:
     prompt: str
 
 
+@dataclass(frozen=True)
+class WaitForSignal:
+    """Park the run until a signal named `name` arrives (RunService.SignalRun), or `timeout_ms` passes.
+
+    The answer is recorded under the wait's step key in `state.inputs`:
+    {"name", "payload", "seq", "timed_out"}.
+    """
+
+    name: str
+    timeout_ms: int
+
+
 InvalidKind = Literal["parse_failure", "refusal", "content_filter", "invalid_arguments", "unknown_tool",
                       "empty", "agent_state_too_large", "decider_error"]
 
@@ -56,7 +68,7 @@ class DeciderUnavailable(Exception):
     """The model endpoint could not answer (connection, timeout, 429, 5xx): retry the run later."""
 
 
-Decision = ToolCall | Finish | Fail | Sleep | WaitForInput | Invalid
+Decision = ToolCall | Finish | Fail | Sleep | WaitForInput | WaitForSignal | Invalid
 
 
 @dataclass(frozen=True)
@@ -88,3 +100,6 @@ class DecisionContext:
     tenant_id: str
     input: dict[str, Any]
     state: State
+    # Signals consumed with this decision (not the one a signal wait took: that is in state.inputs),
+    # oldest first: {"name", "payload", "seq"}. Each is also kept in state.inputs under "signal/<seq>".
+    signals: tuple[dict[str, Any], ...] = ()

@@ -28,6 +28,7 @@ from executor.migrations import load_state
 from executor.runlease import RunLease, run_end
 from executor.services import Services
 from executor.shutdown import Stopped
+from executor.signals import answered, end_wait, signal_item, take_in
 from executor.steps import RunIds, initial_state, next_attempt
 from executor.toolcalls import ToolCalls
 from executor.wake import wake
@@ -57,6 +58,10 @@ class RunDriver:
         claimed_db = _ts(claim.lease_expires_at) - dt.timedelta(milliseconds=claim.lease_duration_ms)
         self._clock = (claimed_db, received_at)
         self.sleep_from: dt.datetime | None = None  # a re-issued sleep counts from its checkpoint
+        # Signals the claim delivered that the state has not taken in yet (executor/signals.py),
+        # and those taken in for the decision being made.
+        self.signals: list[pb.Signal] = list(claim.signals)
+        self.taken: list[pb.Signal] = []
 
     # ------------------------------------------------------------------ clocks and reads
 
@@ -177,9 +182,11 @@ class RunDriver:
                 raise Stopped("shutting down")
             with self.s.tracer.start_as_current_span("agent.step", attributes=self.span_attributes()) as span:
                 if action is None:
+                    state = self.take_in_signals(state, advancer)
                     try:
                         state, action = await self.s.shutdown.race(advancer.advance(state),
                                                                    self.s.shutdown.stopping)
+                        state, action = self.wait_met(state, action)
                     except DeciderUnavailable as exc:  # inference has no side effect: try again later
                         await self.lease.finish(
                             ws.FINISH_OUTCOME_RETRY, f"decider unavailable: {exc}",
@@ -237,8 +244,45 @@ class RunDriver:
             return False
         return _ts(self.run.next_attempt_at) > _ts(self.claim.checkpoint.created_at)
 
+    def take_in_signals(self, state: State, advancer: Advancer) -> State:
+        """Before a decision: the delivered signals, recorded in the state and shown to the decider once;
+        consumed by the checkpoint that persists the decision (RunLease.consume)."""
+        if not self.signals or state.finished or state.waiting or state.pending_tool or state.retry_tool:
+            return state
+        self.taken, self.signals = self.signals, []
+        self.lease.consume.extend(s.seq for s in self.taken)
+        advancer.delivered = tuple(signal_item(s) for s in self.taken)
+        return take_in(state, self.taken)
+
+    def wait_met(self, state: State, action: Action | None) -> tuple[State, Action | None]:
+        """A decision to wait for a signal that this very decision was shown: the wait ends at once,
+        answered by it (recorded in the same checkpoint), and the run decides again."""
+        taken, self.taken = self.taken, []
+        if not (isinstance(action, Park) and action.waiting.kind == "signal"):
+            return state, action
+        match = next((s for s in taken if s.name == action.waiting.signal), None)
+        if match is None:
+            return state, action
+        return answered(state, match), DecideAgain()
+
+    def end_signal_wait(self, state: State, advancer: Advancer) -> State:
+        """A claimed signal wait: ends when its signal was delivered or its timeout passed, else stays parked.
+        Ending, it consumes every delivered signal; the others are shown to the next decision."""
+        started = _ts(self.claim.checkpoint.created_at)
+        ended = end_wait(state, self.signals, self.db_now(), started)
+        if ended is None:
+            self.sleep_from = started
+            return state
+        state, others = ended
+        self.lease.consume.extend(s.seq for s in self.signals)
+        advancer.delivered = tuple(signal_item(s) for s in others)
+        self.signals = []
+        return state
+
     def recover(self, state: State, advancer: Advancer) -> State:
         """A RUNNING claim: end a wait that has ended, or start the next attempt of a step proven not executed."""
+        if state.waiting is not None and state.waiting.kind == "signal":
+            return self.end_signal_wait(state, advancer)
         if state.waiting is not None:
             if self.wait_answered():
                 human = json.loads(self.run.human_input_json) if self.run.human_input_json else {}
@@ -258,15 +302,31 @@ class RunDriver:
                                 "holds the decision; not acting on it", policy_pause=True)[0]
         return state
 
+    def remaining_ms(self, waiting: Waiting) -> int:
+        """A timer's (or a signal wait's timeout's) time left, counted from its checkpoint when re-issued."""
+        sleep_ms = waiting.sleep_ms or 1
+        if self.sleep_from is not None:
+            due = self.sleep_from + dt.timedelta(milliseconds=sleep_ms)
+            sleep_ms = max(1, int((due - self.db_now()).total_seconds() * 1000))
+        return min(sleep_ms, MAX_SLEEP_MS)
+
     async def park(self, park: Park) -> None:
         waiting: Waiting = park.waiting
         if waiting.kind == "sleep":
-            sleep_ms = waiting.sleep_ms or 1
-            if self.sleep_from is not None:
-                due = self.sleep_from + dt.timedelta(milliseconds=sleep_ms)
-                sleep_ms = max(1, int((due - self.db_now()).total_seconds() * 1000))
+            sleep_ms = self.remaining_ms(waiting)
             await self.lease.finish(ws.FINISH_OUTCOME_SLEEP, f"sleeping {sleep_ms} ms at {waiting.step_key}",
-                                    sleep_ms=min(sleep_ms, MAX_SLEEP_MS))
+                                    sleep_ms=sleep_ms)
+            return
+        if waiting.kind == "signal":
+            assert waiting.signal
+            # A delivered signal of this name not yet looked at (the wait was decided after the claim):
+            # claim again at once rather than sleep past it.
+            seen = 0 if any(s.name == waiting.signal for s in self.signals) else self.claim.last_signal_seq
+            timeout_ms = self.remaining_ms(waiting)
+            await self.lease.finish(ws.FINISH_OUTCOME_SLEEP,
+                                    f"waiting for signal {waiting.signal} at {waiting.step_key} "
+                                    f"(timeout {timeout_ms} ms)", sleep_ms=timeout_ms,
+                                    wait_signal=waiting.signal, signals_seen=seen)
             return
         reason = {"input": f"waiting for input at {waiting.step_key}: {waiting.prompt}",
                   "approval": f"approval required: {waiting.prompt}",

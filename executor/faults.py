@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 POINTS = frozenset({
     "after_claim_commit",  # a lease was granted, nothing done under it yet
     "before_heartbeat",  # a heartbeat is due and not yet sent
+    "before_signal_consume_commit",  # signals taken into the state, the checkpoint consuming them not yet sent
     "after_checkpoint_commit",  # a decision is saved, Tx1 not yet begun
     "after_outbound_intent_commit",  # Tx1 committed, nothing sent
     "before_tool_send",  # Tx1 committed and the lease checked: the request goes out next

@@ -54,6 +54,8 @@ class RunLease:
         self.saved: dict[str, Any] | None = None  # the latest checkpoint's state, as committed
         self.journal_written = 0  # the run's journal entries written (by anyone) as far as this holder knows
         self.open_step = ""  # the step whose intent (Tx1) this holder recorded and has not closed
+        # Signals (seqs) the state took in: consumed by the next SaveCheckpoint, with the entries recording them.
+        self.consume: list[int] = []
 
     @property
     def ref(self) -> ws.LeaseRef:
@@ -99,18 +101,23 @@ class RunLease:
         entries = self.unwritten(state)
         if data == self.saved and not entries:
             return state
+        if self.consume:
+            self.faults.hit("before_signal_consume_commit", self.run.run_id)
         reply = await self.client.save_checkpoint(self.ref, self.version, data, SCHEMA_VERSION,
-                                                  state.cursor, self.give_up_at, journal=entries)
-        self.version, self.saved = reply.version, data
+                                                  state.cursor, self.give_up_at, journal=entries,
+                                                  consume_signal_seqs=self.consume)
+        self.version, self.saved, self.consume = reply.version, data, []
         self.faults.hit("after_checkpoint_commit", self.run.run_id)
         return self.written(state)
 
     async def finish(self, outcome: ws.FinishOutcome, reason: str = "", *, result: Any = None,
-                     sleep_ms: int = 0, error_class: str = "", pause_when_exhausted: bool = False) -> None:
+                     sleep_ms: int = 0, error_class: str = "", pause_when_exhausted: bool = False,
+                     wait_signal: str = "", signals_seen: int = 0) -> None:
         request = ws.FinishRunRequest(
             lease=self.ref, expected_version=self.version, outcome=outcome, reason=reason[:4000],
             result_json=json.dumps(result) if result is not None else "", sleep_ms=sleep_ms,
-            error_class=error_class, pause_when_exhausted=pause_when_exhausted)
+            error_class=error_class, pause_when_exhausted=pause_when_exhausted, wait_signal=wait_signal,
+            signals_seen=signals_seen if wait_signal else 0)
         reply = await self.client.finish_run(request, self.give_up_at)
         # A reason may quote a tool's answer or a prompt built from the input: never its text in a log.
         log.info("run %s -> %s%s%s", self.run.run_id, pb.RunStatus.Name(reply.status),

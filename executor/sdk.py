@@ -29,8 +29,10 @@ may do I/O (call a model, read a cache); an exception it raises is recorded
 as an invalid decision and retried up to the policy's max_decision_retries.
 
 Decisions: `ToolCall(tool, args, node=...)`, `Finish(result)`, `Fail(reason)`,
-`Sleep(ms)` (a durable timer) and `WaitForInput(prompt)` (operator input,
-given with `agentrt runs resume`). An approval is a property of a tool: a tool
+`Sleep(ms)` (a durable timer), `WaitForInput(prompt)` (operator input,
+given with `agentrt runs resume`) and `WaitForSignal(name, timeout_ms)` (a
+signal sent with `agentrt runs signal`; its answer is in `ctx.inputs` under
+the wait's step key, and other signals arrive in `ctx.signals`). An approval is a property of a tool: a tool
 declared with `requires_approval=True` parks the run for an operator before
 its intent is recorded. Return `Step(decision, state=..., tokens=..., cost_usd=...)`
 to keep a small state of the agent's own (at most 16 KiB of JSON) or to count
@@ -60,16 +62,16 @@ from executor.agents import (
     ToolDefinition,
 )
 from executor.checkpoint import State
-from executor.decisions import DecisionContext, Fail, Finish, Sleep, ToolCall, WaitForInput
+from executor.decisions import DecisionContext, Fail, Finish, Sleep, ToolCall, WaitForInput, WaitForSignal
 from executor.tools.base import LookupOutcome, ToolCallContext, ToolOutcome, ToolRefused, ToolRetryLater
 
 __all__ = [
     "CodeAgent", "CodeTool", "Context", "Fail", "Finish", "HistoryItem", "LookupOutcome", "Sleep", "Step",
     "ToolCall", "ToolCallContext", "ToolOutcome", "ToolRefused", "ToolResult", "ToolRetryLater", "Usage",
-    "WaitForInput", "agent", "http_tool", "tool",
+    "WaitForInput", "WaitForSignal", "agent", "http_tool", "tool",
 ]
 
-Decision = ToolCall | Finish | Fail | Sleep | WaitForInput
+Decision = ToolCall | Finish | Fail | Sleep | WaitForInput | WaitForSignal
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -139,6 +141,9 @@ class Context:
     usage: Usage
     budgets: Budgets
     state: Mapping[str, Any]  # the agent's own small state, as the last Step left it
+    # Signals that arrived since the last decision, oldest first: {"name", "payload", "seq"} (a signal
+    # wait's own answer is in `inputs` under the wait's step key instead).
+    signals: Sequence[Mapping[str, Any]] = ()
 
     def result(self, node: str) -> ToolResult | None:
         """The latest result of the tool steps at `node` (the node a ToolCall named)."""
@@ -168,7 +173,8 @@ class Context:
                    step=state.step_index, history=history, results=MappingProxyType(results),
                    inputs=MappingProxyType(dict(state.inputs)),
                    usage=Usage(state.usage.steps, state.usage.tokens, state.usage.cost_usd),
-                   budgets=ctx.agent.budgets, state=MappingProxyType(dict(state.agent_state)))
+                   budgets=ctx.agent.budgets, state=MappingProxyType(dict(state.agent_state)),
+                   signals=tuple(MappingProxyType(dict(s)) for s in ctx.signals))
 
 
 def _node_id(node: str) -> str:

@@ -7,12 +7,13 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from scheduler.rows import CheckpointRow, EventRow, ExecutionRow, JournalRow, RunRow
+from scheduler.rows import CheckpointRow, EventRow, ExecutionRow, JournalRow, RunRow, SignalRow
 from shared.canonical import canonical_json
 from shared.gen.agentrt.v1 import common_pb2 as pb
 
 RUN_STATUS = {name: getattr(pb, f"RUN_STATUS_{name}") for name in
-              ("QUEUED", "RUNNING", "WAITING_TOOL", "PAUSED_INDOUBT", "PAUSED_HUMAN", "COMPLETED", "FAILED")}
+              ("QUEUED", "RUNNING", "WAITING_TOOL", "PAUSED_INDOUBT", "PAUSED_HUMAN", "COMPLETED", "FAILED",
+               "CANCELLED")}
 RUN_STATUS_NAME = {number: name for name, number in RUN_STATUS.items()}
 TOOL_STATUS = {name: getattr(pb, f"TOOL_EXECUTION_STATUS_{name}") for name in
                ("OUTBOUND_INTENT", "SUCCEEDED", "FAILED", "IN_DOUBT", "NOT_EXECUTED")}
@@ -40,6 +41,13 @@ def trace_id_of(traceparent: str | None) -> str:
     """The trace id of a W3C traceparent (version-traceid-spanid-flags), "" when there is none."""
     parts = (traceparent or "").split("-")
     return parts[1] if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != "0" * 32 else ""
+
+
+def signal_to_proto(row: SignalRow) -> pb.Signal:
+    signal = pb.Signal(seq=row.seq, signal_id=str(row.signal_id), name=row.name, payload_json=json_text(row.payload),
+                       request_id=row.request_id)
+    set_time(signal, "received_at", row.received_at)
+    return signal
 
 
 def run_to_proto(row: RunRow) -> pb.Run:

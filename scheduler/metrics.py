@@ -22,7 +22,8 @@ from scheduler.rows import GlobalStats
 from shared.metrics import Metrics, trace_exemplar
 
 log = logging.getLogger(__name__)
-STATUSES = ("QUEUED", "RUNNING", "WAITING_TOOL", "PAUSED_INDOUBT", "PAUSED_HUMAN", "COMPLETED", "FAILED")
+STATUSES = ("QUEUED", "RUNNING", "WAITING_TOOL", "PAUSED_INDOUBT", "PAUSED_HUMAN", "COMPLETED", "FAILED",
+            "CANCELLED")
 
 
 class SchedulerMetrics:

@@ -22,7 +22,7 @@ from scheduler.queries import Q
 from scheduler.states import LEASED, Op, RunStatus, sources, transition
 from scheduler.store_core import COMMIT_UNKNOWN_COUNTER, StoreBase, log
 from scheduler.store_types import NO_JOURNAL, Effect, Journal, LeaseRef, WriteBinding
-from shared.db import execute, fetchrow
+from shared.db import execute, fetch, fetchrow
 from shared.errors import (
     AgentrtError,
     AlreadyExists,
@@ -184,7 +184,8 @@ class Recovery(StoreBase):
             run_id=lease.run_id, fencing_token=run["fencing_token"], status=run["status"])
 
     async def _refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
-                       expected_version: int | None, journal: Journal = NO_JOURNAL) -> AgentrtError:
+                       expected_version: int | None, journal: Journal = NO_JOURNAL,
+                       consume_signal_seqs: tuple[int, ...] = ()) -> AgentrtError:
         """Why a fenced write matched no row. Applies a requested cancel (the holder's write ends it)."""
         run = await fetchrow(conn, Q.read_run, run_id=lease.run_id)
         if (run is None or run["lease_owner"] != lease.worker_id or run["fencing_token"] != lease.fencing_token
@@ -205,6 +206,11 @@ class Recovery(StoreBase):
         length = run["journal_length"]
         if journal and journal.seqs[0] != length + 1:
             return InvalidArgument("journal[0].seq", f"must be {length + 1}, the run's journal has {length} entries")
+        if consume_signal_seqs:
+            refused = await fetch(conn, Q.unconsumable_signals, seqs=list(consume_signal_seqs), run_id=lease.run_id)
+            if refused:
+                return InvalidArgument("consume_signal_seqs", f"signal {refused[0]['seq']} is consumed already or "
+                                                              "not a signal of this run; nothing was written")
         return VersionConflict(f"run {lease.run_id} changed concurrently; re-read and retry",
                                run_id=lease.run_id, version=run["version"])
 
@@ -236,15 +242,15 @@ class Recovery(StoreBase):
                       and run["fencing_token"] == lease.fencing_token and run["lease_live"])
             if not holder or run is None or run["cancel_requested_at"] is None:
                 raise LeaseLost(f"lease on run {lease.run_id} is no longer held", run_id=lease.run_id)
-            transition(run["status"], Op.APPLY_CANCEL)
+            target = transition(run["status"], Op.APPLY_CANCEL)
             if step_key is not None and close_as is not None:
                 # The tool's outcome is a fact about the world: keep it even though the run ends.
                 status, response, remote_id, error_code = close_as
                 await execute(conn, Q.close_open_execution, run_id=lease.run_id, step_key=step_key, status=status,
                               response=response, remote_resource_id=remote_id, error_code=error_code)
             reason = f"cancelled: {run['cancel_reason']}"
-            ended = await fetchrow(conn, Q.end_run, run_id=lease.run_id, reason=reason, cancel=False,
-                                   cancel_reason=None)
+            ended = await fetchrow(conn, Q.end_run, run_id=lease.run_id, status=target.value, reason=reason,
+                                   cancel=False, cancel_reason=None)
             assert ended is not None
             await self._event(conn, ended, "agent.run_cancelled", {"reason": run["cancel_reason"]}, NO_TRACE)
         return RunCancelled(f"run {lease.run_id} was cancelled: {run['cancel_reason']}", run_id=lease.run_id)

@@ -19,6 +19,7 @@ VERBS = MappingProxyType({
     "agents.read": "list the agents live executors serve",
     "runs.submit": "submit runs",
     "runs.cancel": "cancel the tenant's runs",
+    "runs.signal": "send signals to the tenant's runs",
     "runs.resume": "approve, reject or answer a run paused for a human",
     "tools.resolve": "resolve IN_DOUBT tool executions with evidence",
     "runs.export": "export a run's whole history (GetRunHistory with export; audited)",
@@ -29,7 +30,7 @@ VERBS = MappingProxyType({
 
 _OWN = {
     "viewer": ("runs.read", "stats.read", "agents.read"),
-    "submitter": ("runs.submit", "runs.cancel"),
+    "submitter": ("runs.submit", "runs.cancel", "runs.signal"),
     "operator": ("runs.resume", "tools.resolve", "runs.export"),
     "admin": ("keys.manage", "audit.read", "tenants.several"),
 }
@@ -53,6 +54,7 @@ RPC_VERBS = MappingProxyType({
     "ListRuns": "runs.read",
     "GetRunHistory": "runs.read",
     "CancelRun": "runs.cancel",
+    "SignalRun": "runs.signal",
     "ResumeRun": "runs.resume",
     "ResolveToolExecution": "tools.resolve",
     "GetStats": "stats.read",

@@ -93,10 +93,38 @@ class RunRow(Row):
     last_event_id: uuid.UUID | None
     journal_length: int
     checkpoints_pruned_through: int
+    last_signal_seq: int = 0
+    awaiting_signal: str | None = None
     lease_live: bool | None = None
     db_now: dt.datetime | None = None
     doubted_intents: int | None = None
     last_traceparent: str | None = None  # get_run only: the latest event's W3C traceparent
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SignalRow(Row):
+    """A run_signals row (or one of the pending signals a claim reads, by the same names)."""
+
+    seq: int
+    signal_id: uuid.UUID
+    name: str
+    payload: Any
+    received_at: dt.datetime
+    request_id: str
+    run_id: uuid.UUID | None = None
+    consumed_at: dt.datetime | None = None
+
+    @classmethod
+    def of_row(cls, record: Mapping[str, Any]) -> SignalRow:
+        """From a run_signals row, whose seq is its `id`."""
+        return cls.of(record, seq=record["id"])
+
+    @classmethod
+    def of_claim(cls, item: Mapping[str, Any]) -> SignalRow:
+        """From one item of claim_work's pending_signals (jsonb: ids and times as text)."""
+        return cls(seq=int(item["seq"]), signal_id=uuid.UUID(item["signal_id"]), name=item["name"],
+                   payload=item["payload"], received_at=dt.datetime.fromisoformat(item["received_at"]),
+                   request_id=item["request_id"])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -234,6 +262,15 @@ class DbHealth:
 class Submitted(NamedTuple):
     run: RunRow
     created: bool  # False: the same client_request_id was already submitted with this payload
+
+
+class Signalled(NamedTuple):
+    """SignalRun."""
+
+    signal: SignalRow
+    run: RunRow
+    created: bool  # False: the same request id already queued this very signal
+    woke: bool  # the run was parked waiting for this signal and is due now
 
 
 class Resolved(NamedTuple):

@@ -129,6 +129,21 @@ class RunServicer(AdminRpcs, rs_grpc.RunServiceServicer):
         return convert.run_to_proto(row)
 
     @rpc
+    async def SignalRun(self, request: rs.SignalRunRequest, context: grpc.aio.ServicerContext) -> rs.SignalRunResponse:
+        tenant = self._tenant(context)
+        run_id = v.require_uuid("run_id", request.run_id)
+        annotate(run_id=str(run_id))
+        name = v.require_name("name", request.name)
+        payload = v.parse_json("payload_json", request.payload_json, self.limit, object_only=False)
+        request_id = v.optional_text("request_id", request.request_id, max_len=200)
+        signal, row, created, woke = await self.store.signal_run(tenant, run_id, name=name, payload=payload,
+                                                                 request_id=request_id, trace=current_trace())
+        if woke and self.notifier is not None:
+            self.notifier.poke()
+        return rs.SignalRunResponse(signal=convert.signal_to_proto(signal), created=created,
+                                    run=convert.run_to_proto(row))
+
+    @rpc
     async def ResumeRun(self, request: rs.ResumeRunRequest, context: grpc.aio.ServicerContext) -> pb.Run:
         tenant = self._tenant(context)
         run_id = v.require_uuid("run_id", request.run_id)

@@ -28,6 +28,8 @@ from scheduler.rows import (
     Pruned,
     Resolved,
     RunRow,
+    Signalled,
+    SignalRow,
     Submitted,
     TenantStats,
 )
@@ -46,7 +48,7 @@ from scheduler.store_types import (
 )
 from shared.canonical import sha256_of, uuid7
 from shared.db import execute, fetch, fetchrow, fetchval
-from shared.errors import AlreadyExists, InvalidArgument, InvalidTransition, NotFound, Unavailable
+from shared.errors import AlreadyExists, InvalidArgument, InvalidTransition, NotFound, RunEnded, Unavailable
 from shared.tracing import NO_TRACE, Trace
 
 _RESOLVE_OP = {"SUCCEEDED": Op.RESOLVE_SUCCEEDED, "NOT_EXECUTED": Op.RESOLVE_NOT_EXECUTED,
@@ -121,15 +123,50 @@ class RunStore(Recovery):
                 assert updated is not None
                 await self._event(conn, updated, "agent.cancel_requested", {"reason": reason}, trace)
             else:
-                transition(status, Op.CANCEL)
-                updated = await fetchrow(conn, Q.end_run, run_id=run_id, reason=f"cancelled: {reason}", cancel=True,
-                                         cancel_reason=reason)
+                target = transition(status, Op.CANCEL)
+                updated = await fetchrow(conn, Q.end_run, run_id=run_id, status=target.value,
+                                         reason=f"cancelled: {reason}", cancel=True, cancel_reason=reason)
                 assert updated is not None
                 await self._event(conn, updated, "agent.run_cancelled",
                                   {"reason": reason, "intents_in_doubt": updated["doubted_intents"]}, trace)
             if audit is not None:
                 await self._audit_run(conn, audit, "run.cancel", run, updated, trace)
             return RunRow.of(updated)
+
+    @db_call
+    async def signal_run(self, tenant_id: str, run_id: uuid.UUID, *, name: str, payload: Any,
+                         request_id: str | None, trace: Trace = NO_TRACE) -> Signalled:
+        """Queues a signal for a run that has not ended (docs/design.md §signals).
+
+        Idempotent by `request_id` per run: the same id with the same name and
+        payload answers with the signal queued first (even once the run has
+        ended); with another name or payload, ALREADY_EXISTS. Under the run's
+        row lock, so it meets the FinishRun that parks the run on one row.
+        """
+        signal_id = uuid7()
+        request_id = request_id or str(signal_id)
+        digest = sha256_of({"name": name, "payload": payload})
+        async with self.pool.acquire() as conn, conn.transaction():
+            run = await self._lock_tenant_run(conn, tenant_id, run_id)
+            existing = await fetchrow(conn, Q.signal_by_request, run_id=run_id, request_id=request_id)
+            if existing is not None:
+                if bytes(existing["request_hash"]) != digest:
+                    raise AlreadyExists("request_id was already used for another signal to this run",
+                                        request_id=request_id, signal_id=existing["signal_id"])
+                return Signalled(SignalRow.of_row(existing), RunRow.of(run), False, False)
+            if RunStatus(run["status"]) in TERMINAL:
+                raise RunEnded(f"run {run_id} is {run['status']}: it takes no more signals", run_id=run_id,
+                               status=run["status"])
+            row = await fetchrow(conn, Q.insert_signal, signal_id=signal_id, run_id=run_id, tenant_id=tenant_id,
+                                 name=name, payload=payload, request_id=request_id, request_hash=digest)
+            assert row is not None
+            woke = run["status"] == RunStatus.QUEUED and run["awaiting_signal"] == name
+            updated = await fetchrow(conn, Q.lock_run, run_id=run_id)
+            assert updated is not None
+            await self._event(conn, updated, "agent.signal_received",
+                              {"seq": row["id"], "signal_id": str(signal_id), "name": name,
+                               "request_id": request_id, "woke": woke}, trace)
+            return Signalled(SignalRow.of_row(row), RunRow.of(updated), True, woke)
 
     @staticmethod
     async def _audit_run(conn: asyncpg.Connection, audit: AuditEntry, action: str, before: Record,

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from scheduler.rows import CheckpointRow, EventRow, ExecutionRow, JournalRow, RunRow
+from scheduler.rows import CheckpointRow, EventRow, ExecutionRow, JournalRow, RunRow, SignalRow
 from shared.canonical import CanonicalJson, sha256_of
 
 
@@ -168,6 +168,8 @@ class Claimed:
     checkpoint: CheckpointRow | None
     step_execution: ExecutionRow | None
     lease_duration_ms: int
+    signals: tuple[SignalRow, ...] = ()  # pending, oldest first (at most 100)
+    signals_seen: int = 0  # the latest signal's seq in the claim's snapshot
 
 
 @dataclass(frozen=True)

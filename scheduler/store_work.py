@@ -23,6 +23,7 @@ from scheduler.rows import (
     JournalPage,
     JournalRow,
     RunRow,
+    SignalRow,
     Written,
 )
 from scheduler.states import Op, transition
@@ -63,16 +64,18 @@ class WorkStore(ToolWrites):
                         run=RunRow.of(row),
                         checkpoint=None if checkpoint is None else CheckpointRow.of(checkpoint, run_id=row["id"]),
                         step_execution=None if execution is None else ExecutionRow.of(execution, run_id=row["id"]),
-                        lease_duration_ms=lease_ms)
+                        lease_duration_ms=lease_ms,
+                        signals=tuple(SignalRow.of_claim(item) for item in row["pending_signals"]),
+                        signals_seen=row["signals_seen"])
                 op = Op.APPLY_CANCEL if event == "agent.run_cancelled" else Op.EXPIRE_DEADLINE
                 async with conn.transaction():
                     locked = await fetchrow(conn, Q.lock_run, run_id=row["id"])
                     assert locked is not None
                     if locked["fencing_token"] != row["fencing_token"]:
                         continue  # taken over in between: its new holder will end it
-                    transition(locked["status"], op)
-                    ended = await fetchrow(conn, Q.end_run, run_id=row["id"], reason=reason, cancel=False,
-                                           cancel_reason=None)
+                    target = transition(locked["status"], op)
+                    ended = await fetchrow(conn, Q.end_run, run_id=row["id"], status=target.value, reason=reason,
+                                           cancel=False, cancel_reason=None)
                     assert ended is not None
                     await self._event(conn, ended, event,
                                       {"reason": reason, "intents_in_doubt": ended["doubted_intents"]}, trace)
@@ -93,28 +96,33 @@ class WorkStore(ToolWrites):
         self, lease: LeaseRef, *, expected_version: int, state: dict[str, Any], schema_version: int,
         step_key: str | None, event_id: uuid.UUID, event_type: str, event_payload: dict[str, Any],
         trace: Trace = NO_TRACE, state_text: CanonicalJson | None = None, journal: Journal = NO_JOURNAL,
+        consume_signal_seqs: tuple[int, ...] = (),
     ) -> Written:
         """`state_text`, when given, is canonical_json(state): stored and hashed without encoding again.
 
         `journal`: the entries this checkpoint records, appended in the same statement.
+        `consume_signal_seqs`: the signals it consumes, marked in the same statement.
         """
         stored = state if state_text is None else state_text
         state_hash = sha256_of(stored)
+        consumed = {"consume_signal_seqs": list(consume_signal_seqs)} if consume_signal_seqs else {}
         binding = bind_write("SaveCheckpoint", lease, expected_version=expected_version, state=state_hash,
                              schema_version=schema_version, step_key=step_key, event_id=event_id,
-                             event_type=event_type, event_payload=event_payload, **journal.binding_fields())
+                             event_type=event_type, event_payload=event_payload, **journal.binding_fields(),
+                             **consumed)
         async with self.pool.acquire() as conn:
             written = await fenced_write(
                 conn, Q.save_checkpoint, **fence_params(lease, Op.SAVE_CHECKPOINT), expected_version=expected_version,
                 schema_version=schema_version, state=stored, step_key=step_key, state_hash=state_hash,
                 event_id=event_id, event_type=event_type, event_payload=event_payload, **trace_params(trace),
-                **binding_params(binding), **journal.params)
+                **binding_params(binding), **journal.params, consume_signal_seqs=list(consume_signal_seqs))
             if written is not None:
                 return Written(written["version"], False)
             replay = await self._replay(conn, lease, binding, event_id, "checkpoint")
             if replay is not None:
                 return Written(replay["version"], True)
-            raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, expected_version, journal)
+            raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, expected_version, journal,
+                                      consume_signal_seqs)
 
     @db_call
     async def complete_tool_call(
@@ -166,14 +174,16 @@ class WorkStore(ToolWrites):
     async def finish_run(
         self, lease: LeaseRef, *, expected_version: int, outcome: str, reason: str, result: Any,
         sleep_ms: int, pause_when_exhausted: bool, error_class: str, event_id: uuid.UUID,
-        trace: Trace = NO_TRACE,
+        trace: Trace = NO_TRACE, wait_signal: str | None = None, signals_seen: int = 0,
     ) -> Finished:
-        """outcome: COMPLETED | FAILED | PAUSED_HUMAN | RETRY | SLEEP."""
+        """outcome: COMPLETED | FAILED | PAUSED_HUMAN | RETRY | SLEEP (with `wait_signal`: a signal wait)."""
         mode, target, op = _FINISH[outcome]
         s = self.settings
+        waits = {"wait_signal": wait_signal, "signals_seen": signals_seen} if wait_signal else {}
         binding = bind_write("FinishRun", lease, expected_version=expected_version, outcome=outcome,
                              reason=reason, result=sha256_of(result).hex(), sleep_ms=sleep_ms,
-                             pause_when_exhausted=pause_when_exhausted, error_class=error_class, event_id=event_id)
+                             pause_when_exhausted=pause_when_exhausted, error_class=error_class, event_id=event_id,
+                             **waits)
         async with self.pool.acquire() as conn:
             row = await fenced_write(
                 conn, Q.finish_run, **fence_params(lease, op), expected_version=expected_version, target=target,
@@ -181,7 +191,7 @@ class WorkStore(ToolWrites):
                 backoff_jitter_ms=s.backoff_jitter_ms,
                 exhausted_status="PAUSED_HUMAN" if pause_when_exhausted else "FAILED", result=result,
                 reason=reason, event_id=event_id, error_class=error_class, **trace_params(trace),
-                **binding_params(binding))
+                **binding_params(binding), wait_signal=wait_signal, signals_seen=signals_seen)
             if row is not None:
                 status = row["status"]
                 return Finished(status, row["next_attempt_at"] if status == "QUEUED" else None, False)

@@ -165,7 +165,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                              max_tool_request_bytes=limits.tool_request, max_tool_response_bytes=limits.tool_response,
                              max_checkpoint_bytes=limits.checkpoint, max_journal_entry_bytes=limits.journal_entry,
                              max_payload_bytes=limits.payload),
-                         journal_length=run.journal_length)
+                         journal_length=run.journal_length, last_signal_seq=claimed.signals_seen,
+                         signals=[convert.signal_to_proto(signal) for signal in claimed.signals])
         convert.set_time(lease, "lease_expires_at", run.lease_expires_at)
         if claimed.checkpoint is not None:
             lease.checkpoint.CopyFrom(convert.checkpoint_to_proto(claimed.checkpoint))
@@ -216,10 +217,13 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         event_type = v.require_name("event_type", request.event_type) if request.event_type else "agent.checkpoint"
         payload = v.parse_json("event_payload_json", request.event_payload_json, self.limit, default={})
         journal = self._journal(request.journal)
+        consumed = tuple(request.consume_signal_seqs)
+        if len(consumed) > 100 or len(set(consumed)) != len(consumed) or any(seq <= 0 for seq in consumed):
+            raise InvalidArgument("consume_signal_seqs", "at most 100 distinct positive signal seqs")
         version, replayed = await self.store.save_checkpoint(
             lease, expected_version=expected, state=state, schema_version=schema_version, step_key=step_key,
             event_id=event_id, event_type=event_type, event_payload=payload, trace=current_trace(),
-            state_text=state_text, journal=journal)
+            state_text=state_text, journal=journal, consume_signal_seqs=consumed)
         annotate(run_version=version, replayed=replayed)
         return ws.SaveCheckpointResponse(version=version, replayed=replayed)
 
@@ -379,11 +383,16 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if outcome != "SLEEP" and request.sleep_ms:
             raise InvalidArgument("sleep_ms", "is only allowed with SLEEP")
         error_class = v.optional_text("error_class", request.error_class, max_len=100) or ""
+        wait_signal = v.require_name("wait_signal", request.wait_signal) if request.wait_signal else None
+        if wait_signal is not None and outcome != "SLEEP":
+            raise InvalidArgument("wait_signal", "is only allowed with SLEEP (sleep_ms is the wait's timeout)")
+        if request.signals_seen < 0 or (request.signals_seen and wait_signal is None):
+            raise InvalidArgument("signals_seen", "must not be negative, and is only allowed with wait_signal")
         event_id = event_id_of(request.event_id)
         status, next_at, replayed = await self.store.finish_run(
             lease, expected_version=expected, outcome=outcome, reason=reason, result=result,
             sleep_ms=request.sleep_ms, pause_when_exhausted=request.pause_when_exhausted, error_class=error_class,
-            event_id=event_id, trace=current_trace())
+            event_id=event_id, trace=current_trace(), wait_signal=wait_signal, signals_seen=request.signals_seen)
         response = ws.FinishRunResponse(status=convert.RUN_STATUS[status], replayed=replayed)
         if next_at is not None:
             convert.set_time(response, "next_attempt_at", next_at)

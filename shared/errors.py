@@ -104,6 +104,12 @@ class RunCancelled(AgentrtError):
     reason = "RUN_CANCELLED"
 
 
+class RunEnded(AgentrtError):
+    """The run is COMPLETED, FAILED or CANCELLED: nothing may be sent to it any more (SignalRun)."""
+
+    reason = "RUN_ENDED"
+
+
 class DecisionNotCheckpointed(AgentrtError):
     """Tx1 without the same tool decision in the current checkpoint."""
 
@@ -147,6 +153,7 @@ STATUS_CODES: dict[type[AgentrtError], grpc.StatusCode] = {
     VersionConflict: grpc.StatusCode.ABORTED,
     InvalidTransition: grpc.StatusCode.FAILED_PRECONDITION,
     RunCancelled: grpc.StatusCode.FAILED_PRECONDITION,
+    RunEnded: grpc.StatusCode.FAILED_PRECONDITION,
     DecisionNotCheckpointed: grpc.StatusCode.FAILED_PRECONDITION,
     RunFrozen: grpc.StatusCode.FAILED_PRECONDITION,
     SchemaMismatch: grpc.StatusCode.FAILED_PRECONDITION,

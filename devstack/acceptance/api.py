@@ -16,7 +16,7 @@ from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
 
 STATUS = pb.RunStatus.Name
-TERMINAL: set[int] = {pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_FAILED}
+TERMINAL: set[int] = {pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_FAILED, pb.RUN_STATUS_CANCELLED}
 PAUSED: set[int] = {pb.RUN_STATUS_PAUSED_HUMAN, pb.RUN_STATUS_PAUSED_INDOUBT}
 SETTLED: set[int] = TERMINAL | PAUSED
 

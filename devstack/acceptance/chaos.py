@@ -306,7 +306,7 @@ class Chaos:
                    postgres_restart_s=getattr(self, "postgres_restart_s", None), broker_restarts=1,
                    mock_calls_per_agent=per_key, max_calls_per_key=max_calls, submit_retries=self.submit_errors,
                    timeline=self.timeline)
-        settled = sum(statuses[s] for s in ("COMPLETED", "FAILED", "PAUSED_HUMAN", "PAUSED_INDOUBT"))
+        settled = sum(statuses[s] for s in ("COMPLETED", "FAILED", "CANCELLED", "PAUSED_HUMAN", "PAUSED_INDOUBT"))
         ev.check("every run terminal or paused with a recorded reason", settled == len(self.run_ids),
                  dict(statuses))
         ev.check("non-idempotent tools without lookup: at most one request per idempotency key", not over, over)

@@ -150,7 +150,7 @@ class Pipeline:
         return collections.Counter(r["status"] for r in rows)
 
     async def wait_runs_settled(self, run_ids: list[str], within: float) -> collections.Counter[str]:
-        settled = ("COMPLETED", "FAILED", "PAUSED_HUMAN", "PAUSED_INDOUBT")
+        settled = ("COMPLETED", "FAILED", "CANCELLED", "PAUSED_HUMAN", "PAUSED_INDOUBT")
 
         async def done() -> collections.Counter[str] | None:
             counts = await self.statuses(run_ids)

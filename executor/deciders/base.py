@@ -20,10 +20,11 @@ from executor.decisions import (
     Sleep,
     ToolCall,
     WaitForInput,
+    WaitForSignal,
 )
 
 __all__ = ["Decider", "DeciderUnavailable", "Decision", "DecisionContext", "Fail", "Finish", "Invalid",
-           "InvalidKind", "Proposal", "Sleep", "ToolCall", "WaitForInput"]
+           "InvalidKind", "Proposal", "Sleep", "ToolCall", "WaitForInput", "WaitForSignal"]
 
 
 class Decider(Protocol):

@@ -16,12 +16,22 @@ from collections.abc import Callable
 from typing import Any
 
 from executor.agents import PythonDecider
-from executor.decisions import DecisionContext, Fail, Finish, Invalid, Proposal, Sleep, ToolCall, WaitForInput
+from executor.decisions import (
+    DecisionContext,
+    Fail,
+    Finish,
+    Invalid,
+    Proposal,
+    Sleep,
+    ToolCall,
+    WaitForInput,
+    WaitForSignal,
+)
 from executor.sdk import Context, Step
 from executor.tools.python import import_callable
 
 log = logging.getLogger(__name__)
-DECISIONS = (ToolCall, Finish, Fail, Sleep, WaitForInput)
+DECISIONS = (ToolCall, Finish, Fail, Sleep, WaitForInput, WaitForSignal)
 NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # as a plan node id; tool names may carry dots
 
 
@@ -51,7 +61,7 @@ class PythonDeciderImpl:
         decision = step.decision
         if not isinstance(decision, DECISIONS):
             return Proposal(Invalid("parse_failure", f"the decider returned {type(decision).__name__}, not a "
-                                                     "ToolCall, Finish, Fail, Sleep or WaitForInput"),
+                                                     "ToolCall, Finish, Fail, Sleep, WaitForInput or WaitForSignal"),
                             f"decide@{index}")
         explicit = decision.node if isinstance(decision, ToolCall) else step.node
         if explicit and not NODE.match(explicit):

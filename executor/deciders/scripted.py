@@ -25,6 +25,7 @@ from executor.deciders.base import (
     Sleep,
     ToolCall,
     WaitForInput,
+    WaitForSignal,
 )
 
 _WHOLE = re.compile(r"^\$\{([^}]+)\}$")
@@ -161,6 +162,8 @@ class ScriptedDeciderImpl:
             return Sleep(node.sleep_ms)
         if node.wait_for_input is not None:
             return WaitForInput(str(render(node.wait_for_input, scope)))
+        if node.wait_for_signal is not None:
+            return WaitForSignal(str(render(node.wait_for_signal, scope)), node.timeout_ms)
         if node.fail is not None:
             return Fail(str(render(node.fail, scope)))
         return Finish(render(node.finish, scope))

@@ -106,7 +106,11 @@ LIMIT :limit;
 -- claim; attempt_count only when claimed from QUEUED. A WAITING_TOOL run stays
 -- WAITING_TOOL (its new holder may look up or freeze, never resend).
 -- UNION ALL without ORDER BY yields `expired` first; LIMIT 1 stops before
--- `queued` is scanned when an expired run was found.
+-- `queued` is scanned when an expired run was found. With the run come its
+-- pending signals (oldest 100) and the seq of the latest signal it received,
+-- both read in this statement's snapshot (run_signals_pending_idx): a signal
+-- committed after it shows as last_signal_seq on the run row only, which
+-- FinishRun then compares with signals_seen (docs/design.md §signals).
 WITH expired AS (
   SELECT id FROM agent_runs
   WHERE status IN ('RUNNING', 'WAITING_TOOL') AND lease_expires_at < clock_timestamp()
@@ -130,7 +134,7 @@ WITH expired AS (
       lease_expires_at = clock_timestamp() + make_interval(secs => :lease_ms::double precision / 1000),
       fencing_token = r.fencing_token + 1,
       attempt_count = CASE WHEN r.status = 'QUEUED' THEN r.attempt_count + 1 ELSE r.attempt_count END,
-      updated_at = clock_timestamp()
+      awaiting_signal = NULL, updated_at = clock_timestamp()
   FROM candidate AS c
   WHERE r.id = c.id
   RETURNING r.*
@@ -145,7 +149,13 @@ SELECT claimed.*, clock_timestamp() AS db_now,
        te.remote_resource_id AS te_remote_resource_id, te.response_json AS te_response_json,
        te.error_code AS te_error_code, te.fencing_token AS te_fencing_token,
        te.outbound_intent_at AS te_outbound_intent_at, te.completed_at AS te_completed_at,
-       te.reconciled_at AS te_reconciled_at, te.reconciliation_evidence AS te_reconciliation_evidence
+       te.reconciled_at AS te_reconciled_at, te.reconciliation_evidence AS te_reconciliation_evidence,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                 'seq', s.id, 'signal_id', s.signal_id, 'name', s.name, 'payload', s.payload,
+                 'received_at', s.received_at, 'request_id', s.request_id) ORDER BY s.id), '[]'::jsonb)
+          FROM (SELECT * FROM run_signals WHERE run_id = claimed.id AND consumed_at IS NULL
+                ORDER BY id LIMIT 100) AS s) AS pending_signals,
+       (SELECT coalesce(max(id), 0) FROM run_signals WHERE run_id = claimed.id) AS signals_seen
 FROM claimed
 LEFT JOIN agent_checkpoints AS cp ON cp.run_id = claimed.id AND cp.version = claimed.version
 LEFT JOIN tool_executions AS te ON te.run_id = claimed.id AND te.step_key = claimed.current_step_key;
@@ -165,6 +175,9 @@ RETURNING r.lease_expires_at, r.tenant_id;
 -- arrays, possibly empty) and its outbox event commit in this one statement.
 -- The entries must continue the run's journal (first seq = journal_length + 1,
 -- consecutive: checked by the service), else nothing matches and nothing is written.
+-- The signals it consumes (:consume_signal_seqs) are marked with its version and
+-- fence, each announced; one already consumed (or another run's) fails the
+-- whole statement (agentrt_assert): a signal is consumed exactly once.
 WITH run AS (
   UPDATE agent_runs AS r
   SET version = r.version + 1,
@@ -187,8 +200,24 @@ WITH run AS (
          :event_payload::jsonb || jsonb_build_object('version', version, 'step_key', :step_key::text),
          fencing_token, version, :traceparent, :tracestate, :write_op, :write_hash::bytea
   FROM run
+), consumed AS (
+  UPDATE run_signals AS s
+  SET consumed_at = clock_timestamp(), consumed_version = run.version, consumed_fencing_token = run.fencing_token
+  FROM run
+  WHERE s.run_id = run.id AND s.id = ANY(:consume_signal_seqs::bigint[]) AND s.consumed_at IS NULL
+  RETURNING s.id, s.signal_id, s.name
+), consumed_event AS (
+  INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
+                      traceparent, tracestate)
+  SELECT gen_random_uuid(), run.id, run.tenant_id, 'agent.signal_consumed',
+         jsonb_build_object('seq', consumed.id, 'signal_id', consumed.signal_id, 'name', consumed.name,
+                            'version', run.version, 'step_key', :step_key::text),
+         run.fencing_token, run.version, :traceparent, :tracestate
+  FROM run, consumed
 )
-SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id FROM checkpoint;
+SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id FROM checkpoint
+WHERE agentrt_assert((SELECT count(*) FROM consumed) = cardinality(:consume_signal_seqs::bigint[]),
+                     'a signal this checkpoint consumes is consumed already or not the run''s');
 
 -- name: begin_tool_call
 -- Tx1: records the outbound intent before any network I/O. Refused (no row)
@@ -475,7 +504,11 @@ FROM run;
 -- max_attempts goes to :exhausted_status (FAILED or PAUSED_HUMAN) instead. The
 -- lease is always cleared (docs/design.md §invariants, rule 1). :mode = 'retry' |
 -- 'sleep' | 'end'. Sleep and resume reset attempt_count: it counts claims since
--- the run last made progress on its own terms.
+-- the run last made progress on its own terms. A sleep with :wait_signal waits
+-- for that signal (the sleep is its timeout): due at once when the run received
+-- a signal after the holder's :signals_seen (the row's last_signal_seq, which
+-- SignalRun sets under the same row lock), else parked with awaiting_signal set,
+-- which a SignalRun of that name clears as it wakes the run.
 WITH run AS (
   UPDATE agent_runs AS r
   SET status = CASE
@@ -487,8 +520,12 @@ WITH run AS (
         WHEN :mode = 'retry' THEN clock_timestamp()
           + make_interval(secs => agentrt_backoff_ms(r.id, r.attempt_count, :backoff_base_ms, :backoff_cap_ms,
                                                      :backoff_jitter_ms) / 1000)
+        WHEN :mode = 'sleep' AND :wait_signal::text IS NOT NULL AND r.last_signal_seq > :signals_seen::bigint
+          THEN clock_timestamp()
         WHEN :mode = 'sleep' THEN clock_timestamp() + make_interval(secs => :sleep_ms::double precision / 1000)
         ELSE r.next_attempt_at END,
+      awaiting_signal = CASE WHEN :mode = 'sleep' AND r.last_signal_seq <= :signals_seen::bigint THEN :wait_signal
+                             ELSE NULL END,
       attempt_count = CASE WHEN :mode = 'sleep' THEN 0 ELSE r.attempt_count END,
       result = CASE WHEN :mode = 'end' AND :target = 'COMPLETED' THEN :result::jsonb ELSE r.result END,
       terminal_reason = CASE
@@ -521,7 +558,7 @@ WITH run AS (
          END,
          jsonb_build_object('status', status, 'reason', :reason::text, 'error_class', :error_class::text,
                             'next_attempt_at', CASE WHEN status = 'QUEUED' THEN next_attempt_at END,
-                            'attempt_count', attempt_count),
+                            'attempt_count', attempt_count, 'awaiting_signal', :wait_signal::text),
          fencing_token, version, :traceparent, :tracestate, :write_op, :write_hash::bytea
   FROM run
 )
@@ -540,19 +577,20 @@ FROM agent_runs WHERE id = :run_id;
 
 -- name: end_run
 -- Ends a locked run at once (cancel of an unleased run, cancel applied at the
--- holder's write or at claim, deadline passed at claim, approval rejected).
+-- holder's write or at claim, deadline passed at claim, approval rejected), in
+-- :status (CANCELLED or FAILED: the transition table's answer for the operation).
 -- The lease is cleared with the transition (docs/design.md §invariants, rule 1). A
 -- terminal run holds no open intent (rule 8): a tool call still
 -- OUTBOUND_INTENT (its holder died or never reported) becomes IN_DOUBT in the
 -- same statement, for reconciliation.
 WITH ended AS (
   UPDATE agent_runs
-  SET status = 'FAILED', lease_owner = NULL, lease_expires_at = NULL,
+  SET status = :status, lease_owner = NULL, lease_expires_at = NULL,
       terminal_reason = :reason, finished_at = clock_timestamp(), updated_at = clock_timestamp(),
       cancel_requested_at = CASE WHEN :cancel THEN COALESCE(cancel_requested_at, clock_timestamp())
                                  ELSE cancel_requested_at END,
       cancel_reason = CASE WHEN :cancel THEN COALESCE(cancel_reason, :cancel_reason) ELSE cancel_reason END
-  WHERE id = :run_id AND status NOT IN ('COMPLETED', 'FAILED')
+  WHERE id = :run_id AND status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
   RETURNING *
 ), doubted AS (
   UPDATE tool_executions AS te
@@ -569,6 +607,37 @@ UPDATE agent_runs
 SET cancel_requested_at = clock_timestamp(), cancel_reason = :reason, updated_at = clock_timestamp()
 WHERE id = :run_id AND status IN ('RUNNING', 'WAITING_TOOL') AND cancel_requested_at IS NULL
 RETURNING *;
+
+-- name: signal_by_request
+-- A signal already queued for the run under this request id (SignalRun's idempotency).
+SELECT * FROM run_signals WHERE run_id = :run_id AND request_id = :request_id;
+
+-- name: unconsumable_signals
+-- Why a consuming SaveCheckpoint was refused: the seqs that are not this run's pending signals.
+SELECT x.seq FROM unnest(:seqs::bigint[]) AS x(seq)
+WHERE NOT EXISTS (SELECT 1 FROM run_signals AS s WHERE s.id = x.seq AND s.run_id = :run_id AND s.consumed_at IS NULL)
+ORDER BY x.seq;
+
+-- name: insert_signal
+-- SignalRun, the run row locked by the caller (lock_run) and not terminal:
+-- queues the signal and records its seq on the run; a run parked waiting for
+-- this name is due at once (and no longer awaiting). One statement.
+WITH signal AS (
+  INSERT INTO run_signals (signal_id, run_id, tenant_id, name, payload, request_id, request_hash)
+  VALUES (:signal_id, :run_id, :tenant_id, :name, :payload, :request_id, :request_hash)
+  RETURNING *
+), run AS (
+  UPDATE agent_runs AS r
+  SET last_signal_seq = signal.id,
+      next_attempt_at = CASE WHEN r.awaiting_signal = signal.name AND r.status = 'QUEUED'
+                             THEN least(r.next_attempt_at, clock_timestamp()) ELSE r.next_attempt_at END,
+      awaiting_signal = CASE WHEN r.awaiting_signal = signal.name THEN NULL ELSE r.awaiting_signal END,
+      updated_at = clock_timestamp()
+  FROM signal
+  WHERE r.id = signal.run_id
+  RETURNING r.*
+)
+SELECT signal.* FROM signal, run;
 
 -- name: resume_run
 -- PAUSED_HUMAN -> QUEUED with the operator's response recorded for the next step.

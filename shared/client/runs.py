@@ -41,7 +41,7 @@ from shared.transport import ClientTls, open_channel, require_tls
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 T = TypeVar("T")
-TERMINAL = frozenset({"COMPLETED", "FAILED"})
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
 _STATUS_NAMES = {value: name.removeprefix("RUN_STATUS_") for name, value in pb.RunStatus.items()}
 _STATUS_NUMBERS = {name: value for value, name in _STATUS_NAMES.items()}
 
@@ -52,6 +52,25 @@ def _time(message: Any, name: str) -> dt.datetime | None:
 
 def _json(text: str) -> Any:
     return json.loads(text) if text else None
+
+
+@dataclass(frozen=True)
+class SignalInfo:
+    """A signal queued for a run (SignalRun's answer)."""
+
+    seq: int
+    signal_id: str
+    name: str
+    payload: Any
+    request_id: str
+    received_at: dt.datetime | None
+    created: bool  # False: an earlier SignalRun with this request id queued it
+    run_status: str
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        data["received_at"] = self.received_at.isoformat() if self.received_at else None
+        return data
 
 
 @dataclass(frozen=True)
@@ -251,6 +270,16 @@ class AgentrtClient:
         note = rs.AuditNote(reason=reason, comment=comment, ticket_id=ticket_id)
         return RunInfo.from_proto(await self._call(self._stub.CancelRun,
                                                    rs.CancelRunRequest(run_id=run_id, reason=reason, note=note)))
+
+    async def signal(self, run_id: str, name: str, payload: Any = None, *, request_id: str = "") -> SignalInfo:
+        """Queues signal `name` for the run (woken at once if it waits for it). Safe to retry with a request_id."""
+        request = rs.SignalRunRequest(run_id=run_id, name=name, request_id=request_id,
+                                      payload_json=json.dumps(payload) if payload is not None else "")
+        reply = await self._call(self._stub.SignalRun, request)
+        s = reply.signal
+        return SignalInfo(seq=s.seq, signal_id=s.signal_id, name=s.name, payload=_json(s.payload_json),
+                          request_id=s.request_id, received_at=_time(s, "received_at"), created=reply.created,
+                          run_status=_STATUS_NAMES.get(reply.run.status, "UNSPECIFIED"))
 
     async def resume(self, run_id: str, *, operator: str = "", approve: bool | None = None,
                      input: Any = None, comment: str = "", reason: str = "", ticket_id: str = "") -> RunInfo:

@@ -79,7 +79,7 @@ async def test_each_audited_action_writes_one_row_naming_the_principal(db_url):
         assert all(r["principal_kind"] == "api_key" and r["tenant_id"] == TENANT for r in rows)
         cancel, reject, resolve, create, revoke = rows
         assert (cancel["reason"], cancel["ticket_id"], cancel["comment"]) == ("customer asked", "SUP-7", "by phone")
-        assert cancel["state_before"]["status"] == "QUEUED" and cancel["state_after"]["status"] == "FAILED"
+        assert cancel["state_before"]["status"] == "QUEUED" and cancel["state_after"]["status"] == "CANCELLED"
         assert str(cancel["run_id"]) == world.queued and cancel["request_id"]
         # The self-declared operator is a comment; the recorded one is the key.
         assert "operator: mallory" in reject["comment"] and reject["ticket_id"] == "SUP-8"
@@ -173,7 +173,7 @@ async def test_list_audit_events_filters_and_pages(db_url):
         one = await stack.runs.ListAuditEvents(rs.ListAuditEventsRequest(run_id=runs[2].run.run_id),
                                                metadata=bearer(admin))
         assert [(e.action, e.reason) for e in one.events] == [("run.cancel", "cleanup")]
-        assert json.loads(one.events[0].state_after_json)["status"] == "FAILED"
+        assert json.loads(one.events[0].state_after_json)["status"] == "CANCELLED"
         # Another tenant's admin sees none of it; a filter on a principal narrows.
         theirs = await stack.runs.ListAuditEvents(rs.ListAuditEventsRequest(), metadata=bearer(other_admin))
         assert [e.action for e in theirs.events] == ["key.create"]

@@ -47,7 +47,7 @@ S1, S2, TOOL = "refund.create/attempt-1", "refund.notify/attempt-1", "payments.r
 REQ2 = {"order": 7, "notify": True}
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 TABLES = ("agent_runs", "agent_checkpoints", "tool_executions", "outbox", "runtime_counters", "run_journal",
-          "agent_registry", "api_keys", "audit_log")
+          "agent_registry", "api_keys", "audit_log", "run_signals")
 
 
 # ---------------------------------------------------------------------- the runs every request refers to
@@ -119,6 +119,9 @@ def base_request(rpc: str, w: World) -> Message:
         return rs.ListRunsRequest(statuses=[pb.RUN_STATUS_QUEUED], agent_name="bi-queued", page_size=10)
     if rpc == "CancelRun":
         return rs.CancelRunRequest(run_id=w.queued, reason="no longer needed")
+    if rpc == "SignalRun":
+        return rs.SignalRunRequest(run_id=w.queued, name="customer.reply", payload_json='{"text": "yes"}',
+                                   request_id="sig-1")
     if rpc == "ResumeRun":
         return rs.ResumeRunRequest(run_id=w.paused_human, decision=rs.RESUME_DECISION_APPROVE, operator="alice",
                                    input_json='{"approved": true}', comment="looks right")
@@ -187,8 +190,8 @@ def base_request(rpc: str, w: World) -> Message:
     raise AssertionError(rpc)
 
 
-RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "ResumeRun", "ResolveToolExecution", "GetRunHistory",
-            "GetStats", "ListAgents", "ListAuditEvents", "CreateApiKey", "ListApiKeys", "RevokeApiKey")
+RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "SignalRun", "ResumeRun", "ResolveToolExecution",
+            "GetRunHistory", "GetStats", "ListAgents", "ListAuditEvents", "CreateApiKey", "ListApiKeys", "RevokeApiKey")
 KEY_RPCS = ("CreateApiKey", "ListApiKeys", "RevokeApiKey")  # scoped by the credential's tenants, not by the header
 WORK_RPCS = ("ClaimWork", "Heartbeat", "SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "MarkToolInDoubt",
              "FinishRun", "CompleteAndBeginToolCall", "WriteBatch", "ReadJournal", "GetToolResults", "RegisterAgents")
@@ -375,6 +378,14 @@ CASES: list[Bad] = [
     *uuid_cases("CancelRun", "run_id"),
     Bad("CancelRun", "reason too long", put(reason="r" * 1001), "reason"),
     nul_case("CancelRun", "reason"),
+    # ---- SignalRun
+    *uuid_cases("SignalRun", "run_id"),
+    Bad("SignalRun", "name missing", put(name=CLEAR), "name"),
+    Bad("SignalRun", "name with spaces", put(name="customer reply"), "name"),
+    Bad("SignalRun", "name too long", put(name="n" * 201), "name"),
+    *json_cases("SignalRun", "payload_json", object_only=False),
+    Bad("SignalRun", "request_id too long", put(request_id="r" * 201), "request_id"),
+    nul_case("SignalRun", "request_id"),
     # ---- ListRuns
     Bad("ListRuns", "unknown status number", put(statuses=[42]), "statuses"),
     Bad("ListRuns", "unspecified status", put(statuses=[pb.RUN_STATUS_QUEUED, 0]), "statuses"),
@@ -459,6 +470,9 @@ CASES: list[Bad] = [
     Bad("SaveCheckpoint", "schema_version zero", put(schema_version=0), "schema_version"),
     Bad("SaveCheckpoint", "step_key with control char", put(step_key="a\x01"), "step_key"),
     Bad("SaveCheckpoint", "event_type with spaces", put(event_type="my event"), "event_type"),
+    Bad("SaveCheckpoint", "consume_signal_seqs repeated", put(consume_signal_seqs=[1, 1]), "consume_signal_seqs"),
+    Bad("SaveCheckpoint", "consume_signal_seqs not positive", put(consume_signal_seqs=[0]), "consume_signal_seqs"),
+    Bad("SaveCheckpoint", "consume_signal_seqs unknown", put(consume_signal_seqs=[10**12]), "consume_signal_seqs"),
     # ---- BeginToolCall
     Bad("BeginToolCall", "step_key missing", put(step_key=CLEAR), "step_key"),
     Bad("BeginToolCall", "tool_name missing", put(tool_name=CLEAR), "tool_name"),
@@ -523,6 +537,12 @@ CASES: list[Bad] = [
     Bad("FinishRun", "SLEEP without sleep_ms", put(outcome=ws.FINISH_OUTCOME_SLEEP), "sleep_ms"),
     Bad("FinishRun", "SLEEP over a year", put(outcome=ws.FINISH_OUTCOME_SLEEP, sleep_ms=10**12), "sleep_ms"),
     Bad("FinishRun", "reason too long", put(reason="r" * 4001), "reason"),
+    Bad("FinishRun", "wait_signal without SLEEP", put(wait_signal="go"), "wait_signal"),
+    Bad("FinishRun", "wait_signal with spaces", put(outcome=ws.FINISH_OUTCOME_SLEEP, sleep_ms=1000, wait_signal="a b"),
+        "wait_signal"),
+    Bad("FinishRun", "signals_seen without wait_signal", put(signals_seen=3), "signals_seen"),
+    Bad("FinishRun", "signals_seen negative",
+        put(outcome=ws.FINISH_OUTCOME_SLEEP, sleep_ms=1000, wait_signal="go", signals_seen=-1), "signals_seen"),
     nul_case("FinishRun", "reason"),
     nul_case("FinishRun", "error_class"),
     # ---- CompleteToolCall that ends the run

@@ -9,6 +9,7 @@ from support import claim, eid, lease_ref, scheduler_stack, submit, tool_state
 from tests_paths import REPO
 
 from devstack.embedded_pg import free_port
+from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
 pytestmark = pytest.mark.integration
@@ -82,7 +83,7 @@ async def test_every_runs_command_against_a_live_scheduler(db_url):
         assert code == 0 and "tool executions (1)" in out
 
         code, out, _ = await agentrt("runs", "cancel", run_id, "--reason", "done testing", "--json", addr=a)
-        assert json.loads(out)["status"] == "FAILED"
+        assert json.loads(out)["status"] == "CANCELLED"
 
         # Errors: one readable line, non-zero exit, no traceback.
         code, _, err = await agentrt("runs", "get", "not-a-uuid", addr=a)
@@ -95,6 +96,29 @@ async def test_every_runs_command_against_a_live_scheduler(db_url):
         assert code == 1 and "decided" in err
         code, _, err = await agentrt("runs", "frobnicate", addr=a)
         assert code == 2
+
+
+async def test_runs_signal_queues_once_per_request_id_and_refuses_bad_input(db_url, db):
+    async with scheduler_stack(db_url) as stack:
+        a = stack.addr
+        run = await submit(stack)
+        args = ("runs", "signal", run.run_id, "customer.reply", "--payload", '{"text": "ok"}', "--request-id", "m-1")
+        code, out, _ = await agentrt(*args, "--json", addr=a)
+        assert code == 0
+        queued = json.loads(out)
+        assert (queued["name"], queued["payload"], queued["created"], queued["run_status"]) == (
+            "customer.reply", {"text": "ok"}, True, "QUEUED")
+        code, out, _ = await agentrt(*args, addr=a)
+        assert code == 0 and out.startswith(f"already queued: signal customer.reply #{queued['seq']}")
+        assert await db.fetchval("SELECT count(*) FROM run_signals") == 1
+        code, _, err = await agentrt("runs", "signal", run.run_id, "customer.reply", "--payload", "{nope", addr=a)
+        assert code == 1 and "--payload" in err and len(err.strip().splitlines()) == 1
+        code, _, err = await agentrt("runs", "signal", run.run_id, "bad name!", addr=a)
+        assert code == 1 and "name" in err and "Traceback" not in err
+        await stack.runs.CancelRun(rs.CancelRunRequest(run_id=run.run_id), metadata=stack.md())
+        code, _, err = await agentrt("runs", "signal", run.run_id, "late", addr=a)
+        assert code == 1 and "RUN_ENDED" in err and len(err.strip().splitlines()) == 1
+        assert await db.fetchval("SELECT count(*) FROM run_signals") == 1
 
 
 async def test_a_stopped_service_is_one_line_and_non_zero():

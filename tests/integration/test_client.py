@@ -53,7 +53,7 @@ async def test_client_cancel_is_safe_to_retry(db_url):
         run, _ = await client.submit("demo", {})
         first = await client.cancel(run.run_id, "no longer needed")
         second = await client.cancel(run.run_id, "no longer needed")
-        assert first.status == second.status == "FAILED"
+        assert first.status == second.status == "CANCELLED"
         assert "no longer needed" in second.terminal_reason
 
 

@@ -237,7 +237,7 @@ async def test_a_requested_cancel_ends_the_run_and_keeps_the_outcome(db_url, db)
         error = await rpc_error(stack.work.CompleteAndBeginToolCall(combined(ref)))
         assert (error.code(), reason_of(error)) == (grpc.StatusCode.FAILED_PRECONDITION, "RUN_CANCELLED")
         after = await snapshot(db, run_id)
-        assert after["run"]["status"] == "FAILED" and after["run"]["lease_owner"] is None
+        assert after["run"]["status"] == "CANCELLED" and after["run"]["lease_owner"] is None
         # The tool's outcome is a fact and is kept; the next step's intent was never recorded.
         assert [(r["step_key"], r["status"]) for r in after["ledger"]] == [(S1, "SUCCEEDED")]
         assert [c["version"] for c in after["checkpoints"]] == [1]

@@ -244,14 +244,14 @@ async def test_every_cli_command_against_a_live_stack_then_error_exits_once_it_i
         code, out, _ = await agentrt("runs", "watch", ops_run, "--json", *ops)
         finished = json.loads(out.splitlines()[-1])
         assert finished["status"] == "COMPLETED" and finished["result"]["label_id"] == found["response"]["id"]
-        # Cancel: a large refund waiting for approval ends FAILED.
+        # Cancel: a large refund waiting for approval ends CANCELLED.
         code, out, _ = await agentrt("runs", "submit", "after_sales_return", "--input",
                                      json.dumps({**order, "order_id": 8, "refund_amount": 900}), "--json", *ops)
         big = json.loads(out)["run_id"]
         code, out, _ = await agentrt("runs", "watch", big, "--until", "PAUSED_HUMAN", "--json", *ops)
         assert json.loads(out.splitlines()[-1])["status"] == "PAUSED_HUMAN"
         code, out, _ = await agentrt("runs", "cancel", big, "--reason", "customer withdrew", "--json", *ops)
-        assert code == 0 and json.loads(out)["status"] == "FAILED"
+        assert code == 0 and json.loads(out)["status"] == "CANCELLED"
 
         # The code-first example (devstack/examples/refund_triage.py) runs through the same trio: the
         # executors registered it, its typed tools call the mock tool server, its events reach Kafka.

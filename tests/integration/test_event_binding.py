@@ -179,7 +179,7 @@ async def test_resolution_retry_with_another_payload_is_already_exists(db_url, d
 async def open_intents_of_terminal_runs(db: Any) -> int:
     return await db.fetchval(
         "SELECT count(*) FROM tool_executions te JOIN agent_runs r ON r.id = te.run_id "
-        "WHERE te.status = 'OUTBOUND_INTENT' AND r.status IN ('COMPLETED', 'FAILED')")
+        "WHERE te.status = 'OUTBOUND_INTENT' AND r.status IN ('COMPLETED', 'FAILED', 'CANCELLED')")
 
 
 async def test_cancel_of_a_waiting_run_whose_holder_died_leaves_no_open_intent(db_url, db):
@@ -189,7 +189,7 @@ async def test_cancel_of_a_waiting_run_whose_holder_died_leaves_no_open_intent(d
         await lapse(db, run_id)
         assert await claim(stack, "w-2") is None  # the claim applies the cancel and finds no other work
         after = await snapshot(db, run_id)
-        assert after["run"]["status"] == "FAILED"
+        assert after["run"]["status"] == "CANCELLED"
         [row] = after["ledger"]
         assert (row["status"], row["error_code"]) == ("IN_DOUBT", "run_ended_with_open_intent")
         cancelled = next(e for e in after["events"] if e["event_type"] == "agent.run_cancelled")

@@ -354,7 +354,7 @@ async def test_every_transition_out_of_a_lease_clears_it(db_url, db):
         assert await db.fetchval("SELECT status FROM tool_executions WHERE run_id = $1::uuid",
                                  run.run_id) == "NOT_EXECUTED"
 
-        # Cancel of a leased run: flagged; the holder's next write ends it (FAILED, unleased).
+        # Cancel of a leased run: flagged; the holder's next write ends it (CANCELLED, unleased).
         for agent, waiting in (("cancel-running", False), ("cancel-waiting", True)):
             run = await submit(stack, agent=agent)
             _, ref = await claim_with_decision(stack, "w1", agent)
@@ -368,7 +368,7 @@ async def test_every_transition_out_of_a_lease_clears_it(db_url, db):
             write = (stack.work.CompleteToolCall(complete_req(ref, 1)) if waiting
                      else stack.work.SaveCheckpoint(save_req(ref, 1, {"n": 1})))
             await expect_refused(write, grpc.StatusCode.FAILED_PRECONDITION, "RUN_CANCELLED")
-            row = await assert_unleased(db, run.run_id, "FAILED")
+            row = await assert_unleased(db, run.run_id, "CANCELLED")
             assert row["terminal_reason"].startswith("cancelled") and row["version"] == 1
             if waiting:  # the holder's definite outcome is kept in the ledger even though the run ended
                 assert await db.fetchval("SELECT status FROM tool_executions WHERE run_id = $1::uuid",
@@ -380,7 +380,7 @@ async def test_every_transition_out_of_a_lease_clears_it(db_url, db):
         await stack.runs.CancelRun(rs.CancelRunRequest(run_id=run.run_id), metadata=stack.md())
         await expect_refused(stack.work.Heartbeat(ws.HeartbeatRequest(lease=lease_ref(lease))),
                              grpc.StatusCode.FAILED_PRECONDITION, "RUN_CANCELLED")
-        await assert_unleased(db, run.run_id, "FAILED")
+        await assert_unleased(db, run.run_id, "CANCELLED")
 
         # The table-wide invariant, for good measure.
         assert await db.fetchval("""

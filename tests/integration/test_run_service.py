@@ -220,7 +220,7 @@ async def test_cancel_of_a_queued_run_ends_it_at_once(db_url, db):
         run = await submit(stack)
         cancelled = await stack.runs.CancelRun(rs.CancelRunRequest(run_id=run.run_id, reason="customer withdrew"),
                                                metadata=stack.md())
-        assert cancelled.status == pb.RUN_STATUS_FAILED and "customer withdrew" in cancelled.terminal_reason
+        assert cancelled.status == pb.RUN_STATUS_CANCELLED and "customer withdrew" in cancelled.terminal_reason
         assert cancelled.HasField("finished_at") and cancelled.cancel_requested
         history = await stack.runs.GetRunHistory(rs.GetRunHistoryRequest(run_id=run.run_id), metadata=stack.md())
         assert [e.event_type for e in history.events] == ["agent.run_submitted", "agent.run_cancelled",
@@ -230,7 +230,7 @@ async def test_cancel_of_a_queued_run_ends_it_at_once(db_url, db):
         # Cancelling again answers with the outcome and writes nothing.
         before = await snapshot(db)
         again = await stack.runs.CancelRun(rs.CancelRunRequest(run_id=run.run_id), metadata=stack.md())
-        assert again.status == pb.RUN_STATUS_FAILED and "customer withdrew" in again.terminal_reason
+        assert again.status == pb.RUN_STATUS_CANCELLED and "customer withdrew" in again.terminal_reason
         assert await snapshot(db) == before
 
 
@@ -269,7 +269,7 @@ async def test_cancel_of_a_leased_run_ends_it_at_the_holders_next_write(db_url, 
         error = await refused(write(stack, held))
         assert (error.code(), reason_of(error)) == (grpc.StatusCode.FAILED_PRECONDITION, "RUN_CANCELLED")
         row = await run_row(db, held.run_id)
-        assert row["status"] == "FAILED" and "operator stop" in row["terminal_reason"]
+        assert row["status"] == "CANCELLED" and "operator stop" in row["terminal_reason"]
         assert (row["lease_owner"], row["lease_expires_at"]) == (None, None) and row["finished_at"] is not None
         assert row["version"] == held.version
         assert await db.fetchval("SELECT count(*) FROM agent_checkpoints") == checkpoints
@@ -290,7 +290,7 @@ async def test_cancel_while_a_tool_call_is_open_keeps_its_outcome_in_the_ledger(
             response_json='{"label": "1Z999"}', remote_resource_id="1Z999", state_json='{"cursor": 2}',
             schema_version=1, event_id=eid())))
         assert reason_of(error) == "RUN_CANCELLED"
-        assert (await run_row(db, held.run_id))["status"] == "FAILED"
+        assert (await run_row(db, held.run_id))["status"] == "CANCELLED"
         ledger = await db.fetchrow("SELECT * FROM tool_executions")
         assert (ledger["status"], ledger["response_json"], ledger["remote_resource_id"]) == (
             "SUCCEEDED", {"label": "1Z999"}, "1Z999")
@@ -303,7 +303,7 @@ async def test_cancel_of_an_in_doubt_run_keeps_the_ledger_row(db_url, db):
         ledger = dict(await db.fetchrow("SELECT * FROM tool_executions"))
         cancelled = await stack.runs.CancelRun(rs.CancelRunRequest(run_id=held.run_id, reason="refund by hand"),
                                                metadata=stack.md())
-        assert cancelled.status == pb.RUN_STATUS_FAILED and "refund by hand" in cancelled.terminal_reason
+        assert cancelled.status == pb.RUN_STATUS_CANCELLED and "refund by hand" in cancelled.terminal_reason
         assert dict(await db.fetchrow("SELECT * FROM tool_executions")) == ledger
         assert ledger["status"] == "IN_DOUBT"
 
@@ -316,7 +316,7 @@ async def test_flagged_run_whose_holder_vanished_ends_at_the_next_claim(db_url, 
         await db.execute("UPDATE agent_runs SET lease_expires_at = clock_timestamp() - interval '1 second'")
         assert await claim(stack, worker="w2") is None
         row = await run_row(db, held.run_id)
-        assert row["status"] == "FAILED" and row["lease_owner"] is None and "stop" in row["terminal_reason"]
+        assert row["status"] == "CANCELLED" and row["lease_owner"] is None and "stop" in row["terminal_reason"]
         assert row["fencing_token"] == held.lease.fencing_token + 1, "the claim that ended it took a new fence"
 
 

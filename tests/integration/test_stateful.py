@@ -79,7 +79,7 @@ SHAPES = ("queued", "running", "decided", "waiting", "waiting", "in_doubt", "pau
 LEASE_PICK = st.integers(0, 9)  # see Runtime.pick_lease
 RUN_PICK = st.integers(0, 9)  # see Runtime.pick_run
 LEASED = ("RUNNING", "WAITING_TOOL")
-TERMINAL = ("COMPLETED", "FAILED")
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 # Nothing becomes due or lapses by itself within a test: time only moves through the
 # `lease_lapses` and `time_passes` rules (SQL), so every prediction is exact.
 LONG_MS = 600_000
@@ -251,7 +251,7 @@ class Runtime(RuleBasedStateMachine):
 
     def assert_cancelled(self, run_id: uuid.UUID) -> None:
         run = self.row(run_id)
-        assert run["status"] == "FAILED" and run["terminal_reason"].startswith("cancelled")
+        assert run["status"] == "CANCELLED" and run["terminal_reason"].startswith("cancelled")
         assert run["lease_owner"] is None
 
     # ------------------------------------------------------------------ initial runs
@@ -1060,7 +1060,7 @@ class Runtime(RuleBasedStateMachine):
               WHERE te.run_id = r.id AND te.step_key = r.current_step_key AND te.status = 'IN_DOUBT')""") == []
         # A terminal run holds no open intent (issue 11): its in-flight call is IN_DOUBT or closed.
         assert self.fetch("""SELECT te.id FROM tool_executions te JOIN agent_runs r ON r.id = te.run_id
-                             WHERE te.status = 'OUTBOUND_INTENT' AND r.status IN ('COMPLETED', 'FAILED')""") == []
+                             WHERE te.status = 'OUTBOUND_INTENT' AND r.status IN ('COMPLETED', 'FAILED', 'CANCELLED')""") == []
         # No two ledger rows per (run, step_key); a row's fence is one the run had.
         assert self.fetch("SELECT run_id, step_key FROM tool_executions GROUP BY 1, 2 HAVING count(*) > 1") == []
         assert self.fetch("""SELECT te.id FROM tool_executions te JOIN agent_runs r ON r.id = te.run_id

@@ -166,7 +166,10 @@ async def build(stack: Stack, db: asyncpg.Connection, status: S, lapsed: bool, m
     agent = f"m-{uuid.uuid4().hex[:10]}"
     run = await submit(stack, agent=agent, payload={"order": 1}, max_attempts=max_attempts)
     w = World(stack, db, agent, run.run_id, ws.LeaseRef(run_id=run.run_id, worker_id="w1", fencing_token=1), 0)
-    if status is not S.QUEUED:
+    if status is S.CANCELLED:
+        await stack.runs.CancelRun(rs.CancelRunRequest(run_id=w.run_id, reason="built for the matrix"),
+                                   metadata=stack.md())
+    elif status is not S.QUEUED:
         lease = await claim(stack, worker="w1", agents=(agent,))
         assert lease is not None
         w.lease = lease_ref(lease)
@@ -336,6 +339,7 @@ class Expected:
     target: S | None = None  # allowed: the status the run lands in
     reason: str | None = None  # refused: the ErrorInfo reason (FAILED_PRECONDITION)
     nothing_claimed: bool = False
+    unchanged: bool = False  # answered with the run as it is (a repeated cancel), nothing written
 
 
 def expected(status: S, lapsed: bool, operation: Operation) -> Expected:
@@ -343,6 +347,8 @@ def expected(status: S, lapsed: bool, operation: Operation) -> Expected:
     if operation.kind == "work" and not live_lease:
         return Expected(reason="LEASE_LOST")
     op = operation.op(status)
+    if status is S.CANCELLED and op is Op.CANCEL:
+        return Expected(target=S.CANCELLED, unchanged=True)  # a retried cancel answers with its outcome
     if operation.kind == "claim" and live_lease:
         return Expected(nothing_claimed=True)  # a live lease is not claimable
     target = TRANSITIONS.get((status, op))
@@ -378,6 +384,9 @@ async def test_matrix(shared_db_url, sdb, row, name):
         reported = operation.reported(reply)
         if reported is not None:
             assert RUN_STATUS_NAME[reported] == want.target.value
+        if want.unchanged:
+            assert await snapshot(sdb) == before, "a repeated cancel changed something"
+            return
         assert_moved_consistently(operation.op(status), before_row, after)
 
 

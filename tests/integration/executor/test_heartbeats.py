@@ -54,7 +54,7 @@ async def test_cancel_run_reaches_the_holder_through_its_heartbeat(db_url, db, t
             await stack.runs.CancelRun(rs.CancelRunRequest(run_id=run.run_id, reason="customer withdrew"),
                                        metadata=stack.md())
             await wait_for(lambda: _eq(SLOW.get(key), "cancelled"), 2.0, "the tool call to be cancelled")
-            done = await wait_status(stack, run.run_id, pb.RUN_STATUS_FAILED)
+            done = await wait_status(stack, run.run_id, pb.RUN_STATUS_CANCELLED)
         assert done.terminal_reason == "cancelled: customer withdrew"
         hist = await history(stack, run.run_id)
         assert [e.event_type for e in hist.events][-1] == "agent.run_cancelled"

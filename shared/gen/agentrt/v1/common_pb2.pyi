@@ -20,6 +20,7 @@ class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RUN_STATUS_PAUSED_HUMAN: _ClassVar[RunStatus]
     RUN_STATUS_COMPLETED: _ClassVar[RunStatus]
     RUN_STATUS_FAILED: _ClassVar[RunStatus]
+    RUN_STATUS_CANCELLED: _ClassVar[RunStatus]
 
 class ToolExecutionStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -37,6 +38,7 @@ RUN_STATUS_PAUSED_INDOUBT: RunStatus
 RUN_STATUS_PAUSED_HUMAN: RunStatus
 RUN_STATUS_COMPLETED: RunStatus
 RUN_STATUS_FAILED: RunStatus
+RUN_STATUS_CANCELLED: RunStatus
 TOOL_EXECUTION_STATUS_UNSPECIFIED: ToolExecutionStatus
 TOOL_EXECUTION_STATUS_OUTBOUND_INTENT: ToolExecutionStatus
 TOOL_EXECUTION_STATUS_SUCCEEDED: ToolExecutionStatus
@@ -65,6 +67,22 @@ class BudgetUsage(_message.Message):
     tokens: int
     cost_usd: float
     def __init__(self, steps: _Optional[int] = ..., tokens: _Optional[int] = ..., cost_usd: _Optional[float] = ...) -> None: ...
+
+class Signal(_message.Message):
+    __slots__ = ("seq", "signal_id", "name", "payload_json", "received_at", "request_id")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    signal_id: str
+    name: str
+    payload_json: str
+    received_at: _timestamp_pb2.Timestamp
+    request_id: str
+    def __init__(self, seq: _Optional[int] = ..., signal_id: _Optional[str] = ..., name: _Optional[str] = ..., payload_json: _Optional[str] = ..., received_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "tenant_id", "agent_name", "agent_version", "status", "version", "fencing_token", "attempt_count", "max_attempts", "input_json", "labels", "budget", "current_step_key", "terminal_reason", "pause_reason", "cancel_requested", "client_request_id", "result_json", "next_attempt_at", "created_at", "updated_at", "finished_at", "lease_owner", "lease_expires_at", "human_input_json", "last_trace_id")

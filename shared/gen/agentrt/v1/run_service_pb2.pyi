@@ -140,6 +140,28 @@ class CancelRunRequest(_message.Message):
     note: AuditNote
     def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
 
+class SignalRunRequest(_message.Message):
+    __slots__ = ("run_id", "name", "payload_json", "request_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    name: str
+    payload_json: str
+    request_id: str
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., payload_json: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class SignalRunResponse(_message.Message):
+    __slots__ = ("signal", "created", "run")
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    signal: _common_pb2.Signal
+    created: bool
+    run: _common_pb2.Run
+    def __init__(self, signal: _Optional[_Union[_common_pb2.Signal, _Mapping]] = ..., created: _Optional[bool] = ..., run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ...) -> None: ...
+
 class ResumeRunRequest(_message.Message):
     __slots__ = ("run_id", "decision", "input_json", "operator", "comment", "note")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

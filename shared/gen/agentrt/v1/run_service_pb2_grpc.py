@@ -60,6 +60,11 @@ class RunServiceStub:
                 request_serializer=agentrt_dot_v1_dot_run__service__pb2.CancelRunRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_common__pb2.Run.FromString,
                 _registered_method=True)
+        self.SignalRun = channel.unary_unary(
+                '/agentrt.v1.RunService/SignalRun',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.SignalRunRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.SignalRunResponse.FromString,
+                _registered_method=True)
         self.ResumeRun = channel.unary_unary(
                 '/agentrt.v1.RunService/ResumeRun',
                 request_serializer=agentrt_dot_v1_dot_run__service__pb2.ResumeRunRequest.SerializeToString,
@@ -135,6 +140,14 @@ class RunServiceServicer:
 
     def CancelRun(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SignalRun(self, request, context):
+        """Queues a named signal for a run that has not ended; a run waiting for that
+        name wakes at once. Idempotent by request_id (per run).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -220,6 +233,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.CancelRun,
                     request_deserializer=agentrt_dot_v1_dot_run__service__pb2.CancelRunRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_common__pb2.Run.SerializeToString,
+            ),
+            'SignalRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignalRun,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.SignalRunRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.SignalRunResponse.SerializeToString,
             ),
             'ResumeRun': grpc.unary_unary_rpc_method_handler(
                     servicer.ResumeRun,
@@ -380,6 +398,33 @@ class RunService:
             '/agentrt.v1.RunService/CancelRun',
             agentrt_dot_v1_dot_run__service__pb2.CancelRunRequest.SerializeToString,
             agentrt_dot_v1_dot_common__pb2.Run.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SignalRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/SignalRun',
+            agentrt_dot_v1_dot_run__service__pb2.SignalRunRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.SignalRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -58,7 +58,7 @@ class ClaimWorkRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., agents: _Optional[_Iterable[str]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("run", "lease_expires_at", "lease_duration_ms", "checkpoint", "pending_tool", "current_step_execution", "heartbeat_interval_ms", "limits", "journal_length")
+    __slots__ = ("run", "lease_expires_at", "lease_duration_ms", "checkpoint", "pending_tool", "current_step_execution", "heartbeat_interval_ms", "limits", "journal_length", "signals", "last_signal_seq")
     RUN_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     LEASE_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,8 @@ class Lease(_message.Message):
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SIGNAL_SEQ_FIELD_NUMBER: _ClassVar[int]
     run: _common_pb2.Run
     lease_expires_at: _timestamp_pb2.Timestamp
     lease_duration_ms: int
@@ -77,7 +79,9 @@ class Lease(_message.Message):
     heartbeat_interval_ms: int
     limits: PayloadLimits
     journal_length: int
-    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_duration_ms: _Optional[int] = ..., checkpoint: _Optional[_Union[_common_pb2.Checkpoint, _Mapping]] = ..., pending_tool: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., current_step_execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., heartbeat_interval_ms: _Optional[int] = ..., limits: _Optional[_Union[PayloadLimits, _Mapping]] = ..., journal_length: _Optional[int] = ...) -> None: ...
+    signals: _containers.RepeatedCompositeFieldContainer[_common_pb2.Signal]
+    last_signal_seq: int
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_duration_ms: _Optional[int] = ..., checkpoint: _Optional[_Union[_common_pb2.Checkpoint, _Mapping]] = ..., pending_tool: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., current_step_execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ..., heartbeat_interval_ms: _Optional[int] = ..., limits: _Optional[_Union[PayloadLimits, _Mapping]] = ..., journal_length: _Optional[int] = ..., signals: _Optional[_Iterable[_Union[_common_pb2.Signal, _Mapping]]] = ..., last_signal_seq: _Optional[int] = ...) -> None: ...
 
 class PayloadLimits(_message.Message):
     __slots__ = ("max_tool_request_bytes", "max_tool_response_bytes", "max_checkpoint_bytes", "max_journal_entry_bytes", "max_payload_bytes")
@@ -112,7 +116,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
-    __slots__ = ("lease", "expected_version", "state_json", "schema_version", "step_key", "event_id", "event_type", "event_payload_json", "journal")
+    __slots__ = ("lease", "expected_version", "state_json", "schema_version", "step_key", "event_id", "event_type", "event_payload_json", "journal", "consume_signal_seqs")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +126,7 @@ class SaveCheckpointRequest(_message.Message):
     EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     EVENT_PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_SIGNAL_SEQS_FIELD_NUMBER: _ClassVar[int]
     lease: LeaseRef
     expected_version: int
     state_json: str
@@ -131,7 +136,8 @@ class SaveCheckpointRequest(_message.Message):
     event_type: str
     event_payload_json: str
     journal: _containers.RepeatedCompositeFieldContainer[_common_pb2.JournalEntry]
-    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., step_key: _Optional[str] = ..., event_id: _Optional[str] = ..., event_type: _Optional[str] = ..., event_payload_json: _Optional[str] = ..., journal: _Optional[_Iterable[_Union[_common_pb2.JournalEntry, _Mapping]]] = ...) -> None: ...
+    consume_signal_seqs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., state_json: _Optional[str] = ..., schema_version: _Optional[int] = ..., step_key: _Optional[str] = ..., event_id: _Optional[str] = ..., event_type: _Optional[str] = ..., event_payload_json: _Optional[str] = ..., journal: _Optional[_Iterable[_Union[_common_pb2.JournalEntry, _Mapping]]] = ..., consume_signal_seqs: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SaveCheckpointResponse(_message.Message):
     __slots__ = ("version", "replayed")
@@ -308,7 +314,7 @@ class MarkToolInDoubtResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class FinishRunRequest(_message.Message):
-    __slots__ = ("lease", "expected_version", "outcome", "reason", "result_json", "sleep_ms", "pause_when_exhausted", "event_id", "error_class")
+    __slots__ = ("lease", "expected_version", "outcome", "reason", "result_json", "sleep_ms", "pause_when_exhausted", "event_id", "error_class", "wait_signal", "signals_seen")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +324,8 @@ class FinishRunRequest(_message.Message):
     PAUSE_WHEN_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_SEEN_FIELD_NUMBER: _ClassVar[int]
     lease: LeaseRef
     expected_version: int
     outcome: FinishOutcome
@@ -327,7 +335,9 @@ class FinishRunRequest(_message.Message):
     pause_when_exhausted: bool
     event_id: str
     error_class: str
-    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., outcome: _Optional[_Union[FinishOutcome, str]] = ..., reason: _Optional[str] = ..., result_json: _Optional[str] = ..., sleep_ms: _Optional[int] = ..., pause_when_exhausted: _Optional[bool] = ..., event_id: _Optional[str] = ..., error_class: _Optional[str] = ...) -> None: ...
+    wait_signal: str
+    signals_seen: int
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., outcome: _Optional[_Union[FinishOutcome, str]] = ..., reason: _Optional[str] = ..., result_json: _Optional[str] = ..., sleep_ms: _Optional[int] = ..., pause_when_exhausted: _Optional[bool] = ..., event_id: _Optional[str] = ..., error_class: _Optional[str] = ..., wait_signal: _Optional[str] = ..., signals_seen: _Optional[int] = ...) -> None: ...
 
 class FinishRunResponse(_message.Message):
     __slots__ = ("status", "next_attempt_at", "replayed")
