@@ -225,6 +225,8 @@ class AgentDefinition(_Strict):
     description: str = ""
     # JSON Schema of the run's input: the scheduler checks every submit against it (the agent registry).
     input_schema: dict[str, Any] | None = None
+    # Priority of runs submitted without one: 1 (lowest) .. 9 (highest); unset = the scheduler's default.
+    priority: int | None = Field(default=None, ge=1, le=9)
     decider: DeciderDefinition
     tools: list[ToolDefinition] = Field(default_factory=list)
     budgets: Budgets = Field(default_factory=Budgets)

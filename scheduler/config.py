@@ -25,6 +25,8 @@ class SchedulerSettings(ComponentSettings):
     backoff_cap_ms: int = Field(300_000, ge=1)
     backoff_jitter_ms: int = Field(1_000, ge=0)
     default_max_attempts: int = Field(12, ge=1, le=1_000)
+    # Priority of a run submitted without one whose agent definition sets none: 1 (lowest) .. 9.
+    default_priority: int = Field(5, ge=1, le=9)
     max_payload_bytes: int = Field(1_048_576, ge=1_024)
     # Per-field limits (bytes of JSON text of one field of one call, never of a whole run); unset =
     # max_payload_bytes. Executors learn them with each lease (Lease.limits).

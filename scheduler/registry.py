@@ -11,7 +11,7 @@ against the version executors would pick: the last in natural order.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import jsonschema
 
@@ -20,6 +20,13 @@ from shared.errors import AgentNotRegistered, InvalidArgument
 
 _VALIDATORS: dict[str, Any] = {}  # by canonical schema text: schemas are few and change rarely
 _MAX_VALIDATORS = 1024
+
+
+class LiveVersion(NamedTuple):
+    """What the registry says about one served agent version (its latest registration)."""
+
+    input_schema: dict[str, Any] | None
+    default_priority: int | None = None  # None: the scheduler's default_priority
 
 
 def natural_key(text: str) -> list[Any]:
@@ -45,12 +52,14 @@ def check_input(schema: dict[str, Any], value: Any, agent: str, version: str) ->
                                             f"(the input schema of {agent} version {version})")
 
 
-def admit(versions: dict[str, dict[str, Any] | None], agent_name: str, agent_version: str, input_value: Any,
-          *, allow_unregistered: bool) -> None:
-    """Raises unless a submit of `agent_name` (`agent_version`, or the latest) may create a run."""
+def admit(versions: dict[str, LiveVersion], agent_name: str, agent_version: str, input_value: Any,
+          *, allow_unregistered: bool) -> LiveVersion | None:
+    """Raises unless a submit of `agent_name` (`agent_version`, or the latest) may create a run.
+
+    Returns the registration of the version the run will be served by (None: not served, admitted anyway)."""
     if agent_version and agent_version not in versions:
         if allow_unregistered:
-            return
+            return None
         serving = ", ".join(sorted(versions, key=natural_key)) or "none"
         raise AgentNotRegistered(
             f"no live executor serves version {agent_version!r} of agent {agent_name!r} (versions served: "
@@ -58,10 +67,11 @@ def admit(versions: dict[str, dict[str, Any] | None], agent_name: str, agent_ver
             agent_name=agent_name, agent_version=agent_version)
     if not versions:
         if allow_unregistered:
-            return
+            return None
         raise AgentNotRegistered(f"no live executor serves agent {agent_name!r}; deploy it, or submit with "
                                  "allow_unregistered to queue the run", agent_name=agent_name)
     chosen = agent_version or max(versions, key=natural_key)
-    schema = versions[chosen]
-    if schema is not None:
-        check_input(schema, input_value, agent_name, chosen)
+    live = versions[chosen]
+    if live.input_schema is not None:
+        check_input(live.input_schema, input_value, agent_name, chosen)
+    return live

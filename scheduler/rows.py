@@ -93,6 +93,8 @@ class RunRow(Row):
     last_event_id: uuid.UUID | None
     journal_length: int
     checkpoints_pruned_through: int
+    priority: int = 5
+    enqueued_at: dt.datetime | None = None
     lease_live: bool | None = None
     db_now: dt.datetime | None = None
     doubted_intents: int | None = None

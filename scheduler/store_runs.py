@@ -61,7 +61,7 @@ class RunStore(Recovery):
                 max_attempts=spec.max_attempts, max_steps=spec.max_steps, max_tokens=spec.max_tokens,
                 max_cost_usd=spec.max_cost_usd, deadline_at=spec.deadline_at,
                 client_request_id=spec.client_request_id, submit_hash=digest, event_id=uuid7(),
-                **trace_params(trace))
+                priority=spec.priority, **trace_params(trace))
             if row is not None:
                 return Submitted(RunRow.of(row), True)
             existing = await fetchrow(conn, Q.get_run_by_client_request, tenant_id=tenant_id,

@@ -43,14 +43,22 @@ _FINISH = {
 }
 
 
+# Due re-queued runs one claim statement makes ready (claim_work's `waking`).
+WAKE_BATCH = 64
+
+
 class WorkStore(ToolWrites):
     @db_call
     async def claim(self, worker_id: str, agents: list[str], trace: Trace = NO_TRACE) -> Claimed | None:
         lease_ms = self.settings.lease_duration_ms
         async with self.pool.acquire() as conn:
             for _ in range(16):  # bounded: each pass ends one cancelled/expired run or returns
-                row = await fetchrow(conn, Q.claim_work, worker_id=worker_id, lease_ms=lease_ms, agents=agents)
-                if row is None:
+                row = await fetchrow(conn, Q.claim_work, worker_id=worker_id, lease_ms=lease_ms, agents=agents,
+                                     wake_batch=WAKE_BATCH)
+                assert row is not None  # one row always: `woken`, and the claimed run's columns or NULLs
+                if row["id"] is None:
+                    if row["woken"]:
+                        continue  # due runs just became ready: claimable by the next statement
                     return None
                 reason = None
                 if row["cancel_requested_at"] is not None:

@@ -432,4 +432,5 @@ def _agent_spec(field: str, item: ws.AgentRegistration, limit: int) -> AgentSpec
     if len(item.tool_names) > 1000:
         raise InvalidArgument(f"{field}.tool_names", "at most 1000 tools")
     tools = tuple(v.require_name(f"{field}.tool_names", t) for t in item.tool_names)
-    return AgentSpec(name=name, version=version, input_schema=schema, tool_names=tools)
+    priority = v.optional_priority(f"{field}.default_priority", item.default_priority)
+    return AgentSpec(name=name, version=version, input_schema=schema, tool_names=tools, default_priority=priority)

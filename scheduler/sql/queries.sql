@@ -64,9 +64,10 @@ SELECT clock_timestamp() AS now;
 WITH inserted AS (
   INSERT INTO agent_runs (id, tenant_id, agent_name, agent_version, input, labels, max_attempts,
                           budget_max_steps, budget_max_tokens, budget_max_cost_usd, deadline_at,
-                          client_request_id, submit_hash, next_attempt_at)
+                          client_request_id, submit_hash, next_attempt_at, priority)
   VALUES (:run_id, :tenant_id, :agent_name, :agent_version, :input, :labels, :max_attempts, :max_steps,
-          :max_tokens, :max_cost_usd, :deadline_at, :client_request_id, :submit_hash, clock_timestamp())
+          :max_tokens, :max_cost_usd, :deadline_at, :client_request_id, :submit_hash, clock_timestamp(),
+          :priority)
   ON CONFLICT (tenant_id, client_request_id) WHERE client_request_id IS NOT NULL DO NOTHING
   RETURNING *
 ), event AS (
@@ -101,13 +102,31 @@ LIMIT :limit;
 
 -- name: claim_work
 -- Takes one run for worker :worker_id: first a RUNNING/WAITING_TOOL run whose lease
--- lapsed by database time, else a QUEUED run that is due. FOR UPDATE SKIP LOCKED:
+-- lapsed by database time, else a QUEUED run that is due, in claim order:
+-- highest priority first, then the earliest enqueued_at (the run's first
+-- enqueue, kept across its waits: a run back from a sleep, approval or
+-- backoff is not overtaken by fresh submissions). FOR UPDATE SKIP LOCKED:
 -- two claimers never take the same row. The fencing token grows on every
 -- claim; attempt_count only when claimed from QUEUED. A WAITING_TOOL run stays
 -- WAITING_TOOL (its new holder may look up or freeze, never resend).
+-- `waking` turns up to :wake_batch due, not yet ready runs ready (any agent's:
+-- a flag, not a claim). They are claimable from the next statement on, so a
+-- statement that woke runs takes no queued run (it would be chosen without
+-- them); `woken` tells the caller to claim again.
 -- UNION ALL without ORDER BY yields `expired` first; LIMIT 1 stops before
 -- `queued` is scanned when an expired run was found.
-WITH expired AS (
+WITH waking AS (
+  SELECT id FROM agent_runs
+  WHERE status = 'QUEUED' AND NOT claim_ready AND next_attempt_at <= clock_timestamp()
+  ORDER BY next_attempt_at
+  LIMIT :wake_batch
+  FOR UPDATE SKIP LOCKED
+), woken AS (
+  UPDATE agent_runs AS r SET claim_ready = true
+  FROM waking AS w
+  WHERE r.id = w.id
+  RETURNING r.id
+), expired AS (
   SELECT id FROM agent_runs
   WHERE status IN ('RUNNING', 'WAITING_TOOL') AND lease_expires_at < clock_timestamp()
     AND agent_name = ANY(:agents::text[])
@@ -116,9 +135,10 @@ WITH expired AS (
   FOR UPDATE SKIP LOCKED
 ), queued AS (
   SELECT id FROM agent_runs
-  WHERE status = 'QUEUED' AND next_attempt_at <= clock_timestamp()
+  WHERE status = 'QUEUED' AND claim_ready AND next_attempt_at <= clock_timestamp()
     AND agent_name = ANY(:agents::text[])
-  ORDER BY next_attempt_at, created_at, id
+    AND NOT EXISTS (SELECT 1 FROM waking)
+  ORDER BY priority DESC, enqueued_at, id
   LIMIT 1
   FOR UPDATE SKIP LOCKED
 ), candidate AS (
@@ -135,7 +155,7 @@ WITH expired AS (
   WHERE r.id = c.id
   RETURNING r.*
 )
-SELECT claimed.*, clock_timestamp() AS db_now,
+SELECT claimed.*, clock_timestamp() AS db_now, w.woken,
        cp.version AS cp_version, cp.state_json AS cp_state_json, cp.state_hash AS cp_state_hash,
        cp.schema_version AS cp_schema_version, cp.fencing_token AS cp_fencing_token,
        cp.event_id AS cp_event_id, cp.created_at AS cp_created_at,
@@ -146,7 +166,8 @@ SELECT claimed.*, clock_timestamp() AS db_now,
        te.error_code AS te_error_code, te.fencing_token AS te_fencing_token,
        te.outbound_intent_at AS te_outbound_intent_at, te.completed_at AS te_completed_at,
        te.reconciled_at AS te_reconciled_at, te.reconciliation_evidence AS te_reconciliation_evidence
-FROM claimed
+FROM (SELECT count(*) AS woken FROM woken) AS w
+LEFT JOIN claimed ON true
 LEFT JOIN agent_checkpoints AS cp ON cp.run_id = claimed.id AND cp.version = claimed.version
 LEFT JOIN tool_executions AS te ON te.run_id = claimed.id AND te.step_key = claimed.current_step_key;
 
@@ -404,7 +425,7 @@ FROM intent, checkpoint;
 WITH run AS (
   UPDATE agent_runs AS r
   SET status = CASE WHEN r.attempt_count >= r.max_attempts THEN 'FAILED' ELSE 'QUEUED' END,
-      lease_owner = NULL, lease_expires_at = NULL,
+      lease_owner = NULL, lease_expires_at = NULL, claim_ready = false,
       next_attempt_at = clock_timestamp()
         + make_interval(secs => agentrt_backoff_ms(r.id, r.attempt_count, :backoff_base_ms, :backoff_cap_ms,
                                                    :backoff_jitter_ms) / 1000),
@@ -489,6 +510,8 @@ WITH run AS (
                                                      :backoff_jitter_ms) / 1000)
         WHEN :mode = 'sleep' THEN clock_timestamp() + make_interval(secs => :sleep_ms::double precision / 1000)
         ELSE r.next_attempt_at END,
+      -- A run back in the queue for later waits outside the claim index until due (claim_work wakes it).
+      claim_ready = CASE WHEN :mode IN ('retry', 'sleep') THEN false ELSE r.claim_ready END,
       attempt_count = CASE WHEN :mode = 'sleep' THEN 0 ELSE r.attempt_count END,
       result = CASE WHEN :mode = 'end' AND :target = 'COMPLETED' THEN :result::jsonb ELSE r.result END,
       terminal_reason = CASE
@@ -572,9 +595,10 @@ RETURNING *;
 
 -- name: resume_run
 -- PAUSED_HUMAN -> QUEUED with the operator's response recorded for the next step.
+-- Ready at once; enqueued_at is kept, so the run is claimed by its first enqueue.
 UPDATE agent_runs
 SET status = 'QUEUED', human_input = :human_input, pause_reason = NULL, attempt_count = 0,
-    next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+    next_attempt_at = clock_timestamp(), claim_ready = true, updated_at = clock_timestamp()
 WHERE id = :run_id AND status = 'PAUSED_HUMAN'
 RETURNING *;
 
@@ -591,10 +615,11 @@ RETURNING *;
 -- A resolved in-doubt run goes back to QUEUED; with a new checkpoint when the
 -- resolution carried a result (:version = the new version, else the version is
 -- kept), and :journal_added journal entries appended in the same (locked) transaction.
+-- Ready at once, in its place by enqueued_at (as resume_run).
 UPDATE agent_runs
 SET status = 'QUEUED', version = :version, pause_reason = NULL, attempt_count = 0,
     journal_length = journal_length + :journal_added,
-    next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+    next_attempt_at = clock_timestamp(), claim_ready = true, updated_at = clock_timestamp()
 WHERE id = :run_id AND status = 'PAUSED_INDOUBT'
 RETURNING *;
 
@@ -818,12 +843,13 @@ SELECT
 -- The whole set one executor serves now, in one statement: its rows for agents
 -- it no longer lists go, the listed ones are (re)written with a new expiry, and
 -- other executors' rows that lapsed a day ago are cleared away. Parallel
--- arrays, one element per agent; :tools holds each agent's tool names as JSON.
+-- arrays, one element per agent; :tools holds each agent's tool names as JSON,
+-- :priorities its default priority (NULL: none).
 WITH listed AS (
   SELECT l.name, l.version, nullif(l.input_schema, '')::jsonb AS input_schema,
-         ARRAY(SELECT jsonb_array_elements_text(l.tools::jsonb)) AS tool_names
-  FROM unnest(:names::text[], :versions::text[], :schemas::text[], :tools::text[])
-       AS l(name, version, input_schema, tools)
+         ARRAY(SELECT jsonb_array_elements_text(l.tools::jsonb)) AS tool_names, l.priority
+  FROM unnest(:names::text[], :versions::text[], :schemas::text[], :tools::text[], :priorities::smallint[])
+       AS l(name, version, input_schema, tools, priority)
 ), gone AS (
   DELETE FROM agent_registry AS r
   WHERE (r.worker_id = :worker_id
@@ -831,20 +857,21 @@ WITH listed AS (
      OR (r.worker_id <> :worker_id AND r.expires_at < clock_timestamp() - interval '1 day')
 ), written AS (
   INSERT INTO agent_registry (agent_name, agent_version, worker_id, input_schema, tool_names, registered_at,
-                              expires_at)
+                              expires_at, default_priority)
   SELECT name, version, :worker_id, input_schema, tool_names, clock_timestamp(),
-         clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000)
+         clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000), priority
   FROM listed
   ON CONFLICT (agent_name, agent_version, worker_id) DO UPDATE
   SET input_schema = EXCLUDED.input_schema, tool_names = EXCLUDED.tool_names,
+      default_priority = EXCLUDED.default_priority,
       registered_at = EXCLUDED.registered_at, expires_at = EXCLUDED.expires_at
 )
 SELECT clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000) AS expires_at;
 
 -- name: live_versions
 -- The versions of one agent that a live executor serves, each with the input
--- schema of its latest registration.
-SELECT DISTINCT ON (agent_version) agent_version, input_schema
+-- schema and default priority of its latest registration.
+SELECT DISTINCT ON (agent_version) agent_version, input_schema, default_priority
 FROM agent_registry
 WHERE agent_name = :agent_name AND expires_at > clock_timestamp()
 ORDER BY agent_version, registered_at DESC;

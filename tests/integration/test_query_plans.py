@@ -101,3 +101,49 @@ async def test_history_pages_of_the_ledger_use_the_intent_order_index(db_url):
         assert "Sort" not in json.dumps(plan), json.dumps(plan)[:2000]
     finally:
         await db.close()
+
+
+async def test_the_claim_reads_only_its_partial_indexes_in_claim_order(db_url):
+    """claim_work walks the ready index in claim order (priority, first enqueue) and the waking and expired
+    indexes by time: no scan of every queued row, no sort, whatever the mix of queued, sleeping and leased runs."""
+    db = await asyncpg.connect(db_url)
+    try:
+        await db.execute("SET plan_cache_mode = force_generic_plan")
+        await db.execute(
+            """
+            INSERT INTO agent_runs (id, tenant_id, agent_name, status, priority, claim_ready, next_attempt_at,
+                                    lease_owner, lease_expires_at, finished_at)
+            SELECT gen_random_uuid(), 't' || (n % 50), 'a', s.status, 1 + n % 9, s.ready,
+                   CASE WHEN s.ready THEN clock_timestamp() ELSE clock_timestamp() + interval '1 hour' END,
+                   CASE WHEN s.status = 'RUNNING' THEN 'w' END,
+                   CASE WHEN s.status = 'RUNNING' THEN clock_timestamp() + interval '1 hour' END,
+                   CASE WHEN s.status = 'COMPLETED' THEN clock_timestamp() END
+            FROM generate_series(1, 4000) AS n,
+                 (VALUES ('QUEUED', true), ('QUEUED', false), ('RUNNING', true), ('COMPLETED', true))
+                   AS s(status, ready)
+            """)
+        await db.execute("ANALYZE agent_runs")
+        statement = await db.prepare(Q["claim_work"])
+        await db.execute(f"PREPARE claim AS {Q['claim_work']}")
+        args = Q.claim_work.args(worker_id="w-plan", lease_ms=30_000, agents=["a"], wake_batch=64)
+        assert len(args) == len(statement.get_parameters())
+        literals = ", ".join(_literal(a) for a in args)
+        plan = json.loads(await db.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE claim({literals})"))
+        runs = [scan for scan in scans(plan) if scan[1] == "agent_runs" and scan[0] != "ModifyTable"]
+        indexes = {index for _, _, index in runs}
+        assert {"agent_claim_ready_idx", "agent_claim_waking_idx", "agent_claim_expired_idx"} <= indexes, runs
+        for node_type, _, index in runs:
+            assert node_type in ("Index Scan", "Index Only Scan"), runs
+            assert index in ("agent_claim_ready_idx", "agent_claim_waking_idx", "agent_claim_expired_idx",
+                             "agent_runs_pkey"), runs
+        assert '"Sort"' not in json.dumps(plan), json.dumps(plan)[:3000]
+    finally:
+        await db.close()
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, list):
+        return "ARRAY[" + ", ".join(_literal(v) for v in value) + "]::text[]"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return str(value)
