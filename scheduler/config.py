@@ -6,11 +6,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from scheduler.roles import parse_auth_mode
 from shared.config import ComponentSettings
 from shared.transport import ServerTls
+
+
+class TenantLimits(BaseModel):
+    """One tenant's overrides of the per-tenant limits (unset: the scheduler-wide setting)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_queued_runs: int | None = Field(None, ge=0)  # 0 = no limit
+    max_submits_per_s: int | None = Field(None, ge=0)  # 0 = no limit
+
+
+@dataclass(frozen=True)
+class SubmitQuota:
+    """A tenant's submit quotas, resolved (0 = no limit)."""
+
+    max_queued_runs: int
+    max_submits_per_s: int
+
+    @property
+    def active(self) -> bool:
+        return bool(self.max_queued_runs or self.max_submits_per_s)
 
 
 class SchedulerSettings(ComponentSettings):
@@ -27,6 +47,14 @@ class SchedulerSettings(ComponentSettings):
     default_max_attempts: int = Field(12, ge=1, le=1_000)
     # Priority of a run submitted without one whose agent definition sets none: 1 (lowest) .. 9.
     default_priority: int = Field(5, ge=1, le=9)
+    # Per-tenant quotas on SubmitRun (0 = no limit): QUEUED runs at once, and submits in any one-second
+    # window (database time). Over either: RESOURCE_EXHAUSTED with RetryInfo, nothing written.
+    max_queued_runs_per_tenant: int = Field(0, ge=0)
+    max_submits_per_s_per_tenant: int = Field(0, ge=0)
+    # The RetryInfo delay of a submit refused because the tenant's queue is full.
+    queue_full_retry_after_ms: int = Field(1_000, ge=1, le=3_600_000)
+    # Per-tenant overrides, e.g. {"acme": {"max_queued_runs": 50000, "max_submits_per_s": 200}}.
+    tenant_limits: dict[str, TenantLimits] = Field(default_factory=dict)
     max_payload_bytes: int = Field(1_048_576, ge=1_024)
     # Per-field limits (bytes of JSON text of one field of one call, never of a whole run); unset =
     # max_payload_bytes. Executors learn them with each lease (Lease.limits).
@@ -114,6 +142,13 @@ class SchedulerSettings(ComponentSettings):
                 self.work_token or self.work_client_identities or self.work_service_open):
             raise ValueError("WorkService would be open to anyone who reaches the port (it hands out every "
                              "tenant's runs): set work_token or work_client_identities, or work_service_open: true")
+
+    def submit_quota(self, tenant: str) -> SubmitQuota:
+        own = self.tenant_limits.get(tenant)
+        queued = own.max_queued_runs if own and own.max_queued_runs is not None else self.max_queued_runs_per_tenant
+        rate = own.max_submits_per_s if own and own.max_submits_per_s is not None \
+            else self.max_submits_per_s_per_tenant
+        return SubmitQuota(queued, rate)
 
     @property
     def server_tls(self) -> ServerTls | None:

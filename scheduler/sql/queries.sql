@@ -80,6 +80,30 @@ WITH inserted AS (
 )
 SELECT inserted.* FROM inserted;
 
+-- name: lock_tenant_submits
+-- Serialises one tenant's quota-checked submits until the transaction ends, so
+-- two of them never pass a quota on the same count (other tenants do not wait).
+SELECT pg_advisory_xact_lock(1095914566, hashtext(:tenant_id));
+
+-- name: submit_quota
+-- The counts a tenant's quotas are judged on, read under lock_tenant_submits,
+-- each bounded by its limit (:max_queued, :max_rate; 0 reads nothing): QUEUED
+-- runs (agent_runs_tenant_status_idx), and submits in the last second by
+-- database time (agent_runs_tenant_created_idx) with how long until the oldest
+-- of the newest :max_rate leaves the window.
+WITH recent AS (
+  SELECT created_at FROM agent_runs
+  WHERE tenant_id = :tenant_id AND created_at > clock_timestamp() - interval '1 second'
+  ORDER BY created_at DESC
+  LIMIT :max_rate
+)
+SELECT
+  (SELECT count(*) FROM (SELECT 1 FROM agent_runs WHERE tenant_id = :tenant_id AND status = 'QUEUED'
+                         LIMIT :max_queued) AS q) AS queued,
+  (SELECT count(*) FROM recent) AS recent,
+  extract(epoch FROM (SELECT min(created_at) FROM recent) + interval '1 second' - clock_timestamp())::float8
+    AS rate_retry_s;
+
 -- name: get_run_by_client_request
 SELECT * FROM agent_runs WHERE tenant_id = :tenant_id AND client_request_id = :client_request_id;
 
