@@ -19,6 +19,35 @@ class TenantLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_queued_runs: int | None = Field(None, ge=0)  # 0 = no limit
     max_submits_per_s: int | None = Field(None, ge=0)  # 0 = no limit
+    max_running: int | None = Field(None, ge=0)  # 0 = no limit
+
+
+class AgentLimits(BaseModel):
+    """One agent's limits (every tenant's runs of it together)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_running: int = Field(0, ge=0)  # 0 = no limit
+
+
+@dataclass(frozen=True)
+class ConcurrencyLimits:
+    """The tenant and agent concurrency limits as claim_work takes them (parallel arrays; 0 = none)."""
+
+    tenant_max_default: int
+    tenants: list[str]
+    tenant_max: list[int]
+    agents: list[str]
+    agent_max: list[int]
+
+    def params(self) -> dict[str, object]:
+        return {"tenant_max_default": self.tenant_max_default, "limit_tenants": self.tenants,
+                "limit_tenant_max": self.tenant_max, "limit_agents": self.agents, "limit_agent_max": self.agent_max}
+
+    def of_tenant(self, tenant: str) -> int:
+        return dict(zip(self.tenants, self.tenant_max, strict=True)).get(tenant, self.tenant_max_default)
+
+    def of_agent(self, agent: str) -> int:
+        return dict(zip(self.agents, self.agent_max, strict=True)).get(agent, 0)
 
 
 @dataclass(frozen=True)
@@ -53,8 +82,17 @@ class SchedulerSettings(ComponentSettings):
     max_submits_per_s_per_tenant: int = Field(0, ge=0)
     # The RetryInfo delay of a submit refused because the tenant's queue is full.
     queue_full_retry_after_ms: int = Field(1_000, ge=1, le=3_600_000)
-    # Per-tenant overrides, e.g. {"acme": {"max_queued_runs": 50000, "max_submits_per_s": 200}}.
+    # Concurrency: a tenant's leased runs at once (0 = no limit), counted while each lease is live by
+    # database time; per agent in agent_limits; per concurrency key in the agent definition.
+    max_running_per_tenant: int = Field(0, ge=0)
+    # Per-tenant overrides, e.g. {"acme": {"max_queued_runs": 50000, "max_submits_per_s": 200, "max_running": 40}}.
     tenant_limits: dict[str, TenantLimits] = Field(default_factory=dict)
+    # Per-agent limits, e.g. {"refunds": {"max_running": 20}}.
+    agent_limits: dict[str, AgentLimits] = Field(default_factory=dict)
+    # Queued runs a claim judges per statement; one whose limit is full waits concurrency_recheck_ms
+    # out of the claim index (in its place in the order) before it is judged again.
+    claim_lookahead: int = Field(16, ge=1, le=1_000)
+    concurrency_recheck_ms: int = Field(500, ge=10, le=60_000)
     max_payload_bytes: int = Field(1_048_576, ge=1_024)
     # Per-field limits (bytes of JSON text of one field of one call, never of a whole run); unset =
     # max_payload_bytes. Executors learn them with each lease (Lease.limits).
@@ -149,6 +187,14 @@ class SchedulerSettings(ComponentSettings):
         rate = own.max_submits_per_s if own and own.max_submits_per_s is not None \
             else self.max_submits_per_s_per_tenant
         return SubmitQuota(queued, rate)
+
+    @property
+    def concurrency(self) -> ConcurrencyLimits:
+        overrides = {t: own.max_running for t, own in sorted(self.tenant_limits.items())
+                     if own.max_running is not None}
+        agents = {a: own.max_running for a, own in sorted(self.agent_limits.items()) if own.max_running}
+        return ConcurrencyLimits(self.max_running_per_tenant, list(overrides), list(overrides.values()),
+                                 list(agents), list(agents.values()))
 
     @property
     def server_tls(self) -> ServerTls | None:

@@ -27,6 +27,38 @@ class LiveVersion(NamedTuple):
 
     input_schema: dict[str, Any] | None
     default_priority: int | None = None  # None: the scheduler's default_priority
+    concurrency_key: str | None = None  # the key template, e.g. "${input.customer_id}"
+    concurrency_max: int | None = None
+
+
+_PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+_PATH = re.compile(r"input(\.[A-Za-z0-9_-]+)+")
+
+
+def check_key_template(field: str, template: str) -> None:
+    """INVALID_ARGUMENT unless `template` is text whose placeholders are all ${input.a.b}."""
+    paths = _PLACEHOLDER.findall(template)
+    if any(not _PATH.fullmatch(p) for p in paths) or "${" in _PLACEHOLDER.sub("", template):
+        raise InvalidArgument(field, "must hold ${input.<field>[.<field>...]} placeholders, e.g. ${input.customer_id}")
+
+
+def render_key(template: str, input_value: Any) -> str:
+    """The concurrency key of a run: each ${input.a.b} replaced by that field of the input (a string as it
+    is, any other JSON value as canonical JSON). A missing field is INVALID_ARGUMENT on input_json."""
+
+    def value_of(match: re.Match[str]) -> str:
+        node = input_value
+        for part in match.group(1).split(".")[1:]:
+            if not isinstance(node, dict) or part not in node:
+                raise InvalidArgument("input_json", f"has no {match.group(1).removeprefix('input')[1:]}, which "
+                                                    f"the agent's concurrency key {template} needs")
+            node = node[part]
+        return node if isinstance(node, str) else canonical_json(node)
+
+    key = _PLACEHOLDER.sub(value_of, template)
+    if len(key) > 500:
+        raise InvalidArgument("input_json", f"renders a concurrency key of {len(key)} characters (at most 500)")
+    return key
 
 
 def natural_key(text: str) -> list[Any]:

@@ -21,7 +21,7 @@ from scheduler.admin_service import AdminRpcs, audit_entry
 from scheduler.auth import RunAuth
 from scheduler.config import SchedulerSettings
 from scheduler.notifier import WorkNotifier
-from scheduler.registry import LiveVersion, admit
+from scheduler.registry import LiveVersion, admit, render_key
 from scheduler.rpc import HISTORY_PART, MAX_PAGE_SIZE, RESOLVE, RESUME, STATUS_FILTER, principal, rpc
 from scheduler.store import (
     HISTORY_PARTS,
@@ -88,8 +88,12 @@ class RunServicer(AdminRpcs, rs_grpc.RunServiceServicer):
         )
         served = await self._admit(tenant, spec, payload, request.allow_unregistered)
         default = served.default_priority if served is not None and served.default_priority else None
+        key = None
+        if served is not None and served.concurrency_key:
+            key = render_key(served.concurrency_key, payload)
         spec = dataclasses.replace(
-            spec, priority=requested_priority or default or self.settings.default_priority)
+            spec, priority=requested_priority or default or self.settings.default_priority,
+            concurrency_key=key, concurrency_max=served.concurrency_max if key and served else None)
         row, created = await self.store.submit_run(tenant, spec, current_trace())
         if created and self.notifier is not None:
             self.notifier.poke()

@@ -28,6 +28,8 @@ class AgentSpec:
     input_schema: dict[str, Any] | None
     tool_names: tuple[str, ...]
     default_priority: int | None = None
+    concurrency_key: str | None = None
+    concurrency_max: int | None = None
 
 
 class RegistryStore(StoreBase):
@@ -40,7 +42,9 @@ class RegistryStore(StoreBase):
                 names=[a.name for a in agents], versions=[a.version for a in agents],
                 schemas=[canonical_json(a.input_schema) if a.input_schema is not None else "" for a in agents],
                 tools=[json.dumps(list(a.tool_names)) for a in agents],
-                priorities=[a.default_priority for a in agents])
+                priorities=[a.default_priority for a in agents],
+                concurrency_keys=[a.concurrency_key for a in agents],
+                concurrency_maxes=[a.concurrency_max for a in agents])
         return expires
 
     @db_call
@@ -49,7 +53,8 @@ class RegistryStore(StoreBase):
         and default priority."""
         async with self.pool.acquire() as conn:
             rows = await fetch(conn, Q.live_versions, agent_name=agent_name)
-        return {row["agent_version"]: LiveVersion(row["input_schema"], row["default_priority"]) for row in rows}
+        return {row["agent_version"]: LiveVersion(row["input_schema"], row["default_priority"], row["concurrency_key"],
+                                                  row["concurrency_max"]) for row in rows}
 
     @db_call
     async def registered_agents(self) -> list[RegisteredAgentRow]:

@@ -95,7 +95,8 @@ class RunStore(Recovery):
             max_attempts=spec.max_attempts, max_steps=spec.max_steps, max_tokens=spec.max_tokens,
             max_cost_usd=spec.max_cost_usd, deadline_at=spec.deadline_at,
             client_request_id=spec.client_request_id, submit_hash=digest, event_id=uuid7(),
-            priority=spec.priority, **trace_params(trace))
+            priority=spec.priority, concurrency_key=spec.concurrency_key, concurrency_max=spec.concurrency_max,
+            **trace_params(trace))
 
     async def _check_quota(self, conn: asyncpg.Connection, tenant_id: str, quota: SubmitQuota) -> None:
         """Under the tenant's submit lock: raises QuotaExceeded when this submit would pass a quota."""

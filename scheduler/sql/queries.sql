@@ -64,10 +64,11 @@ SELECT clock_timestamp() AS now;
 WITH inserted AS (
   INSERT INTO agent_runs (id, tenant_id, agent_name, agent_version, input, labels, max_attempts,
                           budget_max_steps, budget_max_tokens, budget_max_cost_usd, deadline_at,
-                          client_request_id, submit_hash, next_attempt_at, priority)
+                          client_request_id, submit_hash, next_attempt_at, priority, concurrency_key,
+                          concurrency_max)
   VALUES (:run_id, :tenant_id, :agent_name, :agent_version, :input, :labels, :max_attempts, :max_steps,
           :max_tokens, :max_cost_usd, :deadline_at, :client_request_id, :submit_hash, clock_timestamp(),
-          :priority)
+          :priority, :concurrency_key, :concurrency_max)
   ON CONFLICT (tenant_id, client_request_id) WHERE client_request_id IS NOT NULL DO NOTHING
   RETURNING *
 ), event AS (
@@ -124,21 +125,55 @@ WHERE tenant_id = :tenant_id
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
+-- fragment: live_leased
+-- Run `l` holds a concurrency slot: leased, its lease live by database time.
+l.status IN ('RUNNING', 'WAITING_TOOL') AND l.lease_expires_at > clock_timestamp()
+
+-- fragment: limits_of
+-- The tenant and agent concurrency limits of run `c` (0 = none): :tenant_max_default
+-- unless :limit_tenants/:limit_tenant_max name its tenant; :limit_agents/:limit_agent_max.
+coalesce((SELECT t.m FROM unnest(:limit_tenants::text[], :limit_tenant_max::int[]) AS t(n, m)
+          WHERE t.n = c.tenant_id LIMIT 1), :tenant_max_default::int) AS tenant_max,
+coalesce((SELECT a.m FROM unnest(:limit_agents::text[], :limit_agent_max::int[]) AS a(n, m)
+          WHERE a.n = c.agent_name LIMIT 1), 0) AS agent_max
+
+-- fragment: blocked_by
+-- Which limit of candidate `c` (with its tenant_max, agent_max) is full, NULL when
+-- none: a limit is full when its group already has that many live leased runs,
+-- counted through the group's leased-run index (a group holds about its limit
+-- of leased rows: a LIMIT here would invite a sequential scan hoping to stop early).
+CASE
+  WHEN c.tenant_max > 0 AND (SELECT count(*) FROM agent_runs AS l
+        WHERE l.tenant_id = c.tenant_id AND {live_leased}) >= c.tenant_max THEN 'tenant'
+  WHEN c.agent_max > 0 AND (SELECT count(*) FROM agent_runs AS l
+        WHERE l.agent_name = c.agent_name AND {live_leased}) >= c.agent_max THEN 'agent'
+  WHEN c.concurrency_key IS NOT NULL AND (SELECT count(*) FROM agent_runs AS l
+        WHERE l.tenant_id = c.tenant_id AND l.agent_name = c.agent_name AND l.concurrency_key = c.concurrency_key
+          AND {live_leased}) >= c.concurrency_max THEN 'key'
+END
+
 -- name: claim_work
 -- Takes one run for worker :worker_id: first a RUNNING/WAITING_TOOL run whose lease
 -- lapsed by database time, else a QUEUED run that is due, in claim order:
 -- highest priority first, then the earliest enqueued_at (the run's first
 -- enqueue, kept across its waits: a run back from a sleep, approval or
--- backoff is not overtaken by fresh submissions). FOR UPDATE SKIP LOCKED:
--- two claimers never take the same row. The fencing token grows on every
--- claim; attempt_count only when claimed from QUEUED. A WAITING_TOOL run stays
--- WAITING_TOOL (its new holder may look up or freeze, never resend).
+-- backoff is not overtaken by fresh submissions). Either kind is taken only
+-- when none of its concurrency limits is full ({blocked_by}). FOR UPDATE SKIP
+-- LOCKED: two claimers never take the same row. The fencing token grows on
+-- every claim; attempt_count only when claimed from QUEUED. A WAITING_TOOL run
+-- stays WAITING_TOOL (its new holder may look up or freeze, never resend).
 -- `waking` turns up to :wake_batch due, not yet ready runs ready (any agent's:
 -- a flag, not a claim). They are claimable from the next statement on, so a
 -- statement that woke runs takes no queued run (it would be chosen without
 -- them); `woken` tells the caller to claim again.
--- UNION ALL without ORDER BY yields `expired` first; LIMIT 1 stops before
--- `queued` is scanned when an expired run was found.
+-- Each path looks at its first :lookahead runs in order (unlocked), judges
+-- their limits and locks the first free one it can; queued runs found blocked
+-- are parked for :recheck_ms (`parked`: out of the ready index, their
+-- enqueued_at kept), so the next claim looks past them. The claimed run's
+-- limited groups are locked (advisory, transaction scope, in a fixed order)
+-- before the statement ends: the caller's slot_overflow, a new snapshot in the
+-- same transaction, then sees every claim that committed before it
+-- (store_work.py rolls back a claim that would pass a limit).
 WITH waking AS (
   SELECT id FROM agent_runs
   WHERE status = 'QUEUED' AND NOT claim_ready AND next_attempt_at <= clock_timestamp()
@@ -150,21 +185,51 @@ WITH waking AS (
   FROM waking AS w
   WHERE r.id = w.id
   RETURNING r.id
+), expired_look AS (
+  SELECT c.*, {limits_of} FROM (
+    SELECT id, tenant_id, agent_name, concurrency_key, concurrency_max, lease_expires_at, created_at
+    FROM agent_runs
+    WHERE status IN ('RUNNING', 'WAITING_TOOL') AND lease_expires_at < clock_timestamp()
+      AND agent_name = ANY(:agents::text[])
+    ORDER BY lease_expires_at, created_at, id
+    LIMIT :lookahead) AS c
 ), expired AS (
-  SELECT id FROM agent_runs
-  WHERE status IN ('RUNNING', 'WAITING_TOOL') AND lease_expires_at < clock_timestamp()
-    AND agent_name = ANY(:agents::text[])
-  ORDER BY lease_expires_at, created_at, id
+  SELECT r.id FROM agent_runs AS r
+  JOIN expired_look AS c ON c.id = r.id AND ({blocked_by}) IS NULL
+  WHERE r.status IN ('RUNNING', 'WAITING_TOOL') AND r.lease_expires_at < clock_timestamp()
+  ORDER BY c.lease_expires_at, c.created_at, c.id
   LIMIT 1
-  FOR UPDATE SKIP LOCKED
+  FOR UPDATE OF r SKIP LOCKED
+), looked AS (
+  SELECT c.*, {limits_of} FROM (
+    SELECT id, tenant_id, agent_name, concurrency_key, concurrency_max, priority, enqueued_at
+    FROM agent_runs
+    WHERE status = 'QUEUED' AND claim_ready AND next_attempt_at <= clock_timestamp()
+      AND agent_name = ANY(:agents::text[])
+      AND NOT EXISTS (SELECT 1 FROM waking)
+    ORDER BY priority DESC, enqueued_at, id
+    LIMIT :lookahead) AS c
+), judged AS (
+  SELECT c.id, c.priority, c.enqueued_at, {blocked_by} AS blocked_by FROM looked AS c
 ), queued AS (
-  SELECT id FROM agent_runs
-  WHERE status = 'QUEUED' AND claim_ready AND next_attempt_at <= clock_timestamp()
-    AND agent_name = ANY(:agents::text[])
-    AND NOT EXISTS (SELECT 1 FROM waking)
-  ORDER BY priority DESC, enqueued_at, id
+  SELECT r.id FROM agent_runs AS r
+  JOIN judged AS j ON j.id = r.id AND j.blocked_by IS NULL
+  WHERE r.status = 'QUEUED' AND r.claim_ready
+  ORDER BY j.priority DESC, j.enqueued_at, j.id
   LIMIT 1
-  FOR UPDATE SKIP LOCKED
+  FOR UPDATE OF r SKIP LOCKED
+), to_park AS (
+  SELECT r.id, j.blocked_by FROM agent_runs AS r
+  JOIN judged AS j ON j.id = r.id AND j.blocked_by IS NOT NULL
+  WHERE r.status = 'QUEUED' AND r.claim_ready
+  FOR UPDATE OF r SKIP LOCKED
+), parked AS (
+  UPDATE agent_runs AS r
+  SET claim_ready = false, waiting_on = p.blocked_by,
+      next_attempt_at = clock_timestamp() + make_interval(secs => :recheck_ms::double precision / 1000)
+  FROM to_park AS p
+  WHERE r.id = p.id
+  RETURNING r.id
 ), candidate AS (
   (SELECT id FROM expired UNION ALL SELECT id FROM queued) LIMIT 1
 ), claimed AS (
@@ -174,12 +239,26 @@ WITH waking AS (
       lease_expires_at = clock_timestamp() + make_interval(secs => :lease_ms::double precision / 1000),
       fencing_token = r.fencing_token + 1,
       attempt_count = CASE WHEN r.status = 'QUEUED' THEN r.attempt_count + 1 ELSE r.attempt_count END,
+      waiting_on = NULL,
       updated_at = clock_timestamp()
   FROM candidate AS c
   WHERE r.id = c.id
   RETURNING r.*
+), limited AS (
+  SELECT c.*, {limits_of} FROM claimed AS c
 )
 SELECT claimed.*, clock_timestamp() AS db_now, w.woken,
+       (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM judged) AS looked,
+       (SELECT count(*) FROM (
+          SELECT pg_advisory_xact_lock(g.ns, g.h) FROM (
+            SELECT 1 AS ord, 1095914567 AS ns, hashtext(claimed.tenant_id) AS h WHERE claimed.tenant_max > 0
+            UNION ALL
+            SELECT 2, 1095914568, hashtext(claimed.agent_name) WHERE claimed.agent_max > 0
+            UNION ALL
+            SELECT 3, 1095914569, hashtext(claimed.tenant_id || '/' || claimed.agent_name || '/'
+                                           || claimed.concurrency_key)
+            WHERE claimed.concurrency_key IS NOT NULL
+            ORDER BY ord) AS g) AS locked) AS slot_locks,
        cp.version AS cp_version, cp.state_json AS cp_state_json, cp.state_hash AS cp_state_hash,
        cp.schema_version AS cp_schema_version, cp.fencing_token AS cp_fencing_token,
        cp.event_id AS cp_event_id, cp.created_at AS cp_created_at,
@@ -191,9 +270,23 @@ SELECT claimed.*, clock_timestamp() AS db_now, w.woken,
        te.outbound_intent_at AS te_outbound_intent_at, te.completed_at AS te_completed_at,
        te.reconciled_at AS te_reconciled_at, te.reconciliation_evidence AS te_reconciliation_evidence
 FROM (SELECT count(*) AS woken FROM woken) AS w
-LEFT JOIN claimed ON true
+LEFT JOIN limited AS claimed ON true
 LEFT JOIN agent_checkpoints AS cp ON cp.run_id = claimed.id AND cp.version = claimed.version
 LEFT JOIN tool_executions AS te ON te.run_id = claimed.id AND te.step_key = claimed.current_step_key;
+
+-- name: slot_overflow
+-- After claim_work locked the claimed run's groups, in its transaction (a new
+-- snapshot): which limit, if any, the claim passes. Counts live leased runs,
+-- the claimed one included (0 = no limit).
+SELECT CASE
+  WHEN :tenant_max::int > 0 AND (SELECT count(*) FROM agent_runs AS l
+        WHERE l.tenant_id = :tenant_id AND {live_leased}) > :tenant_max THEN 'tenant'
+  WHEN :agent_max::int > 0 AND (SELECT count(*) FROM agent_runs AS l
+        WHERE l.agent_name = :agent_name AND {live_leased}) > :agent_max THEN 'agent'
+  WHEN :key_max::int > 0 AND (SELECT count(*) FROM agent_runs AS l
+        WHERE l.tenant_id = :tenant_id AND l.agent_name = :agent_name AND l.concurrency_key = :concurrency_key
+          AND {live_leased}) > :key_max THEN 'key'
+END AS overflow;
 
 -- name: heartbeat
 -- Extends a lease only while it is still live by database time: a worker whose
@@ -868,12 +961,14 @@ SELECT
 -- it no longer lists go, the listed ones are (re)written with a new expiry, and
 -- other executors' rows that lapsed a day ago are cleared away. Parallel
 -- arrays, one element per agent; :tools holds each agent's tool names as JSON,
--- :priorities its default priority (NULL: none).
+-- :priorities its default priority, :concurrency_keys/:concurrency_maxes its
+-- concurrency key template and limit (NULL: none).
 WITH listed AS (
   SELECT l.name, l.version, nullif(l.input_schema, '')::jsonb AS input_schema,
-         ARRAY(SELECT jsonb_array_elements_text(l.tools::jsonb)) AS tool_names, l.priority
-  FROM unnest(:names::text[], :versions::text[], :schemas::text[], :tools::text[], :priorities::smallint[])
-       AS l(name, version, input_schema, tools, priority)
+         ARRAY(SELECT jsonb_array_elements_text(l.tools::jsonb)) AS tool_names, l.priority, l.key, l.key_max
+  FROM unnest(:names::text[], :versions::text[], :schemas::text[], :tools::text[], :priorities::smallint[],
+              :concurrency_keys::text[], :concurrency_maxes::int[])
+       AS l(name, version, input_schema, tools, priority, key, key_max)
 ), gone AS (
   DELETE FROM agent_registry AS r
   WHERE (r.worker_id = :worker_id
@@ -881,21 +976,22 @@ WITH listed AS (
      OR (r.worker_id <> :worker_id AND r.expires_at < clock_timestamp() - interval '1 day')
 ), written AS (
   INSERT INTO agent_registry (agent_name, agent_version, worker_id, input_schema, tool_names, registered_at,
-                              expires_at, default_priority)
+                              expires_at, default_priority, concurrency_key, concurrency_max)
   SELECT name, version, :worker_id, input_schema, tool_names, clock_timestamp(),
-         clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000), priority
+         clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000), priority, key, key_max
   FROM listed
   ON CONFLICT (agent_name, agent_version, worker_id) DO UPDATE
   SET input_schema = EXCLUDED.input_schema, tool_names = EXCLUDED.tool_names,
-      default_priority = EXCLUDED.default_priority,
+      default_priority = EXCLUDED.default_priority, concurrency_key = EXCLUDED.concurrency_key,
+      concurrency_max = EXCLUDED.concurrency_max,
       registered_at = EXCLUDED.registered_at, expires_at = EXCLUDED.expires_at
 )
 SELECT clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000) AS expires_at;
 
 -- name: live_versions
 -- The versions of one agent that a live executor serves, each with the input
--- schema and default priority of its latest registration.
-SELECT DISTINCT ON (agent_version) agent_version, input_schema, default_priority
+-- schema, default priority and concurrency key of its latest registration.
+SELECT DISTINCT ON (agent_version) agent_version, input_schema, default_priority, concurrency_key, concurrency_max
 FROM agent_registry
 WHERE agent_name = :agent_name AND expires_at > clock_timestamp()
 ORDER BY agent_version, registered_at DESC;

@@ -574,6 +574,12 @@ CASES: list[Bad] = [
         "agents[0].tool_names"),
     Bad("RegisterAgents", "default priority too high", lambda r: setattr(r.agents[0], "default_priority", 10),
         "agents[0].default_priority"),
+    Bad("RegisterAgents", "concurrency key with a bad placeholder",
+        lambda r: setattr(r.agents[0], "concurrency_key", "${customer}"), "agents[0].concurrency_key"),
+    Bad("RegisterAgents", "concurrency key without a max",
+        lambda r: setattr(r.agents[0], "concurrency_key", "${input.customer_id}"), "agents[0].concurrency_max"),
+    Bad("RegisterAgents", "concurrency max without a key", lambda r: setattr(r.agents[0], "concurrency_max", 2),
+        "agents[0].concurrency_max"),
     Bad("RegisterAgents", "an agent version twice", lambda r: r.agents.append(r.agents[0]), "agents[1]"),
     # ---- WriteBatch (the call itself; its items are refused one by one: test_bad_batch_items_...)
     Bad("WriteBatch", "items empty", put(items=[]), "items"),

@@ -29,3 +29,31 @@ CREATE INDEX agent_claim_waking_idx
 -- An agent version's default priority, from its definition (NULL: the scheduler's default).
 ALTER TABLE agent_registry
   ADD COLUMN default_priority smallint CHECK (default_priority BETWEEN 1 AND 9);
+
+-- Concurrency limits (README: Flow control). A run holds a slot of its tenant,
+-- its agent and its concurrency key while it is leased and its lease is live by
+-- database time: an executor killed mid-run keeps the slot until the lease
+-- lapses. The key is rendered at submit from the agent definition's template
+-- (`${input.customer_id}`) and scoped to the tenant and agent; concurrency_max
+-- is that key's limit. Claims count live leased runs per group through these
+-- partial indexes, each count bounded by the limit. A queued run whose limit is
+-- full is parked (claim_ready false, next_attempt_at a recheck away, waiting_on
+-- the limit) and keeps its enqueued_at.
+ALTER TABLE agent_runs
+  ADD COLUMN concurrency_key text CHECK (length(concurrency_key) <= 500),
+  ADD COLUMN concurrency_max integer CHECK (concurrency_max > 0),
+  ADD COLUMN waiting_on text CHECK (waiting_on IN ('tenant', 'agent', 'key')),
+  ADD CONSTRAINT concurrency_key_with_max CHECK ((concurrency_key IS NULL) = (concurrency_max IS NULL));
+CREATE INDEX agent_leased_tenant_idx
+  ON agent_runs (tenant_id) WHERE status IN ('RUNNING', 'WAITING_TOOL');
+CREATE INDEX agent_leased_agent_idx
+  ON agent_runs (agent_name) WHERE status IN ('RUNNING', 'WAITING_TOOL');
+CREATE INDEX agent_leased_key_idx
+  ON agent_runs (tenant_id, agent_name, concurrency_key)
+  WHERE status IN ('RUNNING', 'WAITING_TOOL') AND concurrency_key IS NOT NULL;
+
+-- An agent version's concurrency key template and its limit, from its definition.
+ALTER TABLE agent_registry
+  ADD COLUMN concurrency_key text,
+  ADD COLUMN concurrency_max integer CHECK (concurrency_max > 0),
+  ADD CONSTRAINT registry_concurrency_key_with_max CHECK ((concurrency_key IS NULL) = (concurrency_max IS NULL));
