@@ -42,6 +42,9 @@ class _WorkerCollector(Collector):
                                       value=counts.checkpoint_migration_failures)
             yield CounterMetricFamily("agentrt_executor_budget_exhausted", "Runs ended FAILED on an exhausted budget",
                                       value=counts.budget_exhausted)
+            yield CounterMetricFamily("agentrt_executor_tool_calls_delayed",
+                                      "Tool calls the scheduler held back over a tool's rate or concurrency limit "
+                                      "(waited out and sent again)", value=counts.tool_calls_delayed)
         if w.reconciler is not None:
             yield _reconciliations(w.reconciler.totals)
         batcher = w.services.client.batcher if w.services is not None else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from scheduler.roles import parse_auth_mode
 from shared.config import ComponentSettings
@@ -20,6 +20,38 @@ class TenantLimits(BaseModel):
     max_queued_runs: int | None = Field(None, ge=0)  # 0 = no limit
     max_submits_per_s: int | None = Field(None, ge=0)  # 0 = no limit
     max_running: int | None = Field(None, ge=0)  # 0 = no limit
+
+
+_RATE_UNITS = {"s": 1_000, "sec": 1_000, "second": 1_000, "min": 60_000, "minute": 60_000, "h": 3_600_000,
+               "hour": 3_600_000}
+
+
+class ToolLimit(BaseModel):
+    """A tool's limits over every executor: `rate` calls per window ("100/min", "5/s", "1000/h") by the
+    ledger's intent times, and `concurrency` calls open at once (intent recorded, outcome not yet)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rate: str | None = None
+    concurrency: int | None = Field(None, ge=1)
+
+    @field_validator("rate")
+    @classmethod
+    def _rate_form(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_rate(value)
+        return value
+
+    @property
+    def rate_per_window(self) -> tuple[int, int]:
+        """(calls, window ms); (0, 0) without a rate."""
+        return parse_rate(self.rate) if self.rate else (0, 0)
+
+
+def parse_rate(text: str) -> tuple[int, int]:
+    count, _, unit = text.replace(" ", "").partition("/")
+    if not count.isdigit() or int(count) < 1 or unit not in _RATE_UNITS:
+        raise ValueError(f"rate {text!r}: write calls per window, e.g. 100/min, 5/s or 1000/h")
+    return int(count), _RATE_UNITS[unit]
 
 
 class AgentLimits(BaseModel):
@@ -91,6 +123,13 @@ class SchedulerSettings(ComponentSettings):
     agent_limits: dict[str, AgentLimits] = Field(default_factory=dict)
     # Queued runs a claim judges per statement; one whose limit is full waits concurrency_recheck_ms
     # out of the claim index (in its place in the order) before it is judged again.
+    # Tool limits shared by every executor, judged at Tx1 (BeginToolCall, CompleteAndBeginToolCall):
+    # {"openai.chat": {"rate": "100/min", "concurrency": 5}}; per tenant and tool in tenant_tool_limits,
+    # {"acme": {"openai.chat": {"rate": "20/min"}}}. Over one: RESOURCE_EXHAUSTED with RetryInfo.
+    tool_limits: dict[str, ToolLimit] = Field(default_factory=dict)
+    tenant_tool_limits: dict[str, dict[str, ToolLimit]] = Field(default_factory=dict)
+    # The RetryInfo delay of a Tx1 refused because the tool's open calls are at its concurrency.
+    tool_concurrency_retry_after_ms: int = Field(200, ge=1, le=60_000)
     claim_lookahead: int = Field(16, ge=1, le=1_000)
     concurrency_recheck_ms: int = Field(500, ge=10, le=60_000)
     max_payload_bytes: int = Field(1_048_576, ge=1_024)
@@ -187,6 +226,10 @@ class SchedulerSettings(ComponentSettings):
         rate = own.max_submits_per_s if own and own.max_submits_per_s is not None \
             else self.max_submits_per_s_per_tenant
         return SubmitQuota(queued, rate)
+
+    def tool_limits_of(self, tool: str) -> tuple[ToolLimit | None, bool]:
+        """The tool's own limit, and whether some tenant has a limit of its own on it."""
+        return self.tool_limits.get(tool), any(tool in per_tool for per_tool in self.tenant_tool_limits.values())
 
     @property
     def concurrency(self) -> ConcurrencyLimits:

@@ -138,7 +138,8 @@ class ResourceExhausted(AgentrtError):
     retryable = True
 
     def __init__(self, message: str, *, retry_after_s: float, **metadata: Any) -> None:
-        super().__init__(message, **metadata)
+        # The delay rides in the metadata too: a WriteBatch item's error carries no RetryInfo.
+        super().__init__(message, retry_after_ms=max(1, round(retry_after_s * 1000)), **metadata)
         self.retry_after_s = max(0.0, retry_after_s)
 
 
@@ -146,6 +147,13 @@ class QuotaExceeded(ResourceExhausted):
     """SubmitRun over a tenant quota (metadata `limit`: max_queued_runs or max_submits_per_s); nothing written."""
 
     reason = "QUOTA_EXCEEDED"
+
+
+class ToolRateLimited(ResourceExhausted):
+    """Tx1 of a tool over its rate or concurrency limit (metadata `limit`, `tool`); nothing written.
+    The executor waits the RetryInfo delay and sends it again: no attempt, no budget step spent."""
+
+    reason = "TOOL_RATE_LIMITED"
 
 
 # The one mapping from error class to gRPC status code.
@@ -171,6 +179,7 @@ STATUS_CODES: dict[type[AgentrtError], grpc.StatusCode] = {
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ToolRateLimited: grpc.StatusCode.RESOURCE_EXHAUSTED,
     AgentrtError: grpc.StatusCode.INTERNAL,
 }
 
@@ -231,9 +240,12 @@ def _typed(reason: str, message: str, metadata: Any, retry_after_s: float | None
     if cls is None:
         return None
     if issubclass(cls, ResourceExhausted):
+        details = dict(metadata)
+        carried = details.pop("retry_after_ms", "")
+        if retry_after_s is None and carried.isdigit():
+            retry_after_s = int(carried) / 1000
         exhausted = cls.__new__(cls)
-        ResourceExhausted.__init__(exhausted, message or reason, retry_after_s=retry_after_s or 0.0,
-                                   **dict(metadata))
+        ResourceExhausted.__init__(exhausted, message or reason, retry_after_s=retry_after_s or 0.0, **details)
         return exhausted
     if cls is InvalidArgument:
         # The server's message names the field already ("run_id: is not a UUID"): keep the problem only.

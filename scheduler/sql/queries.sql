@@ -328,6 +328,40 @@ WITH run AS (
 )
 SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id FROM checkpoint;
 
+-- name: lock_tool_slots
+-- Serialises the Tx1s of one tool (:tool_key_1) and of one tenant's calls of it
+-- (:tool_key_2, NULL when that pair has no limit of its own) until the
+-- transaction ends, in that order: the counts read after it (tool_usage, a new
+-- snapshot) then see every intent committed before.
+SELECT pg_advisory_xact_lock(1095914570, hashtext(:tool_key_1)),
+       CASE WHEN :tool_key_2::text IS NOT NULL THEN pg_advisory_xact_lock(1095914571, hashtext(:tool_key_2)) END;
+
+-- name: tool_usage
+-- A tool's use by database time (of :tenant_id's runs only when it is not
+-- NULL): intents in the last :window_ms (the newest :rate of them at most,
+-- tool_executions_tool_intent_idx) with how long until the oldest of those
+-- leaves the window, and its open intents (tool_executions_tool_open_idx).
+WITH recent AS (
+  SELECT te.outbound_intent_at FROM tool_executions AS te
+  WHERE te.tool_name = :tool_name
+    AND te.outbound_intent_at > clock_timestamp() - make_interval(secs => :window_ms::double precision / 1000)
+    AND (:tenant_id::text IS NULL
+         OR EXISTS (SELECT 1 FROM agent_runs AS r WHERE r.id = te.run_id AND r.tenant_id = :tenant_id))
+  ORDER BY te.outbound_intent_at DESC
+  LIMIT :rate
+)
+SELECT (SELECT count(*) FROM recent) AS recent,
+       extract(epoch FROM (SELECT min(outbound_intent_at) FROM recent)
+               + make_interval(secs => :window_ms::double precision / 1000) - clock_timestamp())::float8 AS retry_s,
+       (SELECT count(*) FROM tool_executions AS te
+        WHERE te.tool_name = :tool_name AND te.status = 'OUTBOUND_INTENT' AND :concurrency::int > 0
+          AND (:tenant_id::text IS NULL
+               OR EXISTS (SELECT 1 FROM agent_runs AS r WHERE r.id = te.run_id AND r.tenant_id = :tenant_id)))
+         AS open;
+
+-- name: run_tenant
+SELECT tenant_id FROM agent_runs WHERE id = :run_id;
+
 -- name: begin_tool_call
 -- Tx1: records the outbound intent before any network I/O. Refused (no row)
 -- unless the current checkpoint already holds this very decision (same step

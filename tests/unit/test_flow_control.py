@@ -3,6 +3,7 @@
 import pytest
 
 from executor.agents import Concurrency
+from scheduler.config import SchedulerSettings, ToolLimit, parse_rate
 from scheduler.registry import check_key_template, render_key
 from shared.errors import InvalidArgument
 
@@ -33,3 +34,20 @@ def test_good_templates_pass_both_checks():
     for template in ("${input.customer_id}", "tenant-wide", "${input.a.b}-${input.c}"):
         check_key_template("agents[0].concurrency_key", template)
         assert Concurrency(key=template, max=2).max == 2
+
+
+def test_tool_rates_are_calls_per_window():
+    assert parse_rate("100/min") == (100, 60_000)
+    assert parse_rate("5/s") == (5, 1_000)
+    assert parse_rate("1000 / h") == (1000, 3_600_000)
+    assert ToolLimit(concurrency=5).rate_per_window == (0, 0)
+    for bad in ("100", "0/s", "x/min", "5/day", "-1/s"):
+        with pytest.raises(ValueError):
+            parse_rate(bad)
+    with pytest.raises(ValueError, match="rate"):
+        SchedulerSettings(tool_limits={"t": {"rate": "fast"}})
+    settings = SchedulerSettings(tool_limits={"t": {"rate": "1/s"}},
+                                 tenant_tool_limits={"acme": {"u": {"concurrency": 2}}})
+    assert settings.tool_limits_of("t") == (ToolLimit(rate="1/s"), False)
+    assert settings.tool_limits_of("u") == (None, True)
+    assert settings.tool_limits_of("v") == (None, False)

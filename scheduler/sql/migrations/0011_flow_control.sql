@@ -57,3 +57,9 @@ ALTER TABLE agent_registry
   ADD COLUMN concurrency_key text,
   ADD COLUMN concurrency_max integer CHECK (concurrency_max > 0),
   ADD CONSTRAINT registry_concurrency_key_with_max CHECK ((concurrency_key IS NULL) = (concurrency_max IS NULL));
+
+-- Tool limits (README: Flow control), judged at Tx1 from the ledger under a
+-- per-tool advisory lock: calls of a tool in its rate window by intent time,
+-- and its open (OUTBOUND_INTENT) calls.
+CREATE INDEX tool_executions_tool_intent_idx ON tool_executions (tool_name, outbound_intent_at);
+CREATE INDEX tool_executions_tool_open_idx ON tool_executions (tool_name) WHERE status = 'OUTBOUND_INTENT';
