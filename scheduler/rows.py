@@ -200,6 +200,7 @@ class GlobalStats(Row):
     database_bytes: int = 0
     client_connections: int = 0
     max_connections: int = 0
+    waiting_on_limit: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ results

@@ -126,8 +126,9 @@ ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
 -- fragment: live_leased
--- Run `l` holds a concurrency slot: leased, its lease live by database time.
-l.status IN ('RUNNING', 'WAITING_TOOL') AND l.lease_expires_at > clock_timestamp()
+-- Run `l` holds a concurrency slot: leased (an owner: only the leased statuses
+-- have one), its lease live by database time. Matches the agent_leased_* indexes.
+l.lease_owner IS NOT NULL AND l.lease_expires_at > clock_timestamp()
 
 -- fragment: limits_of
 -- The tenant and agent concurrency limits of run `c` (0 = none): :tenant_max_default
@@ -354,7 +355,8 @@ SELECT (SELECT count(*) FROM recent) AS recent,
        extract(epoch FROM (SELECT min(outbound_intent_at) FROM recent)
                + make_interval(secs => :window_ms::double precision / 1000) - clock_timestamp())::float8 AS retry_s,
        (SELECT count(*) FROM tool_executions AS te
-        WHERE te.tool_name = :tool_name AND te.status = 'OUTBOUND_INTENT' AND :concurrency::int > 0
+        WHERE te.tool_name = :tool_name AND te.status = 'OUTBOUND_INTENT' AND te.completed_at IS NULL
+          AND :concurrency::int > 0
           AND (:tenant_id::text IS NULL
                OR EXISTS (SELECT 1 FROM agent_runs AS r WHERE r.id = te.run_id AND r.tenant_id = :tenant_id)))
          AS open;
@@ -984,6 +986,10 @@ SELECT
     WHERE published_at IS NULL) AS outbox_oldest_s,
   (SELECT coalesce(max(value), 0) FROM runtime_counters WHERE name = 'commit_unknown_inconsistent')
     AS commit_unknown_inconsistent,
+  -- QUEUED runs a claim found blocked by a full concurrency limit, by limit (tenant, agent, key).
+  (SELECT coalesce(jsonb_object_agg(waiting_on, n), '{}'::jsonb)
+     FROM (SELECT waiting_on, count(*) AS n FROM agent_runs
+           WHERE status = 'QUEUED' AND waiting_on IS NOT NULL GROUP BY waiting_on) w) AS waiting_on_limit,
   pg_database_size(current_database()) AS database_bytes,
   (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend') AS client_connections,
   current_setting('max_connections')::int AS max_connections;

@@ -20,6 +20,7 @@ import grpc
 import pytest
 from support import claim, lease_ref, rpc_error, scheduler_stack, submit
 
+from scheduler.metrics import SchedulerMetrics
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
@@ -71,6 +72,10 @@ async def test_a_full_tenant_is_skipped_and_its_slot_returns_when_a_run_ends(db_
         assert await claim(stack, "w-more") is None  # tenant-a is full, tenant-b has nothing left
         parked = await db.fetch("SELECT waiting_on FROM agent_runs WHERE status = 'QUEUED'")
         assert [row["waiting_on"] for row in parked] == ["tenant", "tenant"]
+        metrics = SchedulerMetrics()
+        metrics.apply(await stack.server.store.global_stats())
+        assert metrics.waiting_on_limit.labels("tenant")._value.get() == 2
+        assert metrics.waiting_on_limit.labels("key")._value.get() == 0
         first_a = next(lease for lease in leases if lease is not None and lease.run.tenant_id == "tenant-a")
         await finish(stack, first_a)
         third = await claim_soon(stack, "w-after")

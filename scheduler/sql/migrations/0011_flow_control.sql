@@ -44,13 +44,16 @@ ALTER TABLE agent_runs
   ADD COLUMN concurrency_max integer CHECK (concurrency_max > 0),
   ADD COLUMN waiting_on text CHECK (waiting_on IN ('tenant', 'agent', 'key')),
   ADD CONSTRAINT concurrency_key_with_max CHECK ((concurrency_key IS NULL) = (concurrency_max IS NULL));
+-- Their predicate names the lease owner (the same rows as the leased statuses,
+-- by lease_only_when_leased_status) so the claim's expired path, which names
+-- the statuses, keeps agent_claim_expired_idx.
 CREATE INDEX agent_leased_tenant_idx
-  ON agent_runs (tenant_id) WHERE status IN ('RUNNING', 'WAITING_TOOL');
+  ON agent_runs (tenant_id) WHERE lease_owner IS NOT NULL;
 CREATE INDEX agent_leased_agent_idx
-  ON agent_runs (agent_name) WHERE status IN ('RUNNING', 'WAITING_TOOL');
+  ON agent_runs (agent_name) WHERE lease_owner IS NOT NULL;
 CREATE INDEX agent_leased_key_idx
   ON agent_runs (tenant_id, agent_name, concurrency_key)
-  WHERE status IN ('RUNNING', 'WAITING_TOOL') AND concurrency_key IS NOT NULL;
+  WHERE lease_owner IS NOT NULL AND concurrency_key IS NOT NULL;
 
 -- An agent version's concurrency key template and its limit, from its definition.
 ALTER TABLE agent_registry
@@ -62,4 +65,7 @@ ALTER TABLE agent_registry
 -- per-tool advisory lock: calls of a tool in its rate window by intent time,
 -- and its open (OUTBOUND_INTENT) calls.
 CREATE INDEX tool_executions_tool_intent_idx ON tool_executions (tool_name, outbound_intent_at);
-CREATE INDEX tool_executions_tool_open_idx ON tool_executions (tool_name) WHERE status = 'OUTBOUND_INTENT';
+-- (completed_at IS NULL: true of every open row, and named by no ledger write, so
+-- they keep finding their row by (run_id, step_key): test_query_plans.py.)
+CREATE INDEX tool_executions_tool_open_idx ON tool_executions (tool_name)
+  WHERE status = 'OUTBOUND_INTENT' AND completed_at IS NULL;
