@@ -406,13 +406,20 @@ class ClaimSide:
                 claimed.run["id"])
 
 
+# claim_work's flow-control parameters as a scheduler with default settings passes them.
+CLAIM_DEFAULTS: dict[str, Any] = {"wake_batch": 64, "lookahead": 16, "recheck_ms": 500, "tenant_max_default": 0,
+                                  "limit_tenants": [], "limit_tenant_max": [], "limit_agents": [],
+                                  "limit_agent_max": []}
+
+
 async def explain_claim(conn: asyncpg.Connection) -> tuple[str, float]:
     """EXPLAIN (ANALYZE, BUFFERS) of claim_work, rolled back. Returns (plan, execution ms)."""
     tx = conn.transaction()
     await tx.start()
     try:
         rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + Q["claim_work"],
-                                *Q.claim_work.args(worker_id="bench-explain", lease_ms=LEASE_MS, agents=[AGENT]))
+                                *Q.claim_work.args(worker_id="bench-explain", lease_ms=LEASE_MS, agents=[AGENT],
+                                                   **CLAIM_DEFAULTS))
     finally:
         await tx.rollback()
     plan = "\n".join(r[0] for r in rows)
@@ -426,9 +433,14 @@ async def generic_plan(conn: asyncpg.Connection) -> str:
     await tx.start()
     try:
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        # The statement's parameters in its $n order (named: worker_id, lease_ms, agents).
-        types = {"worker_id": "text", "lease_ms": "int", "agents": "text[]"}
-        values = {"worker_id": "'x'", "lease_ms": str(LEASE_MS), "agents": f"'{{{AGENT}}}'"}
+        # The statement's parameters in its $n order (named: worker_id, lease_ms, agents, and the
+        # flow-control ones at their defaults).
+        types = {"worker_id": "text", "lease_ms": "int", "agents": "text[]", "wake_batch": "int", "lookahead": "int",
+                 "recheck_ms": "int", "tenant_max_default": "int", "limit_tenants": "text[]",
+                 "limit_tenant_max": "int[]", "limit_agents": "text[]", "limit_agent_max": "int[]"}
+        values = {"worker_id": "'x'", "lease_ms": str(LEASE_MS), "agents": f"'{{{AGENT}}}'", "wake_batch": "64",
+                  "lookahead": "16", "recheck_ms": "500", "tenant_max_default": "0", "limit_tenants": "'{}'",
+                  "limit_tenant_max": "'{}'", "limit_agents": "'{}'", "limit_agent_max": "'{}'"}
         params = Q.claim_work.params
         await conn.execute(f"PREPARE bench_claim({', '.join(types[p] for p in params)}) AS " + Q["claim_work"])
         rows = await conn.fetch(f"EXPLAIN EXECUTE bench_claim({', '.join(values[p] for p in params)})")
@@ -443,7 +455,7 @@ def _top_buffers(plan: str) -> int:
 
 
 def check_plan(plan: str, what: str) -> list[str]:
-    problems = [f"{what}: {index} not used" for index in ("agent_claim_queued_idx", "agent_claim_expired_idx")
+    problems = [f"{what}: {index} not used" for index in ("agent_claim_ready_idx", "agent_claim_expired_idx")
                 if f"using {index}" not in plan]
     if "Seq Scan on agent_runs" in plan:
         problems.append(f"{what}: sequential scan of agent_runs")

@@ -97,7 +97,7 @@ async def _submit(args: argparse.Namespace, client: AgentrtClient) -> None:
     run, created = await client.submit(args.agent, payload, client_request_id=args.request_id,
                                        agent_version=args.agent_version or "", max_attempts=args.max_attempts,
                                        labels=labels, max_steps=args.max_steps,
-                                       allow_unregistered=args.allow_unregistered)
+                                       allow_unregistered=args.allow_unregistered, priority=args.priority)
     if args.json:
         _print_json({**run.as_dict(), "created": created})
     else:
@@ -338,7 +338,6 @@ def _agent_commands(sub: Any) -> None:
 
 
 def _run_commands(sub: Any) -> None:
-
     runs = sub.add_parser("runs", help="submit and operate runs").add_subparsers(dest="runs_command", required=True)
 
     p = runs.add_parser("submit", help="submit a run (idempotent with --request-id)")
@@ -350,6 +349,8 @@ def _run_commands(sub: Any) -> None:
     p.add_argument("--max-attempts", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=0)
     p.add_argument("--label", action="append", help="key=value (repeatable)")
+    p.add_argument("--priority", type=int, default=0,
+                   help="1 (lowest) .. 9 (highest), claimed first among due runs; default: the agent's")
     p.add_argument("--allow-unregistered", action="store_true",
                    help="queue it even when no live executor serves the agent (one deployed later)")
     p.set_defaults(func=_runner(_submit))
@@ -391,7 +392,10 @@ def _run_commands(sub: Any) -> None:
     p.add_argument("--poll", type=float, default=0.5)
     p.add_argument("--until", action="append", help="also stop at this status (repeatable)")
     p.set_defaults(func=_runner(_watch))
+    _operate_commands(runs)
 
+
+def _operate_commands(runs: Any) -> None:
     p = runs.add_parser("cancel", help="cancel a run (a leased run ends at its holder's next write)")
     _common(p)
     p.add_argument("run_id")

@@ -225,6 +225,13 @@ class PromptInfo(_Strict):
     system: str = ""
 
 
+class Concurrency(_Strict):
+    # At most `max` runs of one key (per tenant) hold a lease at once; the key is rendered from the
+    # run's input at submit, e.g. "${input.customer_id}".
+    key: str = Field(min_length=1, max_length=500, pattern=r"^([^$]|\$\{input(\.[A-Za-z0-9_-]+)+\})*$")
+    max: int = Field(ge=1, le=1_000_000)
+
+
 class AgentDefinition(_Strict):
     format: Literal[1] = 1
     name: str = Field(pattern=_NAME)
@@ -232,6 +239,9 @@ class AgentDefinition(_Strict):
     description: str = ""
     # JSON Schema of the run's input: the scheduler checks every submit against it (the agent registry).
     input_schema: dict[str, Any] | None = None
+    # Priority of runs submitted without one: 1 (lowest) .. 9 (highest); unset = the scheduler's default.
+    priority: int | None = Field(default=None, ge=1, le=9)
+    concurrency: Concurrency | None = None
     decider: DeciderDefinition
     tools: list[ToolDefinition] = Field(default_factory=list)
     budgets: Budgets = Field(default_factory=Budgets)

@@ -43,6 +43,9 @@ class _WorkerCollector(Collector):
             yield CounterMetricFamily("agentrt_executor_budget_exhausted", "Runs ended FAILED on an exhausted budget",
                                       value=counts.budget_exhausted)
             yield from _usage(counts.usage)
+            yield CounterMetricFamily("agentrt_executor_tool_calls_delayed",
+                                      "Tool calls the scheduler held back over a tool's rate or concurrency limit "
+                                      "(waited out and sent again)", value=counts.tool_calls_delayed)
         if w.reconciler is not None:
             yield _reconciliations(w.reconciler.totals)
         batcher = w.services.client.batcher if w.services is not None else None

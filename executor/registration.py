@@ -27,7 +27,10 @@ log = logging.getLogger(__name__)
 
 def registrations(catalog: AgentCatalog) -> list[ws.AgentRegistration]:
     return [ws.AgentRegistration(name=a.name, version=a.version, tool_names=[t.name for t in a.tools],
-                                 input_schema_json=canonical_json(a.input_schema) if a.input_schema else "")
+                                 input_schema_json=canonical_json(a.input_schema) if a.input_schema else "",
+                                 default_priority=a.priority or 0,
+                                 concurrency_key=a.concurrency.key if a.concurrency else "",
+                                 concurrency_max=a.concurrency.max if a.concurrency else 0)
             for a in sorted(catalog.all(), key=lambda a: (a.name, a.version))]
 
 

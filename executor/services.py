@@ -20,6 +20,7 @@ class RunCounts:
 
     checkpoint_migration_failures: int = 0  # claimed checkpoints no registered migration could read
     budget_exhausted: int = 0  # runs ended FAILED because a budget ran out
+    tool_calls_delayed: int = 0  # Tx1s the scheduler refused over a tool limit, waited out and sent again
     # Model usage the deciders reported, by (tenant, agent): [input tokens, output tokens, other tokens, USD].
     usage: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 

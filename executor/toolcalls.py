@@ -8,6 +8,7 @@ step are read and moved through its RunLease (executor/runlease.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -19,10 +20,11 @@ from executor.errors import Action as ErrorAction
 from executor.errors import action_for, classify
 from executor.runlease import RunLease, reason_digest, run_end
 from executor.services import Services
+from executor.shutdown import Stopped
 from executor.steps import tool_result
 from executor.tools.base import ToolCallContext, ToolOutcome
 from shared.canonical import canonical_json
-from shared.errors import AlreadyExists, DecisionNotCheckpointed
+from shared.errors import AlreadyExists, DecisionNotCheckpointed, ResourceExhausted
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.logs import payload_digest
@@ -54,9 +56,9 @@ class ToolCalls:
     async def execute(self, state: State, decision: ToolDecision, *, intent_recorded: bool = False) -> Next | None:
         lease, s = self.lease, self.s
         if not intent_recorded:
-            began = await lease.client.begin_tool_call(lease.ref, lease.version, decision.step_key,
-                                                       decision.tool_name, decision.idempotency_key,
-                                                       decision.request, lease.give_up_at)
+            began = await self.begin_within_limits(decision)
+            if began is None:
+                return None  # lease lost or stopping while the tool's limit was full: nothing was sent
             if began.existing and not began.replayed:
                 # A row this call did not write: never a licence to send.
                 reason = (f"a ledger row for step {decision.step_key} already exists "
@@ -77,6 +79,28 @@ class ToolCalls:
             s.shutdown.hard_stop)
         s.faults.hit("after_tool_response_before_tx2_commit", lease.run.run_id)
         return await self.complete(state, decision, outcome)
+
+    async def begin_within_limits(self, decision: ToolDecision) -> ws.BeginToolCallResponse | None:
+        """Tx1; while the scheduler answers that the tool is at a rate or concurrency limit, waits the
+        advised delay and asks again (no attempt, no budget step spent: nothing was written). None when
+        the lease is gone or the executor stops meanwhile."""
+        lease, s = self.lease, self.s
+        while True:
+            try:
+                return await lease.client.begin_tool_call(lease.ref, lease.version, decision.step_key,
+                                                          decision.tool_name, decision.idempotency_key,
+                                                          decision.request, lease.give_up_at)
+            except ResourceExhausted as held:
+                s.counts.tool_calls_delayed += 1
+                log.debug("run %s step %s: %s; trying again in %.3fs", lease.run.run_id, decision.step_key,
+                          held.message, held.retry_after_s)
+                try:
+                    await s.shutdown.race(asyncio.sleep(min(max(held.retry_after_s, 0.001), 60.0)),
+                                          s.shutdown.stopping)
+                except Stopped:
+                    return None
+                if not lease.alive():
+                    return None
 
     def _over_limit(self, outcome: ToolOutcome) -> ToolOutcome:
         """A successful answer larger than the scheduler's per-step limit becomes a definite failure."""
@@ -180,6 +204,10 @@ class ToolCalls:
         except (AlreadyExists, DecisionNotCheckpointed) as exc:
             log.warning("run %s: combined Tx2 + Tx1 refused (%s), writing them one by one: %s",
                         lease.run.run_id, exc.reason, exc.message)
+            return None
+        except ResourceExhausted as held:
+            # The next tool is at its limit: record this step's outcome now (Tx2 alone); Tx1 then waits.
+            log.debug("run %s: next call held back (%s), writing Tx2 alone", lease.run.run_id, held.message)
             return None
         after = lease.committed(reply.version, data, pb.RUN_STATUS_WAITING_TOOL, after, open_step=following.step_key)
         return after, ExecuteTool(following, intent_recorded=True)

@@ -6,11 +6,92 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from scheduler.roles import parse_auth_mode
 from shared.config import ComponentSettings
 from shared.transport import ServerTls
+
+
+class TenantLimits(BaseModel):
+    """One tenant's overrides of the per-tenant limits (unset: the scheduler-wide setting)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_queued_runs: int | None = Field(None, ge=0)  # 0 = no limit
+    max_submits_per_s: int | None = Field(None, ge=0)  # 0 = no limit
+    max_running: int | None = Field(None, ge=0)  # 0 = no limit
+
+
+_RATE_UNITS = {"s": 1_000, "sec": 1_000, "second": 1_000, "min": 60_000, "minute": 60_000, "h": 3_600_000,
+               "hour": 3_600_000}
+
+
+class ToolLimit(BaseModel):
+    """A tool's limits over every executor: `rate` calls per window ("100/min", "5/s", "1000/h") by the
+    ledger's intent times, and `concurrency` calls open at once (intent recorded, outcome not yet)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rate: str | None = None
+    concurrency: int | None = Field(None, ge=1)
+
+    @field_validator("rate")
+    @classmethod
+    def _rate_form(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_rate(value)
+        return value
+
+    @property
+    def rate_per_window(self) -> tuple[int, int]:
+        """(calls, window ms); (0, 0) without a rate."""
+        return parse_rate(self.rate) if self.rate else (0, 0)
+
+
+def parse_rate(text: str) -> tuple[int, int]:
+    count, _, unit = text.replace(" ", "").partition("/")
+    if not count.isdigit() or int(count) < 1 or unit not in _RATE_UNITS:
+        raise ValueError(f"rate {text!r}: write calls per window, e.g. 100/min, 5/s or 1000/h")
+    return int(count), _RATE_UNITS[unit]
+
+
+class AgentLimits(BaseModel):
+    """One agent's limits (every tenant's runs of it together)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_running: int = Field(0, ge=0)  # 0 = no limit
+
+
+@dataclass(frozen=True)
+class ConcurrencyLimits:
+    """The tenant and agent concurrency limits as claim_work takes them (parallel arrays; 0 = none)."""
+
+    tenant_max_default: int
+    tenants: list[str]
+    tenant_max: list[int]
+    agents: list[str]
+    agent_max: list[int]
+
+    def params(self) -> dict[str, object]:
+        return {"tenant_max_default": self.tenant_max_default, "limit_tenants": self.tenants,
+                "limit_tenant_max": self.tenant_max, "limit_agents": self.agents, "limit_agent_max": self.agent_max}
+
+    def of_tenant(self, tenant: str) -> int:
+        return dict(zip(self.tenants, self.tenant_max, strict=True)).get(tenant, self.tenant_max_default)
+
+    def of_agent(self, agent: str) -> int:
+        return dict(zip(self.agents, self.agent_max, strict=True)).get(agent, 0)
+
+
+@dataclass(frozen=True)
+class SubmitQuota:
+    """A tenant's submit quotas, resolved (0 = no limit)."""
+
+    max_queued_runs: int
+    max_submits_per_s: int
+
+    @property
+    def active(self) -> bool:
+        return bool(self.max_queued_runs or self.max_submits_per_s)
 
 
 class SchedulerSettings(ComponentSettings):
@@ -25,6 +106,32 @@ class SchedulerSettings(ComponentSettings):
     backoff_cap_ms: int = Field(300_000, ge=1)
     backoff_jitter_ms: int = Field(1_000, ge=0)
     default_max_attempts: int = Field(12, ge=1, le=1_000)
+    # Priority of a run submitted without one whose agent definition sets none: 1 (lowest) .. 9.
+    default_priority: int = Field(5, ge=1, le=9)
+    # Per-tenant quotas on SubmitRun (0 = no limit): QUEUED runs at once, and submits in any one-second
+    # window (database time). Over either: RESOURCE_EXHAUSTED with RetryInfo, nothing written.
+    max_queued_runs_per_tenant: int = Field(0, ge=0)
+    max_submits_per_s_per_tenant: int = Field(0, ge=0)
+    # The RetryInfo delay of a submit refused because the tenant's queue is full.
+    queue_full_retry_after_ms: int = Field(1_000, ge=1, le=3_600_000)
+    # Concurrency: a tenant's leased runs at once (0 = no limit), counted while each lease is live by
+    # database time; per agent in agent_limits; per concurrency key in the agent definition.
+    max_running_per_tenant: int = Field(0, ge=0)
+    # Per-tenant overrides, e.g. {"acme": {"max_queued_runs": 50000, "max_submits_per_s": 200, "max_running": 40}}.
+    tenant_limits: dict[str, TenantLimits] = Field(default_factory=dict)
+    # Per-agent limits, e.g. {"refunds": {"max_running": 20}}.
+    agent_limits: dict[str, AgentLimits] = Field(default_factory=dict)
+    # Queued runs a claim judges per statement; one whose limit is full waits concurrency_recheck_ms
+    # out of the claim index (in its place in the order) before it is judged again.
+    # Tool limits shared by every executor, judged at Tx1 (BeginToolCall, CompleteAndBeginToolCall):
+    # {"openai.chat": {"rate": "100/min", "concurrency": 5}}; per tenant and tool in tenant_tool_limits,
+    # {"acme": {"openai.chat": {"rate": "20/min"}}}. Over one: RESOURCE_EXHAUSTED with RetryInfo.
+    tool_limits: dict[str, ToolLimit] = Field(default_factory=dict)
+    tenant_tool_limits: dict[str, dict[str, ToolLimit]] = Field(default_factory=dict)
+    # The RetryInfo delay of a Tx1 refused because the tool's open calls are at its concurrency.
+    tool_concurrency_retry_after_ms: int = Field(200, ge=1, le=60_000)
+    claim_lookahead: int = Field(16, ge=1, le=1_000)
+    concurrency_recheck_ms: int = Field(500, ge=10, le=60_000)
     max_payload_bytes: int = Field(1_048_576, ge=1_024)
     # Per-field limits (bytes of JSON text of one field of one call, never of a whole run); unset =
     # max_payload_bytes. Executors learn them with each lease (Lease.limits).
@@ -118,6 +225,25 @@ class SchedulerSettings(ComponentSettings):
                 self.work_token or self.work_client_identities or self.work_service_open):
             raise ValueError("WorkService would be open to anyone who reaches the port (it hands out every "
                              "tenant's runs): set work_token or work_client_identities, or work_service_open: true")
+
+    def submit_quota(self, tenant: str) -> SubmitQuota:
+        own = self.tenant_limits.get(tenant)
+        queued = own.max_queued_runs if own and own.max_queued_runs is not None else self.max_queued_runs_per_tenant
+        rate = own.max_submits_per_s if own and own.max_submits_per_s is not None \
+            else self.max_submits_per_s_per_tenant
+        return SubmitQuota(queued, rate)
+
+    def tool_limits_of(self, tool: str) -> tuple[ToolLimit | None, bool]:
+        """The tool's own limit, and whether some tenant has a limit of its own on it."""
+        return self.tool_limits.get(tool), any(tool in per_tool for per_tool in self.tenant_tool_limits.values())
+
+    @property
+    def concurrency(self) -> ConcurrencyLimits:
+        overrides = {t: own.max_running for t, own in sorted(self.tenant_limits.items())
+                     if own.max_running is not None}
+        agents = {a: own.max_running for a, own in sorted(self.agent_limits.items()) if own.max_running}
+        return ConcurrencyLimits(self.max_running_per_tenant, list(overrides), list(overrides.values()),
+                                 list(agents), list(agents.values()))
 
     @property
     def server_tls(self) -> ServerTls | None:

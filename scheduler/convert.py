@@ -72,6 +72,7 @@ def run_to_proto(row: RunRow) -> pb.Run:
         lease_owner=row.lease_owner or "",
         human_input_json=json_text(row.human_input),
         last_trace_id=trace_id_of(row.last_traceparent),
+        priority=row.priority,
     )
     run.budget.max_steps = row.budget_max_steps
     run.budget.max_tokens = row.budget_max_tokens

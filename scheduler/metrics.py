@@ -46,6 +46,9 @@ class SchedulerMetrics:
         self.database_bytes = m.gauge("agentrt_db_size_bytes", "Size of the scheduler's database")
         self.client_connections = m.gauge("agentrt_db_client_connections", "Client connections to the server")
         self.max_connections = m.gauge("agentrt_db_max_connections", "The server's max_connections")
+        self.waiting_on_limit = m.gauge("agentrt_runs_waiting_on_limit",
+                                        "QUEUED runs a claim found blocked by a full concurrency limit, by limit",
+                                        ("limit",))
         self._task: asyncio.Task[None] | None = None
         self.db_health = DbHealthCollector()
         self.metrics.registry.register(self.db_health)
@@ -72,6 +75,8 @@ class SchedulerMetrics:
         self.database_bytes.set(row.database_bytes)
         self.client_connections.set(row.client_connections)
         self.max_connections.set(row.max_connections)
+        for limit in ("tenant", "agent", "key"):
+            self.waiting_on_limit.labels(limit).set(row.waiting_on_limit.get(limit, 0))
 
     def start(self, addr: str, store: Any, refresh_s: float = 10.0, settings: Any = None) -> int | None:
         """`settings`: the scheduler's, for the database health figures (db_health_interval_s; 0 = off)."""

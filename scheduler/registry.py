@@ -11,7 +11,7 @@ against the version executors would pick: the last in natural order.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import jsonschema
 
@@ -20,6 +20,45 @@ from shared.errors import AgentNotRegistered, InvalidArgument
 
 _VALIDATORS: dict[str, Any] = {}  # by canonical schema text: schemas are few and change rarely
 _MAX_VALIDATORS = 1024
+
+
+class LiveVersion(NamedTuple):
+    """What the registry says about one served agent version (its latest registration)."""
+
+    input_schema: dict[str, Any] | None
+    default_priority: int | None = None  # None: the scheduler's default_priority
+    concurrency_key: str | None = None  # the key template, e.g. "${input.customer_id}"
+    concurrency_max: int | None = None
+
+
+_PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+_PATH = re.compile(r"input(\.[A-Za-z0-9_-]+)+")
+
+
+def check_key_template(field: str, template: str) -> None:
+    """INVALID_ARGUMENT unless `template` is text whose placeholders are all ${input.a.b}."""
+    paths = _PLACEHOLDER.findall(template)
+    if any(not _PATH.fullmatch(p) for p in paths) or "${" in _PLACEHOLDER.sub("", template):
+        raise InvalidArgument(field, "must hold ${input.<field>[.<field>...]} placeholders, e.g. ${input.customer_id}")
+
+
+def render_key(template: str, input_value: Any) -> str:
+    """The concurrency key of a run: each ${input.a.b} replaced by that field of the input (a string as it
+    is, any other JSON value as canonical JSON). A missing field is INVALID_ARGUMENT on input_json."""
+
+    def value_of(match: re.Match[str]) -> str:
+        node = input_value
+        for part in match.group(1).split(".")[1:]:
+            if not isinstance(node, dict) or part not in node:
+                raise InvalidArgument("input_json", f"has no {match.group(1).removeprefix('input')[1:]}, which "
+                                                    f"the agent's concurrency key {template} needs")
+            node = node[part]
+        return node if isinstance(node, str) else canonical_json(node)
+
+    key = _PLACEHOLDER.sub(value_of, template)
+    if len(key) > 500:
+        raise InvalidArgument("input_json", f"renders a concurrency key of {len(key)} characters (at most 500)")
+    return key
 
 
 def natural_key(text: str) -> list[Any]:
@@ -45,12 +84,14 @@ def check_input(schema: dict[str, Any], value: Any, agent: str, version: str) ->
                                             f"(the input schema of {agent} version {version})")
 
 
-def admit(versions: dict[str, dict[str, Any] | None], agent_name: str, agent_version: str, input_value: Any,
-          *, allow_unregistered: bool) -> None:
-    """Raises unless a submit of `agent_name` (`agent_version`, or the latest) may create a run."""
+def admit(versions: dict[str, LiveVersion], agent_name: str, agent_version: str, input_value: Any,
+          *, allow_unregistered: bool) -> LiveVersion | None:
+    """Raises unless a submit of `agent_name` (`agent_version`, or the latest) may create a run.
+
+    Returns the registration of the version the run will be served by (None: not served, admitted anyway)."""
     if agent_version and agent_version not in versions:
         if allow_unregistered:
-            return
+            return None
         serving = ", ".join(sorted(versions, key=natural_key)) or "none"
         raise AgentNotRegistered(
             f"no live executor serves version {agent_version!r} of agent {agent_name!r} (versions served: "
@@ -58,10 +99,11 @@ def admit(versions: dict[str, dict[str, Any] | None], agent_name: str, agent_ver
             agent_name=agent_name, agent_version=agent_version)
     if not versions:
         if allow_unregistered:
-            return
+            return None
         raise AgentNotRegistered(f"no live executor serves agent {agent_name!r}; deploy it, or submit with "
                                  "allow_unregistered to queue the run", agent_name=agent_name)
     chosen = agent_version or max(versions, key=natural_key)
-    schema = versions[chosen]
-    if schema is not None:
-        check_input(schema, input_value, agent_name, chosen)
+    live = versions[chosen]
+    if live.input_schema is not None:
+        check_input(live.input_schema, input_value, agent_name, chosen)
+    return live

@@ -95,6 +95,8 @@ class RunRow(Row):
     checkpoints_pruned_through: int
     last_signal_seq: int = 0
     awaiting_signal: str | None = None
+    priority: int = 5
+    enqueued_at: dt.datetime | None = None
     lease_live: bool | None = None
     db_now: dt.datetime | None = None
     doubted_intents: int | None = None
@@ -226,6 +228,7 @@ class GlobalStats(Row):
     database_bytes: int = 0
     client_connections: int = 0
     max_connections: int = 0
+    waiting_on_limit: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ convert (scheduler/rpc.py has the shared wrapper).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
 import uuid
@@ -20,7 +21,7 @@ from scheduler.admin_service import AdminRpcs, audit_entry
 from scheduler.auth import RunAuth
 from scheduler.config import SchedulerSettings
 from scheduler.notifier import WorkNotifier
-from scheduler.registry import admit
+from scheduler.registry import LiveVersion, admit, render_key
 from scheduler.rpc import HISTORY_PART, MAX_PAGE_SIZE, RESOLVE, RESUME, STATUS_FILTER, principal, rpc
 from scheduler.store import (
     HISTORY_PARTS,
@@ -78,13 +79,21 @@ class RunServicer(AdminRpcs, rs_grpc.RunServiceServicer):
             raise InvalidArgument("labels", "at most 64 labels, keys up to 100 and values up to 500 characters")
         if any("\x00" in k or "\x00" in val for k, val in labels.items()):
             raise InvalidArgument("labels", "must not contain NUL characters")
+        requested_priority = v.optional_priority("priority", request.priority) or 0
         spec = SubmitSpec(
             agent_name=agent, agent_version=version, input=payload, client_request_id=client_request_id,
             max_attempts=request.max_attempts or self.settings.default_max_attempts, labels=labels,
             max_steps=budget.max_steps, max_tokens=budget.max_tokens, max_cost_usd=budget.max_cost_usd,
-            deadline_at=deadline,
+            deadline_at=deadline, requested_priority=requested_priority,
         )
-        await self._admit(tenant, spec, payload, request.allow_unregistered)
+        served = await self._admit(tenant, spec, payload, request.allow_unregistered)
+        default = served.default_priority if served is not None and served.default_priority else None
+        key = None
+        if served is not None and served.concurrency_key:
+            key = render_key(served.concurrency_key, payload)
+        spec = dataclasses.replace(
+            spec, priority=requested_priority or default or self.settings.default_priority,
+            concurrency_key=key, concurrency_max=served.concurrency_max if key and served else None)
         row, created = await self.store.submit_run(tenant, spec, current_trace())
         if created and self.notifier is not None:
             self.notifier.poke()
@@ -220,18 +229,20 @@ class RunServicer(AdminRpcs, rs_grpc.RunServiceServicer):
         )
 
 
-    async def _admit(self, tenant: str, spec: SubmitSpec, payload: Any, allow_unregistered: bool) -> None:
+    async def _admit(self, tenant: str, spec: SubmitSpec, payload: Any,
+                     allow_unregistered: bool) -> LiveVersion | None:
         """The agent registry's check (scheduler/registry.py), before anything is written. A retry of a
         submit that created its run is answered as before, even when its agent is no longer served or its
         schema has changed since (submit_run still refuses another payload under the same id)."""
         allow = allow_unregistered or not self.settings.require_registered_agents
         versions = await self.store.live_agent_versions(spec.agent_name)
         try:
-            admit(versions, spec.agent_name, spec.agent_version, payload, allow_unregistered=allow)
+            return admit(versions, spec.agent_name, spec.agent_version, payload, allow_unregistered=allow)
         except (AgentNotRegistered, InvalidArgument):
             if spec.client_request_id is None or await self.store.run_for_request(
                     tenant, spec.client_request_id) is None:
                 raise
+        return None
 
     @rpc
     async def ListAgents(self, request: rs.ListAgentsRequest,

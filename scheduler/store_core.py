@@ -87,7 +87,11 @@ async def fenced_write(conn: asyncpg.Connection, query: Query, **params: Any) ->
     explains why (replay by event id, or the refusal diagnosis in scheduler/replay.py).
     """
     try:
-        row = await fetchrow(conn, query, **params)
+        if conn.is_in_transaction():
+            async with conn.transaction():  # a savepoint: a refused write leaves the caller's transaction usable
+                row = await fetchrow(conn, query, **params)
+        else:
+            row = await fetchrow(conn, query, **params)
     except asyncpg.UniqueViolationError:
         return None
     except asyncpg.PostgresError as exc:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.queries import Q
+from scheduler.registry import LiveVersion
 from scheduler.rows import RegisteredAgentRow
 from scheduler.store_core import StoreBase, db_call
 from shared.canonical import canonical_json
@@ -26,6 +27,9 @@ class AgentSpec:
     version: str
     input_schema: dict[str, Any] | None
     tool_names: tuple[str, ...]
+    default_priority: int | None = None
+    concurrency_key: str | None = None
+    concurrency_max: int | None = None
 
 
 class RegistryStore(StoreBase):
@@ -37,15 +41,20 @@ class RegistryStore(StoreBase):
                 conn, Q.register_agents, worker_id=worker_id, ttl_ms=ttl_ms,
                 names=[a.name for a in agents], versions=[a.version for a in agents],
                 schemas=[canonical_json(a.input_schema) if a.input_schema is not None else "" for a in agents],
-                tools=[json.dumps(list(a.tool_names)) for a in agents])
+                tools=[json.dumps(list(a.tool_names)) for a in agents],
+                priorities=[a.default_priority for a in agents],
+                concurrency_keys=[a.concurrency_key for a in agents],
+                concurrency_maxes=[a.concurrency_max for a in agents])
         return expires
 
     @db_call
-    async def live_agent_versions(self, agent_name: str) -> dict[str, dict[str, Any] | None]:
-        """Each version of `agent_name` a live executor serves, with its input schema (None: none declared)."""
+    async def live_agent_versions(self, agent_name: str) -> dict[str, LiveVersion]:
+        """Each version of `agent_name` a live executor serves, with its input schema (None: none declared)
+        and default priority."""
         async with self.pool.acquire() as conn:
             rows = await fetch(conn, Q.live_versions, agent_name=agent_name)
-        return {row["agent_version"]: row["input_schema"] for row in rows}
+        return {row["agent_version"]: LiveVersion(row["input_schema"], row["default_priority"], row["concurrency_key"],
+                                                  row["concurrency_max"]) for row in rows}
 
     @db_call
     async def registered_agents(self) -> list[RegisteredAgentRow]:

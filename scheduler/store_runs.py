@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 from asyncpg import Record
 
+from scheduler.config import SubmitQuota
 from scheduler.queries import Q
 from scheduler.replay import Recovery
 from scheduler.rows import (
@@ -48,7 +49,15 @@ from scheduler.store_types import (
 )
 from shared.canonical import sha256_of, uuid7
 from shared.db import execute, fetch, fetchrow, fetchval
-from shared.errors import AlreadyExists, InvalidArgument, InvalidTransition, NotFound, RunEnded, Unavailable
+from shared.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    InvalidTransition,
+    NotFound,
+    QuotaExceeded,
+    RunEnded,
+    Unavailable,
+)
 from shared.tracing import NO_TRACE, Trace
 
 _RESOLVE_OP = {"SUCCEEDED": Op.RESOLVE_SUCCEEDED, "NOT_EXECUTED": Op.RESOLVE_NOT_EXECUTED,
@@ -58,19 +67,29 @@ _RESOLVE_OP = {"SUCCEEDED": Op.RESOLVE_SUCCEEDED, "NOT_EXECUTED": Op.RESOLVE_NOT
 class RunStore(Recovery):
     @db_call
     async def submit_run(self, tenant_id: str, spec: SubmitSpec, trace: Trace = NO_TRACE) -> Submitted:
+        """Creates the run, or answers a retried submit with its run. Over a tenant quota
+        (settings.submit_quota): QuotaExceeded, and nothing is written."""
         digest = spec.submit_hash() if spec.client_request_id else None
+        quota = self.settings.submit_quota(tenant_id)
         async with self.pool.acquire() as conn:
-            row = await fetchrow(
-                conn, Q.submit_run, run_id=uuid7(), tenant_id=tenant_id, agent_name=spec.agent_name,
-                agent_version=spec.agent_version, input=spec.input, labels=spec.labels,
-                max_attempts=spec.max_attempts, max_steps=spec.max_steps, max_tokens=spec.max_tokens,
-                max_cost_usd=spec.max_cost_usd, deadline_at=spec.deadline_at,
-                client_request_id=spec.client_request_id, submit_hash=digest, event_id=uuid7(),
-                **trace_params(trace))
+            if not quota.active:
+                row = await self._insert_run(conn, tenant_id, spec, digest, trace)
+                existing = None if row is not None else await fetchrow(
+                    conn, Q.get_run_by_client_request, tenant_id=tenant_id, client_request_id=spec.client_request_id)
+            else:
+                async with conn.transaction():
+                    await execute(conn, Q.lock_tenant_submits, tenant_id=tenant_id)
+                    # A retried submit is answered before any quota: it creates nothing.
+                    existing = None if spec.client_request_id is None else await fetchrow(
+                        conn, Q.get_run_by_client_request, tenant_id=tenant_id,
+                        client_request_id=spec.client_request_id)
+                    row = None
+                    if existing is None:
+                        await self._check_quota(conn, tenant_id, quota)
+                        row = await self._insert_run(conn, tenant_id, spec, digest, trace)
+                        assert row is not None, "the tenant's lock admits one submit of an id at a time"
             if row is not None:
                 return Submitted(RunRow.of(row), True)
-            existing = await fetchrow(conn, Q.get_run_by_client_request, tenant_id=tenant_id,
-                                      client_request_id=spec.client_request_id)
         if existing is None:  # deleted between the two statements: retention never deletes runs
             raise Unavailable("submit raced with a concurrent change; retry")
         if bytes(existing["submit_hash"]) != digest:
@@ -79,6 +98,34 @@ class RunStore(Recovery):
                 client_request_id=spec.client_request_id, run_id=existing["id"],
             )
         return Submitted(RunRow.of(existing), False)
+
+    @staticmethod
+    async def _insert_run(conn: asyncpg.Connection, tenant_id: str, spec: SubmitSpec, digest: bytes | None,
+                          trace: Trace) -> Record | None:
+        return await fetchrow(
+            conn, Q.submit_run, run_id=uuid7(), tenant_id=tenant_id, agent_name=spec.agent_name,
+            agent_version=spec.agent_version, input=spec.input, labels=spec.labels,
+            max_attempts=spec.max_attempts, max_steps=spec.max_steps, max_tokens=spec.max_tokens,
+            max_cost_usd=spec.max_cost_usd, deadline_at=spec.deadline_at,
+            client_request_id=spec.client_request_id, submit_hash=digest, event_id=uuid7(),
+            priority=spec.priority, concurrency_key=spec.concurrency_key, concurrency_max=spec.concurrency_max,
+            **trace_params(trace))
+
+    async def _check_quota(self, conn: asyncpg.Connection, tenant_id: str, quota: SubmitQuota) -> None:
+        """Under the tenant's submit lock: raises QuotaExceeded when this submit would pass a quota."""
+        counts = await fetchrow(conn, Q.submit_quota, tenant_id=tenant_id, max_queued=quota.max_queued_runs,
+                                max_rate=quota.max_submits_per_s)
+        assert counts is not None
+        if quota.max_queued_runs and counts["queued"] >= quota.max_queued_runs:
+            raise QuotaExceeded(
+                f"tenant {tenant_id!r} has {quota.max_queued_runs} queued runs, its limit (max_queued_runs); "
+                "retry once some have started", retry_after_s=self.settings.queue_full_retry_after_ms / 1000,
+                limit="max_queued_runs", tenant=tenant_id, max=quota.max_queued_runs)
+        if quota.max_submits_per_s and counts["recent"] >= quota.max_submits_per_s:
+            raise QuotaExceeded(
+                f"tenant {tenant_id!r} submitted {quota.max_submits_per_s} runs in the last second, its limit "
+                "(max_submits_per_s)", retry_after_s=counts["rate_retry_s"] or 0.001,
+                limit="max_submits_per_s", tenant=tenant_id, max=quota.max_submits_per_s)
 
     @db_call
     async def run_for_request(self, tenant_id: str, client_request_id: str) -> RunRow | None:

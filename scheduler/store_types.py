@@ -145,10 +145,17 @@ class SubmitSpec:
     max_tokens: int = 0
     max_cost_usd: float = 0.0
     deadline_at: dt.datetime | None = None
+    priority: int = 5  # 1 (lowest) .. 9 (highest), claimed first among due runs
+    requested_priority: int = 0  # as submitted (0 = the agent's default): what a retried submit must repeat
+    concurrency_key: str | None = None  # rendered from the input by the agent's key template
+    concurrency_max: int | None = None
 
     def submit_hash(self) -> bytes:
+        # The requested priority counts only when set, so the hashes of submits made before it existed hold.
+        extra = {"priority": self.requested_priority} if self.requested_priority else {}
         return sha256_of(
             {
+                **extra,
                 "agent_name": self.agent_name,
                 "agent_version": self.agent_version,
                 "input": self.input,

@@ -31,7 +31,7 @@ from scheduler.store_core import binding_params, db_call, fence_params, fenced_w
 from scheduler.store_types import NO_JOURNAL, Claimed, Journal, LeaseRef, RunEnd, bind_write, tx2_binding
 from scheduler.store_work_tools import ToolWrites
 from shared.canonical import CanonicalJson, sha256_of
-from shared.db import fetch, fetchrow
+from shared.db import fetch, fetchrow, fetchval
 from shared.errors import InvalidArgument
 from shared.tracing import NO_TRACE, Trace, annotate
 
@@ -44,14 +44,28 @@ _FINISH = {
 }
 
 
+# Due re-queued runs one claim statement makes ready (claim_work's `waking`).
+WAKE_BATCH = 64
+
+
+class _SlotTaken(Exception):
+    """A concurrent claim took the last slot of a group first: roll this claim back."""
+
+
 class WorkStore(ToolWrites):
     @db_call
     async def claim(self, worker_id: str, agents: list[str], trace: Trace = NO_TRACE) -> Claimed | None:
         lease_ms = self.settings.lease_duration_ms
         async with self.pool.acquire() as conn:
             for _ in range(16):  # bounded: each pass ends one cancelled/expired run or returns
-                row = await fetchrow(conn, Q.claim_work, worker_id=worker_id, lease_ms=lease_ms, agents=agents)
+                row = await self._claim_within_limits(conn, worker_id, agents)
                 if row is None:
+                    continue  # the claim would have passed a limit: rolled back, judged again
+                if row["id"] is None:
+                    if row["woken"] or row["parked"]:
+                        continue  # runs became ready, or blocked ones moved aside: look again
+                    if row["looked"] and self.settings.claim_lookahead > 1:
+                        continue  # every free run looked at was taken by concurrent claims
                     return None
                 reason = None
                 if row["cancel_requested_at"] is not None:
@@ -80,6 +94,28 @@ class WorkStore(ToolWrites):
                     await self._event(conn, ended, event,
                                       {"reason": reason, "intents_in_doubt": ended["doubted_intents"]}, trace)
         return None
+
+    async def _claim_within_limits(self, conn: Any, worker_id: str, agents: list[str]) -> Any:
+        """One claim_work in its own transaction, kept only when no concurrency limit of the claimed run is
+        passed (slot_overflow, after the statement locked its groups); None when it was rolled back."""
+        limits = self.settings.concurrency
+        try:
+            async with conn.transaction():
+                row = await fetchrow(
+                    conn, Q.claim_work, worker_id=worker_id, lease_ms=self.settings.lease_duration_ms,
+                    agents=agents, wake_batch=WAKE_BATCH, lookahead=self.settings.claim_lookahead,
+                    recheck_ms=self.settings.concurrency_recheck_ms, **limits.params())
+                assert row is not None  # one row always: the counts, and the claimed run's columns or NULLs
+                if row["id"] is not None and row["slot_locks"]:
+                    overflow = await fetchval(
+                        conn, Q.slot_overflow, tenant_id=row["tenant_id"], agent_name=row["agent_name"],
+                        concurrency_key=row["concurrency_key"], tenant_max=row["tenant_max"],
+                        agent_max=row["agent_max"], key_max=row["concurrency_max"] or 0)
+                    if overflow is not None:
+                        raise _SlotTaken(overflow)
+                return row
+        except _SlotTaken:
+            return None
 
     @db_call
     async def heartbeat(self, lease: LeaseRef) -> dt.datetime:

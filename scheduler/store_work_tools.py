@@ -6,10 +6,13 @@ guard; a refusal is explained by scheduler/replay.py.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
+from asyncpg import Record
 
+from scheduler.config import ToolLimit
 from scheduler.queries import Q
 from scheduler.replay import Recovery
 from scheduler.rows import Began, Chained, Completed, ExecutionRow
@@ -17,12 +20,49 @@ from scheduler.states import Op
 from scheduler.store_core import binding_params, db_call, fence_params, fenced_write, trace_params
 from scheduler.store_types import NO_JOURNAL, Journal, LeaseRef, ToolIntent, bind_write
 from shared.canonical import CanonicalJson, request_hash, sha256_of
-from shared.db import fetchrow
-from shared.errors import AlreadyExists, DecisionNotCheckpointed, VersionConflict
+from shared.db import execute, fetchrow, fetchval
+from shared.errors import AlreadyExists, DecisionNotCheckpointed, ToolRateLimited, VersionConflict
 from shared.tracing import NO_TRACE, Trace
 
 
 class ToolWrites(Recovery):
+    async def _within_tool_limits(self, conn: asyncpg.Connection, lease: LeaseRef, tool_name: str,
+                                  write: Callable[[], Awaitable[Record | None]]) -> Record | None:
+        """Runs a Tx1 write (`write`) only when the tool's limits allow one more call: in one transaction,
+        the tool's (and the tenant × tool pair's) advisory locks, their counts in a new snapshot, then the
+        write. Over a limit: ToolRateLimited with the delay after which a call fits, nothing written."""
+        own, per_tenant = self.settings.tool_limits_of(tool_name)
+        if own is None and not per_tenant:
+            return await write()
+        tenant, tenant_limit = None, None
+        if per_tenant:
+            tenant = await fetchval(conn, Q.run_tenant, run_id=lease.run_id)
+            tenant_limit = self.settings.tenant_tool_limits.get(tenant or "", {}).get(tool_name)
+        async with conn.transaction():
+            await execute(conn, Q.lock_tool_slots, tool_key_1=tool_name,
+                          tool_key_2=f"{tenant}/{tool_name}" if tenant_limit is not None else None)
+            if own is not None:
+                await self._check_tool(conn, tool_name, None, own)
+            if tenant_limit is not None:
+                await self._check_tool(conn, tool_name, tenant, tenant_limit)
+            return await write()
+
+    async def _check_tool(self, conn: asyncpg.Connection, tool_name: str, tenant: str | None,
+                          limit: ToolLimit) -> None:
+        rate, window_ms = limit.rate_per_window
+        usage = await fetchrow(conn, Q.tool_usage, tool_name=tool_name, tenant_id=tenant, rate=rate,
+                               window_ms=window_ms, concurrency=limit.concurrency or 0)
+        assert usage is not None
+        whose = f"tool {tool_name!r}" + (f" for tenant {tenant!r}" if tenant else "")
+        if rate and usage["recent"] >= rate:
+            raise ToolRateLimited(f"{whose} is at its rate limit ({limit.rate})",
+                                  retry_after_s=max(usage["retry_s"] or 0.0, 0.001), limit="rate", tool=tool_name,
+                                  tenant=tenant)
+        if limit.concurrency and usage["open"] >= limit.concurrency:
+            raise ToolRateLimited(f"{whose} has {limit.concurrency} calls open, its concurrency limit",
+                                  retry_after_s=self.settings.tool_concurrency_retry_after_ms / 1000,
+                                  limit="concurrency", tool=tool_name, tenant=tenant)
+
     @db_call
     async def begin_tool_call(
         self, lease: LeaseRef, *, expected_version: int, step_key: str, tool_name: str, idempotency_key: str,
@@ -34,11 +74,11 @@ class ToolWrites(Recovery):
                              tool_name=tool_name, idempotency_key=idempotency_key, request=digest,
                              execution_id=execution_id, event_id=event_id)
         async with self.pool.acquire() as conn:
-            row = await fenced_write(
+            row = await self._within_tool_limits(conn, lease, tool_name, lambda: fenced_write(
                 conn, Q.begin_tool_call, **fence_params(lease, Op.BEGIN_TOOL_CALL), expected_version=expected_version,
                 step_key=step_key, tool_name=tool_name, idempotency_key=idempotency_key, request=request,
                 request_hash=digest, execution_id=execution_id, event_id=event_id, **trace_params(trace),
-                **binding_params(binding))
+                **binding_params(binding)))
             if row is not None:
                 return Began(ExecutionRow.of(row), False, False)
             replay = await self._replay(conn, lease, binding, event_id, "ledger")
@@ -94,7 +134,7 @@ class ToolWrites(Recovery):
             next=[intent.step_key, intent.tool_name, intent.idempotency_key, digest.hex(),
                   str(intent.execution_id), str(intent.event_id)], **journal.binding_fields())
         async with self.pool.acquire() as conn:
-            row = await fenced_write(
+            row = await self._within_tool_limits(conn, lease, intent.tool_name, lambda: fenced_write(
                 conn, Q.complete_and_begin_tool_call, **fence_params(lease, Op.COMPLETE_AND_BEGIN_TOOL_CALL),
                 expected_version=expected_version, step_key=step_key, outcome=outcome, state=stored,
                 schema_version=schema_version, response=response, remote_resource_id=remote_resource_id,
@@ -102,7 +142,7 @@ class ToolWrites(Recovery):
                 next_tool_name=intent.tool_name, next_idempotency_key=intent.idempotency_key,
                 next_request_hash=digest, next_execution_id=intent.execution_id, next_request=intent.request,
                 event_id=event_id, next_event_id=intent.event_id, **trace_params(trace), **binding_params(binding),
-                **journal.params)
+                **journal.params))
             if row is not None:
                 return Chained(row["cp_version"], ExecutionRow.of(row), False)
             replay = await self._replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),

@@ -207,6 +207,18 @@ def require_positive(field: str, value: int) -> int:
     return value
 
 
+MIN_PRIORITY, MAX_PRIORITY = 1, 9
+
+
+def optional_priority(field: str, value: int) -> int | None:
+    """A run priority, 1 (lowest) .. 9 (highest); 0 = unset (None)."""
+    if value == 0:
+        return None
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidArgument(field, f"must be between {MIN_PRIORITY} and {MAX_PRIORITY} (0 = the default)")
+    return value
+
+
 def require_non_negative(field: str, value: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise InvalidArgument(field, "must be a finite number, not negative")

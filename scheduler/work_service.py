@@ -22,6 +22,7 @@ from scheduler.auth import WorkAuth
 from scheduler.config import SchedulerSettings
 from scheduler.metrics import SchedulerMetrics
 from scheduler.notifier import WorkNotifier
+from scheduler.registry import check_key_template
 from scheduler.rpc import (
     DEFAULT_JOURNAL_PAGE_SIZE,
     DEFINITE_OUTCOME,
@@ -445,4 +446,14 @@ def _agent_spec(field: str, item: ws.AgentRegistration, limit: int) -> AgentSpec
     if len(item.tool_names) > 1000:
         raise InvalidArgument(f"{field}.tool_names", "at most 1000 tools")
     tools = tuple(v.require_name(f"{field}.tool_names", t) for t in item.tool_names)
-    return AgentSpec(name=name, version=version, input_schema=schema, tool_names=tools)
+    priority = v.optional_priority(f"{field}.default_priority", item.default_priority)
+    key = item.concurrency_key or None
+    if key is not None:
+        v.require_text(f"{field}.concurrency_key", key, max_len=500)
+        check_key_template(f"{field}.concurrency_key", key)
+        if item.concurrency_max < 1:
+            raise InvalidArgument(f"{field}.concurrency_max", "must be at least 1 with a concurrency_key")
+    elif item.concurrency_max:
+        raise InvalidArgument(f"{field}.concurrency_max", "needs a concurrency_key")
+    return AgentSpec(name=name, version=version, input_schema=schema, tool_names=tools, default_priority=priority,
+                     concurrency_key=key, concurrency_max=item.concurrency_max if key else None)

@@ -137,6 +137,31 @@ class Unavailable(AgentrtError):
     retryable = True
 
 
+class ResourceExhausted(AgentrtError):
+    """A limit is full: try again after `retry_after_s` (sent as google.rpc.RetryInfo)."""
+
+    reason = "RESOURCE_EXHAUSTED"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: float, **metadata: Any) -> None:
+        # The delay rides in the metadata too: a WriteBatch item's error carries no RetryInfo.
+        super().__init__(message, retry_after_ms=max(1, round(retry_after_s * 1000)), **metadata)
+        self.retry_after_s = max(0.0, retry_after_s)
+
+
+class QuotaExceeded(ResourceExhausted):
+    """SubmitRun over a tenant quota (metadata `limit`: max_queued_runs or max_submits_per_s); nothing written."""
+
+    reason = "QUOTA_EXCEEDED"
+
+
+class ToolRateLimited(ResourceExhausted):
+    """Tx1 of a tool over its rate or concurrency limit (metadata `limit`, `tool`); nothing written.
+    The executor waits the RetryInfo delay and sends it again: no attempt, no budget step spent."""
+
+    reason = "TOOL_RATE_LIMITED"
+
+
 # The one mapping from error class to gRPC status code.
 STATUS_CODES: dict[type[AgentrtError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -159,6 +184,9 @@ STATUS_CODES: dict[type[AgentrtError], grpc.StatusCode] = {
     SchemaMismatch: grpc.StatusCode.FAILED_PRECONDITION,
     AgentNotRegistered: grpc.StatusCode.FAILED_PRECONDITION,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ToolRateLimited: grpc.StatusCode.RESOURCE_EXHAUSTED,
     AgentrtError: grpc.StatusCode.INTERNAL,
 }
 
@@ -177,8 +205,28 @@ def to_grpc_status(error: AgentrtError) -> grpc.Status:
     info = error_details_pb2.ErrorInfo(reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
-    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=error.message, details=[detail])
+    details = [detail]
+    if isinstance(error, ResourceExhausted):
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromMilliseconds(max(1, round(error.retry_after_s * 1000)))
+        later = any_pb2.Any()
+        later.Pack(retry)
+        details.append(later)
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=error.message, details=details)
     return rpc_status.to_status(status)
+
+
+def retry_delay_s(error: grpc.RpcError) -> float | None:
+    """The google.rpc.RetryInfo delay of a failed call, in seconds, if it carries one."""
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    if status is None:
+        return None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry = error_details_pb2.RetryInfo()
+            detail.Unpack(retry)
+            return float(retry.retry_delay.ToMilliseconds()) / 1000
+    return None
 
 
 def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
@@ -194,10 +242,18 @@ def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
     return None
 
 
-def _typed(reason: str, message: str, metadata: Any) -> AgentrtError | None:
+def _typed(reason: str, message: str, metadata: Any, retry_after_s: float | None = None) -> AgentrtError | None:
     cls = _BY_REASON.get(reason)
     if cls is None:
         return None
+    if issubclass(cls, ResourceExhausted):
+        details = dict(metadata)
+        carried = details.pop("retry_after_ms", "")
+        if retry_after_s is None and carried.isdigit():
+            retry_after_s = int(carried) / 1000
+        exhausted = cls.__new__(cls)
+        ResourceExhausted.__init__(exhausted, message or reason, retry_after_s=retry_after_s or 0.0, **details)
+        return exhausted
     if cls is InvalidArgument:
         # The server's message names the field already ("run_id: is not a UUID"): keep the problem only.
         field = metadata.get("field", "?")
@@ -220,7 +276,7 @@ def from_rpc_error(error: grpc.RpcError) -> AgentrtError:
     info = error_info(error)
     message = error.details() if hasattr(error, "details") else str(error)  # type: ignore[union-attr]
     if info is not None:
-        typed = _typed(info.reason, message, info.metadata)
+        typed = _typed(info.reason, message, info.metadata, retry_delay_s(error))
         if typed is not None:
             return typed
     code = error.code() if hasattr(error, "code") else None  # type: ignore[union-attr]

@@ -64,9 +64,11 @@ SELECT clock_timestamp() AS now;
 WITH inserted AS (
   INSERT INTO agent_runs (id, tenant_id, agent_name, agent_version, input, labels, max_attempts,
                           budget_max_steps, budget_max_tokens, budget_max_cost_usd, deadline_at,
-                          client_request_id, submit_hash, next_attempt_at)
+                          client_request_id, submit_hash, next_attempt_at, priority, concurrency_key,
+                          concurrency_max)
   VALUES (:run_id, :tenant_id, :agent_name, :agent_version, :input, :labels, :max_attempts, :max_steps,
-          :max_tokens, :max_cost_usd, :deadline_at, :client_request_id, :submit_hash, clock_timestamp())
+          :max_tokens, :max_cost_usd, :deadline_at, :client_request_id, :submit_hash, clock_timestamp(),
+          :priority, :concurrency_key, :concurrency_max)
   ON CONFLICT (tenant_id, client_request_id) WHERE client_request_id IS NOT NULL DO NOTHING
   RETURNING *
 ), event AS (
@@ -78,6 +80,30 @@ WITH inserted AS (
   FROM inserted
 )
 SELECT inserted.* FROM inserted;
+
+-- name: lock_tenant_submits
+-- Serialises one tenant's quota-checked submits until the transaction ends, so
+-- two of them never pass a quota on the same count (other tenants do not wait).
+SELECT pg_advisory_xact_lock(1095914566, hashtext(:tenant_id));
+
+-- name: submit_quota
+-- The counts a tenant's quotas are judged on, read under lock_tenant_submits,
+-- each bounded by its limit (:max_queued, :max_rate; 0 reads nothing): QUEUED
+-- runs (agent_runs_tenant_status_idx), and submits in the last second by
+-- database time (agent_runs_tenant_created_idx) with how long until the oldest
+-- of the newest :max_rate leaves the window.
+WITH recent AS (
+  SELECT created_at FROM agent_runs
+  WHERE tenant_id = :tenant_id AND created_at > clock_timestamp() - interval '1 second'
+  ORDER BY created_at DESC
+  LIMIT :max_rate
+)
+SELECT
+  (SELECT count(*) FROM (SELECT 1 FROM agent_runs WHERE tenant_id = :tenant_id AND status = 'QUEUED'
+                         LIMIT :max_queued) AS q) AS queued,
+  (SELECT count(*) FROM recent) AS recent,
+  extract(epoch FROM (SELECT min(created_at) FROM recent) + interval '1 second' - clock_timestamp())::float8
+    AS rate_retry_s;
 
 -- name: get_run_by_client_request
 SELECT * FROM agent_runs WHERE tenant_id = :tenant_id AND client_request_id = :client_request_id;
@@ -99,32 +125,117 @@ WHERE tenant_id = :tenant_id
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
+-- fragment: live_leased
+-- Run `l` holds a concurrency slot: leased (an owner: only the leased statuses
+-- have one), its lease live by database time. Matches the agent_leased_* indexes.
+l.lease_owner IS NOT NULL AND l.lease_expires_at > clock_timestamp()
+
+-- fragment: limits_of
+-- The tenant and agent concurrency limits of run `c` (0 = none): :tenant_max_default
+-- unless :limit_tenants/:limit_tenant_max name its tenant; :limit_agents/:limit_agent_max.
+coalesce((SELECT t.m FROM unnest(:limit_tenants::text[], :limit_tenant_max::int[]) AS t(n, m)
+          WHERE t.n = c.tenant_id LIMIT 1), :tenant_max_default::int) AS tenant_max,
+coalesce((SELECT a.m FROM unnest(:limit_agents::text[], :limit_agent_max::int[]) AS a(n, m)
+          WHERE a.n = c.agent_name LIMIT 1), 0) AS agent_max
+
+-- fragment: blocked_by
+-- Which limit of candidate `c` (with its tenant_max, agent_max) is full, NULL when
+-- none: a limit is full when its group already has that many live leased runs,
+-- counted through the group's leased-run index (a group holds about its limit
+-- of leased rows: a LIMIT here would invite a sequential scan hoping to stop early).
+CASE
+  WHEN c.tenant_max > 0 AND (SELECT count(*) FROM agent_runs AS l
+        WHERE l.tenant_id = c.tenant_id AND {live_leased}) >= c.tenant_max THEN 'tenant'
+  WHEN c.agent_max > 0 AND (SELECT count(*) FROM agent_runs AS l
+        WHERE l.agent_name = c.agent_name AND {live_leased}) >= c.agent_max THEN 'agent'
+  WHEN c.concurrency_key IS NOT NULL AND (SELECT count(*) FROM agent_runs AS l
+        WHERE l.tenant_id = c.tenant_id AND l.agent_name = c.agent_name AND l.concurrency_key = c.concurrency_key
+          AND {live_leased}) >= c.concurrency_max THEN 'key'
+END
+
 -- name: claim_work
 -- Takes one run for worker :worker_id: first a RUNNING/WAITING_TOOL run whose lease
--- lapsed by database time, else a QUEUED run that is due. FOR UPDATE SKIP LOCKED:
--- two claimers never take the same row. The fencing token grows on every
--- claim; attempt_count only when claimed from QUEUED. A WAITING_TOOL run stays
--- WAITING_TOOL (its new holder may look up or freeze, never resend).
--- UNION ALL without ORDER BY yields `expired` first; LIMIT 1 stops before
--- `queued` is scanned when an expired run was found. With the run come its
--- pending signals (oldest 100) and the seq of the latest signal it received,
--- both read in this statement's snapshot (run_signals_pending_idx): a signal
--- committed after it shows as last_signal_seq on the run row only, which
--- FinishRun then compares with signals_seen (docs/design.md §signals).
-WITH expired AS (
+-- lapsed by database time, else a QUEUED run that is due, in claim order:
+-- highest priority first, then the earliest enqueued_at (the run's first
+-- enqueue, kept across its waits: a run back from a sleep, approval or
+-- backoff is not overtaken by fresh submissions). Either kind is taken only
+-- when none of its concurrency limits is full ({blocked_by}). FOR UPDATE SKIP
+-- LOCKED: two claimers never take the same row. The fencing token grows on
+-- every claim; attempt_count only when claimed from QUEUED. A WAITING_TOOL run
+-- stays WAITING_TOOL (its new holder may look up or freeze, never resend).
+-- `waking` turns up to :wake_batch due, not yet ready runs ready (any agent's:
+-- a flag, not a claim). They are claimable from the next statement on, so a
+-- statement that woke runs takes no queued run (it would be chosen without
+-- them); `woken` tells the caller to claim again.
+-- Each path looks at its first :lookahead runs in order (unlocked), judges
+-- their limits and locks the first free one it can; queued runs found blocked
+-- are parked for :recheck_ms (`parked`: out of the ready index, their
+-- enqueued_at kept), so the next claim looks past them. The claimed run's
+-- limited groups are locked (advisory, transaction scope, in a fixed order)
+-- before the statement ends: the caller's slot_overflow, a new snapshot in the
+-- same transaction, then sees every claim that committed before it
+-- (store_work.py rolls back a claim that would pass a limit).
+-- With the run come its pending signals (oldest 100) and the seq of the
+-- latest signal it received, both read in this statement's snapshot
+-- (run_signals_pending_idx): a signal committed after it shows as
+-- last_signal_seq on the run row only, which FinishRun then compares with
+-- signals_seen (docs/design.md §signals).
+WITH waking AS (
   SELECT id FROM agent_runs
-  WHERE status IN ('RUNNING', 'WAITING_TOOL') AND lease_expires_at < clock_timestamp()
-    AND agent_name = ANY(:agents::text[])
-  ORDER BY lease_expires_at, created_at, id
-  LIMIT 1
+  WHERE status = 'QUEUED' AND NOT claim_ready AND next_attempt_at <= clock_timestamp()
+  ORDER BY next_attempt_at
+  LIMIT :wake_batch
   FOR UPDATE SKIP LOCKED
+), woken AS (
+  UPDATE agent_runs AS r SET claim_ready = true
+  FROM waking AS w
+  WHERE r.id = w.id
+  RETURNING r.id
+), expired_look AS (
+  SELECT c.*, {limits_of} FROM (
+    SELECT id, tenant_id, agent_name, concurrency_key, concurrency_max, lease_expires_at, created_at
+    FROM agent_runs
+    WHERE status IN ('RUNNING', 'WAITING_TOOL') AND lease_expires_at < clock_timestamp()
+      AND agent_name = ANY(:agents::text[])
+    ORDER BY lease_expires_at, created_at, id
+    LIMIT :lookahead) AS c
+), expired AS (
+  SELECT r.id FROM agent_runs AS r
+  JOIN expired_look AS c ON c.id = r.id AND ({blocked_by}) IS NULL
+  WHERE r.status IN ('RUNNING', 'WAITING_TOOL') AND r.lease_expires_at < clock_timestamp()
+  ORDER BY c.lease_expires_at, c.created_at, c.id
+  LIMIT 1
+  FOR UPDATE OF r SKIP LOCKED
+), looked AS (
+  SELECT c.*, {limits_of} FROM (
+    SELECT id, tenant_id, agent_name, concurrency_key, concurrency_max, priority, enqueued_at
+    FROM agent_runs
+    WHERE status = 'QUEUED' AND claim_ready AND next_attempt_at <= clock_timestamp()
+      AND agent_name = ANY(:agents::text[])
+      AND NOT EXISTS (SELECT 1 FROM waking)
+    ORDER BY priority DESC, enqueued_at, id
+    LIMIT :lookahead) AS c
+), judged AS (
+  SELECT c.id, c.priority, c.enqueued_at, {blocked_by} AS blocked_by FROM looked AS c
 ), queued AS (
-  SELECT id FROM agent_runs
-  WHERE status = 'QUEUED' AND next_attempt_at <= clock_timestamp()
-    AND agent_name = ANY(:agents::text[])
-  ORDER BY next_attempt_at, created_at, id
+  SELECT r.id FROM agent_runs AS r
+  JOIN judged AS j ON j.id = r.id AND j.blocked_by IS NULL
+  WHERE r.status = 'QUEUED' AND r.claim_ready
+  ORDER BY j.priority DESC, j.enqueued_at, j.id
   LIMIT 1
-  FOR UPDATE SKIP LOCKED
+  FOR UPDATE OF r SKIP LOCKED
+), to_park AS (
+  SELECT r.id, j.blocked_by FROM agent_runs AS r
+  JOIN judged AS j ON j.id = r.id AND j.blocked_by IS NOT NULL
+  WHERE r.status = 'QUEUED' AND r.claim_ready
+  FOR UPDATE OF r SKIP LOCKED
+), parked AS (
+  UPDATE agent_runs AS r
+  SET claim_ready = false, waiting_on = p.blocked_by,
+      next_attempt_at = clock_timestamp() + make_interval(secs => :recheck_ms::double precision / 1000)
+  FROM to_park AS p
+  WHERE r.id = p.id
+  RETURNING r.id
 ), candidate AS (
   (SELECT id FROM expired UNION ALL SELECT id FROM queued) LIMIT 1
 ), claimed AS (
@@ -134,12 +245,26 @@ WITH expired AS (
       lease_expires_at = clock_timestamp() + make_interval(secs => :lease_ms::double precision / 1000),
       fencing_token = r.fencing_token + 1,
       attempt_count = CASE WHEN r.status = 'QUEUED' THEN r.attempt_count + 1 ELSE r.attempt_count END,
-      awaiting_signal = NULL, updated_at = clock_timestamp()
+      awaiting_signal = NULL, waiting_on = NULL,
+      updated_at = clock_timestamp()
   FROM candidate AS c
   WHERE r.id = c.id
   RETURNING r.*
+), limited AS (
+  SELECT c.*, {limits_of} FROM claimed AS c
 )
-SELECT claimed.*, clock_timestamp() AS db_now,
+SELECT claimed.*, clock_timestamp() AS db_now, w.woken,
+       (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM judged) AS looked,
+       (SELECT count(*) FROM (
+          SELECT pg_advisory_xact_lock(g.ns, g.h) FROM (
+            SELECT 1 AS ord, 1095914567 AS ns, hashtext(claimed.tenant_id) AS h WHERE claimed.tenant_max > 0
+            UNION ALL
+            SELECT 2, 1095914568, hashtext(claimed.agent_name) WHERE claimed.agent_max > 0
+            UNION ALL
+            SELECT 3, 1095914569, hashtext(claimed.tenant_id || '/' || claimed.agent_name || '/'
+                                           || claimed.concurrency_key)
+            WHERE claimed.concurrency_key IS NOT NULL
+            ORDER BY ord) AS g) AS locked) AS slot_locks,
        cp.version AS cp_version, cp.state_json AS cp_state_json, cp.state_hash AS cp_state_hash,
        cp.schema_version AS cp_schema_version, cp.fencing_token AS cp_fencing_token,
        cp.event_id AS cp_event_id, cp.created_at AS cp_created_at,
@@ -156,9 +281,24 @@ SELECT claimed.*, clock_timestamp() AS db_now,
           FROM (SELECT * FROM run_signals WHERE run_id = claimed.id AND consumed_at IS NULL
                 ORDER BY id LIMIT 100) AS s) AS pending_signals,
        (SELECT coalesce(max(id), 0) FROM run_signals WHERE run_id = claimed.id) AS signals_seen
-FROM claimed
+FROM (SELECT count(*) AS woken FROM woken) AS w
+LEFT JOIN limited AS claimed ON true
 LEFT JOIN agent_checkpoints AS cp ON cp.run_id = claimed.id AND cp.version = claimed.version
 LEFT JOIN tool_executions AS te ON te.run_id = claimed.id AND te.step_key = claimed.current_step_key;
+
+-- name: slot_overflow
+-- After claim_work locked the claimed run's groups, in its transaction (a new
+-- snapshot): which limit, if any, the claim passes. Counts live leased runs,
+-- the claimed one included (0 = no limit).
+SELECT CASE
+  WHEN :tenant_max::int > 0 AND (SELECT count(*) FROM agent_runs AS l
+        WHERE l.tenant_id = :tenant_id AND {live_leased}) > :tenant_max THEN 'tenant'
+  WHEN :agent_max::int > 0 AND (SELECT count(*) FROM agent_runs AS l
+        WHERE l.agent_name = :agent_name AND {live_leased}) > :agent_max THEN 'agent'
+  WHEN :key_max::int > 0 AND (SELECT count(*) FROM agent_runs AS l
+        WHERE l.tenant_id = :tenant_id AND l.agent_name = :agent_name AND l.concurrency_key = :concurrency_key
+          AND {live_leased}) > :key_max THEN 'key'
+END AS overflow;
 
 -- name: heartbeat
 -- Extends a lease only while it is still live by database time: a worker whose
@@ -218,6 +358,41 @@ WITH run AS (
 SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id FROM checkpoint
 WHERE agentrt_assert((SELECT count(*) FROM consumed) = cardinality(:consume_signal_seqs::bigint[]),
                      'a signal this checkpoint consumes is consumed already or not the run''s');
+
+-- name: lock_tool_slots
+-- Serialises the Tx1s of one tool (:tool_key_1) and of one tenant's calls of it
+-- (:tool_key_2, NULL when that pair has no limit of its own) until the
+-- transaction ends, in that order: the counts read after it (tool_usage, a new
+-- snapshot) then see every intent committed before.
+SELECT pg_advisory_xact_lock(1095914570, hashtext(:tool_key_1)),
+       CASE WHEN :tool_key_2::text IS NOT NULL THEN pg_advisory_xact_lock(1095914571, hashtext(:tool_key_2)) END;
+
+-- name: tool_usage
+-- A tool's use by database time (of :tenant_id's runs only when it is not
+-- NULL): intents in the last :window_ms (the newest :rate of them at most,
+-- tool_executions_tool_intent_idx) with how long until the oldest of those
+-- leaves the window, and its open intents (tool_executions_tool_open_idx).
+WITH recent AS (
+  SELECT te.outbound_intent_at FROM tool_executions AS te
+  WHERE te.tool_name = :tool_name
+    AND te.outbound_intent_at > clock_timestamp() - make_interval(secs => :window_ms::double precision / 1000)
+    AND (:tenant_id::text IS NULL
+         OR EXISTS (SELECT 1 FROM agent_runs AS r WHERE r.id = te.run_id AND r.tenant_id = :tenant_id))
+  ORDER BY te.outbound_intent_at DESC
+  LIMIT :rate
+)
+SELECT (SELECT count(*) FROM recent) AS recent,
+       extract(epoch FROM (SELECT min(outbound_intent_at) FROM recent)
+               + make_interval(secs => :window_ms::double precision / 1000) - clock_timestamp())::float8 AS retry_s,
+       (SELECT count(*) FROM tool_executions AS te
+        WHERE te.tool_name = :tool_name AND te.status = 'OUTBOUND_INTENT' AND te.completed_at IS NULL
+          AND :concurrency::int > 0
+          AND (:tenant_id::text IS NULL
+               OR EXISTS (SELECT 1 FROM agent_runs AS r WHERE r.id = te.run_id AND r.tenant_id = :tenant_id)))
+         AS open;
+
+-- name: run_tenant
+SELECT tenant_id FROM agent_runs WHERE id = :run_id;
 
 -- name: begin_tool_call
 -- Tx1: records the outbound intent before any network I/O. Refused (no row)
@@ -433,7 +608,7 @@ FROM intent, checkpoint;
 WITH run AS (
   UPDATE agent_runs AS r
   SET status = CASE WHEN r.attempt_count >= r.max_attempts THEN 'FAILED' ELSE 'QUEUED' END,
-      lease_owner = NULL, lease_expires_at = NULL,
+      lease_owner = NULL, lease_expires_at = NULL, claim_ready = false,
       next_attempt_at = clock_timestamp()
         + make_interval(secs => agentrt_backoff_ms(r.id, r.attempt_count, :backoff_base_ms, :backoff_cap_ms,
                                                    :backoff_jitter_ms) / 1000),
@@ -526,6 +701,8 @@ WITH run AS (
         ELSE r.next_attempt_at END,
       awaiting_signal = CASE WHEN :mode = 'sleep' AND r.last_signal_seq <= :signals_seen::bigint THEN :wait_signal
                              ELSE NULL END,
+      -- A run back in the queue for later waits outside the claim index until due (claim_work wakes it).
+      claim_ready = CASE WHEN :mode IN ('retry', 'sleep') THEN false ELSE r.claim_ready END,
       attempt_count = CASE WHEN :mode = 'sleep' THEN 0 ELSE r.attempt_count END,
       result = CASE WHEN :mode = 'end' AND :target = 'COMPLETED' THEN :result::jsonb ELSE r.result END,
       terminal_reason = CASE
@@ -641,9 +818,10 @@ SELECT signal.* FROM signal, run;
 
 -- name: resume_run
 -- PAUSED_HUMAN -> QUEUED with the operator's response recorded for the next step.
+-- Ready at once; enqueued_at is kept, so the run is claimed by its first enqueue.
 UPDATE agent_runs
 SET status = 'QUEUED', human_input = :human_input, pause_reason = NULL, attempt_count = 0,
-    next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+    next_attempt_at = clock_timestamp(), claim_ready = true, updated_at = clock_timestamp()
 WHERE id = :run_id AND status = 'PAUSED_HUMAN'
 RETURNING *;
 
@@ -660,10 +838,11 @@ RETURNING *;
 -- A resolved in-doubt run goes back to QUEUED; with a new checkpoint when the
 -- resolution carried a result (:version = the new version, else the version is
 -- kept), and :journal_added journal entries appended in the same (locked) transaction.
+-- Ready at once, in its place by enqueued_at (as resume_run).
 UPDATE agent_runs
 SET status = 'QUEUED', version = :version, pause_reason = NULL, attempt_count = 0,
     journal_length = journal_length + :journal_added,
-    next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+    next_attempt_at = clock_timestamp(), claim_ready = true, updated_at = clock_timestamp()
 WHERE id = :run_id AND status = 'PAUSED_INDOUBT'
 RETURNING *;
 
@@ -877,6 +1056,10 @@ SELECT
     WHERE published_at IS NULL) AS outbox_oldest_s,
   (SELECT coalesce(max(value), 0) FROM runtime_counters WHERE name = 'commit_unknown_inconsistent')
     AS commit_unknown_inconsistent,
+  -- QUEUED runs a claim found blocked by a full concurrency limit, by limit (tenant, agent, key).
+  (SELECT coalesce(jsonb_object_agg(waiting_on, n), '{}'::jsonb)
+     FROM (SELECT waiting_on, count(*) AS n FROM agent_runs
+           WHERE status = 'QUEUED' AND waiting_on IS NOT NULL GROUP BY waiting_on) w) AS waiting_on_limit,
   pg_database_size(current_database()) AS database_bytes,
   (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend') AS client_connections,
   current_setting('max_connections')::int AS max_connections;
@@ -937,12 +1120,15 @@ SELECT
 -- The whole set one executor serves now, in one statement: its rows for agents
 -- it no longer lists go, the listed ones are (re)written with a new expiry, and
 -- other executors' rows that lapsed a day ago are cleared away. Parallel
--- arrays, one element per agent; :tools holds each agent's tool names as JSON.
+-- arrays, one element per agent; :tools holds each agent's tool names as JSON,
+-- :priorities its default priority, :concurrency_keys/:concurrency_maxes its
+-- concurrency key template and limit (NULL: none).
 WITH listed AS (
   SELECT l.name, l.version, nullif(l.input_schema, '')::jsonb AS input_schema,
-         ARRAY(SELECT jsonb_array_elements_text(l.tools::jsonb)) AS tool_names
-  FROM unnest(:names::text[], :versions::text[], :schemas::text[], :tools::text[])
-       AS l(name, version, input_schema, tools)
+         ARRAY(SELECT jsonb_array_elements_text(l.tools::jsonb)) AS tool_names, l.priority, l.key, l.key_max
+  FROM unnest(:names::text[], :versions::text[], :schemas::text[], :tools::text[], :priorities::smallint[],
+              :concurrency_keys::text[], :concurrency_maxes::int[])
+       AS l(name, version, input_schema, tools, priority, key, key_max)
 ), gone AS (
   DELETE FROM agent_registry AS r
   WHERE (r.worker_id = :worker_id
@@ -950,20 +1136,22 @@ WITH listed AS (
      OR (r.worker_id <> :worker_id AND r.expires_at < clock_timestamp() - interval '1 day')
 ), written AS (
   INSERT INTO agent_registry (agent_name, agent_version, worker_id, input_schema, tool_names, registered_at,
-                              expires_at)
+                              expires_at, default_priority, concurrency_key, concurrency_max)
   SELECT name, version, :worker_id, input_schema, tool_names, clock_timestamp(),
-         clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000)
+         clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000), priority, key, key_max
   FROM listed
   ON CONFLICT (agent_name, agent_version, worker_id) DO UPDATE
   SET input_schema = EXCLUDED.input_schema, tool_names = EXCLUDED.tool_names,
+      default_priority = EXCLUDED.default_priority, concurrency_key = EXCLUDED.concurrency_key,
+      concurrency_max = EXCLUDED.concurrency_max,
       registered_at = EXCLUDED.registered_at, expires_at = EXCLUDED.expires_at
 )
 SELECT clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000) AS expires_at;
 
 -- name: live_versions
 -- The versions of one agent that a live executor serves, each with the input
--- schema of its latest registration.
-SELECT DISTINCT ON (agent_version) agent_version, input_schema
+-- schema, default priority and concurrency key of its latest registration.
+SELECT DISTINCT ON (agent_version) agent_version, input_schema, default_priority, concurrency_key, concurrency_max
 FROM agent_registry
 WHERE agent_name = :agent_name AND expires_at > clock_timestamp()
 ORDER BY agent_version, registered_at DESC;

@@ -98,6 +98,7 @@ class RunInfo:
     finished_at: dt.datetime | None
     next_attempt_at: dt.datetime | None
     last_trace_id: str = ""  # GetRun: the trace of the run's last step (look it up in your tracing backend)
+    priority: int = 0  # 1 (lowest) .. 9 (highest)
 
     @property
     def terminal(self) -> bool:
@@ -115,7 +116,7 @@ class RunInfo:
             result=_json(run.result_json), human_input=_json(run.human_input_json),
             created_at=_time(run, "created_at"), updated_at=_time(run, "updated_at"),
             finished_at=_time(run, "finished_at"), next_attempt_at=_time(run, "next_attempt_at"),
-            last_trace_id=run.last_trace_id,
+            last_trace_id=run.last_trace_id, priority=run.priority,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -224,15 +225,16 @@ class AgentrtClient:
                      client_request_id: str | None = None, agent_version: str = "", max_attempts: int = 0,
                      labels: dict[str, str] | None = None, max_steps: int = 0, max_tokens: int = 0,
                      max_cost_usd: float = 0.0, deadline: dt.datetime | None = None,
-                     allow_unregistered: bool = False) -> tuple[RunInfo, bool]:
+                     allow_unregistered: bool = False, priority: int = 0) -> tuple[RunInfo, bool]:
         """Returns (run, created). The same client_request_id always answers with the same run.
 
         An agent (or version) no live executor serves is refused (FailedPrecondition,
-        AGENT_NOT_REGISTERED) unless `allow_unregistered` queues it for one deployed later."""
+        AGENT_NOT_REGISTERED) unless `allow_unregistered` queues it for one deployed later.
+        `priority` 1 (lowest) .. 9 (highest); 0 = the agent's default."""
         request = rs.SubmitRunRequest(
             agent_name=agent_name, agent_version=agent_version, input_json=json.dumps(input or {}),
             client_request_id=client_request_id or f"client-{uuid.uuid4()}", max_attempts=max_attempts,
-            labels=labels or {}, allow_unregistered=allow_unregistered,
+            labels=labels or {}, allow_unregistered=allow_unregistered, priority=priority,
         )
         request.budget.max_steps = max_steps
         request.budget.max_tokens = max_tokens

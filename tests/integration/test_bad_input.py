@@ -372,6 +372,8 @@ CASES: list[Bad] = [
     Bad("SubmitRun", "too many labels", put(labels={f"k{i}": "v" for i in range(65)}), "labels"),
     Bad("SubmitRun", "label key too long", put(labels={"k" * 101: "v"}), "labels"),
     Bad("SubmitRun", "label value with NUL", put(labels={"k": "v\x00"}), "labels"),
+    Bad("SubmitRun", "priority negative", put(priority=-1), "priority"),
+    Bad("SubmitRun", "priority too high", put(priority=10), "priority"),
     # ---- GetRun, GetRunHistory, CancelRun: the run id
     *uuid_cases("GetRun", "run_id"),
     *uuid_cases("GetRunHistory", "run_id"),
@@ -590,6 +592,14 @@ CASES: list[Bad] = [
         "agents[0].input_schema_json"),
     Bad("RegisterAgents", "tool name with spaces", lambda r: r.agents[0].tool_names.append("a tool"),
         "agents[0].tool_names"),
+    Bad("RegisterAgents", "default priority too high", lambda r: setattr(r.agents[0], "default_priority", 10),
+        "agents[0].default_priority"),
+    Bad("RegisterAgents", "concurrency key with a bad placeholder",
+        lambda r: setattr(r.agents[0], "concurrency_key", "${customer}"), "agents[0].concurrency_key"),
+    Bad("RegisterAgents", "concurrency key without a max",
+        lambda r: setattr(r.agents[0], "concurrency_key", "${input.customer_id}"), "agents[0].concurrency_max"),
+    Bad("RegisterAgents", "concurrency max without a key", lambda r: setattr(r.agents[0], "concurrency_max", 2),
+        "agents[0].concurrency_max"),
     Bad("RegisterAgents", "an agent version twice", lambda r: r.agents.append(r.agents[0]), "agents[1]"),
     # ---- WriteBatch (the call itself; its items are refused one by one: test_bad_batch_items_...)
     Bad("WriteBatch", "items empty", put(items=[]), "items"),

@@ -101,3 +101,81 @@ async def test_history_pages_of_the_ledger_use_the_intent_order_index(db_url):
         assert "Sort" not in json.dumps(plan), json.dumps(plan)[:2000]
     finally:
         await db.close()
+
+
+async def test_the_claim_reads_only_its_partial_indexes_in_claim_order(db_url):
+    """claim_work walks the ready index in claim order (priority, first enqueue) and the waking and expired
+    indexes by time, each under a LIMIT (only the few looked-at runs are ever sorted), and counts concurrency
+    slots through the leased-run indexes: no scan of every queued row, whatever the mix of runs."""
+    db = await asyncpg.connect(db_url)
+    try:
+        await db.execute("SET plan_cache_mode = force_generic_plan")
+        await db.execute(
+            """
+            INSERT INTO agent_runs (id, tenant_id, agent_name, status, priority, claim_ready, next_attempt_at,
+                                    lease_owner, lease_expires_at, finished_at)
+            SELECT gen_random_uuid(), 't' || (n % 50), CASE WHEN s.status = 'QUEUED' THEN 'a' ELSE 'b' || (n % 40) END,
+                   s.status, 1 + n % 9, s.ready,
+                   CASE WHEN s.ready THEN clock_timestamp() ELSE clock_timestamp() + interval '1 hour' END,
+                   CASE WHEN s.status = 'RUNNING' THEN 'w' END,
+                   CASE WHEN s.status = 'RUNNING' THEN clock_timestamp() + interval '1 hour' END,
+                   CASE WHEN s.status = 'COMPLETED' THEN clock_timestamp() END
+            FROM generate_series(1, 4000) AS n,
+                 (VALUES ('QUEUED', true), ('QUEUED', false), ('RUNNING', true), ('COMPLETED', true))
+                   AS s(status, ready)
+            """)
+        await db.execute("ANALYZE agent_runs")
+        statement = await db.prepare(Q["claim_work"])
+        await db.execute(f"PREPARE claim AS {Q['claim_work']}")
+        args = Q.claim_work.args(worker_id="w-plan", lease_ms=30_000, agents=["a"], wake_batch=64, lookahead=16,
+                                 recheck_ms=500, tenant_max_default=10, limit_tenants=["t1"], limit_tenant_max=[3],
+                                 limit_agents=["a"], limit_agent_max=[100])
+        assert len(args) == len(statement.get_parameters())
+        literals = ", ".join(_literal(a) for a in args)
+        plan = json.loads(await db.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE claim({literals})"))
+        nodes = [child for _, child in edges(plan)] + [entry["Plan"] for entry in plan]
+        # The claimed run's pending signals are read by run id (its few rows): not a claim path.
+        signal_indexes = {"run_signals_pending_idx", "run_signals_run_id_request_id_key"}
+        runs = [(n["Node Type"], n.get("Index Name", "")) for n in nodes
+                if n.get("Relation Name") == "agent_runs"
+                or (n["Node Type"] == "Bitmap Index Scan" and n.get("Index Name") not in signal_indexes)]
+        runs = [(kind, index) for kind, index in runs if kind != "ModifyTable"]
+        indexes = {index for _, index in runs}
+        claim_paths = {"agent_claim_ready_idx", "agent_claim_waking_idx", "agent_claim_expired_idx"}
+        slot_counts = {"agent_leased_tenant_idx", "agent_leased_agent_idx", "agent_leased_key_idx"}
+        assert claim_paths | slot_counts <= indexes, " ".join(sorted(indexes))
+        for node_type, index in runs:
+            # A slot count may collect its group's few leased rows through a bitmap of its index.
+            assert node_type in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Bitmap Index Scan"), runs
+            assert index in claim_paths | slot_counts | {"agent_runs_pkey", ""}, runs
+            if index in claim_paths:
+                assert node_type == "Index Scan", runs
+        for parent, child in edges(plan):
+            if child.get("Index Name") in claim_paths:
+                assert parent["Node Type"] in ("Limit", "LockRows", "Result"), \
+                    (parent["Node Type"], child["Index Name"])
+    finally:
+        await db.close()
+
+
+def edges(plan: object) -> list[tuple[dict, dict]]:
+    """(parent, child) of every node pair of an EXPLAIN (FORMAT JSON) plan."""
+    found: list[tuple[dict, dict]] = []
+
+    def walk(node: dict) -> None:
+        for child in node.get("Plans", []):
+            found.append((node, child))
+            walk(child)
+
+    for entry in plan if isinstance(plan, list) else [plan]:
+        walk(entry["Plan"])
+    return found
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, list):
+        kind = "int[]" if value and isinstance(value[0], int) else "text[]"
+        return "ARRAY[" + ", ".join(_literal(v) for v in value) + "]::" + kind
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return str(value)

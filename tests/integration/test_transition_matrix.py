@@ -130,7 +130,12 @@ async def sdb(shared_db_url: str):
 async def snapshot(db: asyncpg.Connection) -> dict[str, list[dict[str, Any]]]:
     """Every row of the tables a call could touch."""
     tables = ("agent_runs", "agent_checkpoints", "tool_executions", "outbox")
-    return {table: [dict(r) for r in await db.fetch(f"SELECT * FROM {table} ORDER BY 1, 2")] for table in tables}
+    found = {table: [dict(r) for r in await db.fetch(f"SELECT * FROM {table} ORDER BY 1, 2")] for table in tables}
+    # Any claim may turn other, due runs of earlier cases claim-ready (claim_work's `waking`, a flag of
+    # the claim index, not a transition): the table leaves that flag out.
+    for run in found["agent_runs"]:
+        run.pop("claim_ready", None)
+    return found
 
 
 # ---------------------------------------------------------------------- building a run in a status via the API

@@ -2,7 +2,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from scheduler.config import SchedulerSettings
+from scheduler.config import SchedulerSettings, SubmitQuota
 from shared import errors
 
 
@@ -82,3 +82,38 @@ def test_an_invalid_argument_rebuilt_from_a_status_names_its_field_once() -> Non
     got = errors.from_rpc_error(Failed())
     assert isinstance(got, errors.InvalidArgument) and got.field == "run_id"
     assert got.message == "run_id: is not a UUID: 'x'" == sent.message
+
+
+def test_a_resource_exhausted_error_carries_retry_info_both_ways() -> None:
+    sent = errors.QuotaExceeded("tenant full", retry_after_s=1.25, limit="max_queued_runs")
+    status = errors.to_grpc_status(sent)
+    assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    (_, raw), = status.trailing_metadata
+    details = status_pb2.Status.FromString(raw).details
+    retry = error_details_pb2.RetryInfo()
+    assert details[1].Unpack(retry) and retry.retry_delay.ToMilliseconds() == 1250
+
+    class Failed(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return status.code  # type: ignore[no-any-return]
+
+        def details(self) -> str:
+            return status.details  # type: ignore[no-any-return]
+
+        def trailing_metadata(self) -> object:
+            return status.trailing_metadata
+
+    got = errors.from_rpc_error(Failed())
+    assert isinstance(got, errors.QuotaExceeded) and got.retry_after_s == 1.25
+    assert got.metadata["limit"] == "max_queued_runs" and got.retryable
+
+
+def test_tenant_limits_override_the_scheduler_wide_quotas() -> None:
+    settings = SchedulerSettings(max_queued_runs_per_tenant=100, max_submits_per_s_per_tenant=10,
+                                 tenant_limits={"big": {"max_queued_runs": 0}, "slow": {"max_submits_per_s": 1}})
+    assert settings.submit_quota("anyone") == SubmitQuota(100, 10)
+    assert settings.submit_quota("big") == SubmitQuota(0, 10)
+    assert settings.submit_quota("slow") == SubmitQuota(100, 1)
+    assert not SchedulerSettings().submit_quota("anyone").active
+    with pytest.raises(ValueError, match="max_queued_runs"):
+        SchedulerSettings(tenant_limits={"bad": {"max_queued_runs": -1}})

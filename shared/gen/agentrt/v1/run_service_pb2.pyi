@@ -70,7 +70,7 @@ class AuditNote(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., comment: _Optional[str] = ..., ticket_id: _Optional[str] = ...) -> None: ...
 
 class SubmitRunRequest(_message.Message):
-    __slots__ = ("agent_name", "agent_version", "input_json", "client_request_id", "max_attempts", "budget", "labels", "allow_unregistered")
+    __slots__ = ("agent_name", "agent_version", "input_json", "client_request_id", "max_attempts", "budget", "labels", "allow_unregistered", "priority")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class SubmitRunRequest(_message.Message):
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_UNREGISTERED_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     agent_name: str
     agent_version: str
     input_json: str
@@ -94,7 +95,8 @@ class SubmitRunRequest(_message.Message):
     budget: _common_pb2.Budget
     labels: _containers.ScalarMap[str, str]
     allow_unregistered: bool
-    def __init__(self, agent_name: _Optional[str] = ..., agent_version: _Optional[str] = ..., input_json: _Optional[str] = ..., client_request_id: _Optional[str] = ..., max_attempts: _Optional[int] = ..., budget: _Optional[_Union[_common_pb2.Budget, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., allow_unregistered: _Optional[bool] = ...) -> None: ...
+    priority: int
+    def __init__(self, agent_name: _Optional[str] = ..., agent_version: _Optional[str] = ..., input_json: _Optional[str] = ..., client_request_id: _Optional[str] = ..., max_attempts: _Optional[int] = ..., budget: _Optional[_Union[_common_pb2.Budget, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., allow_unregistered: _Optional[bool] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class SubmitRunResponse(_message.Message):
     __slots__ = ("run", "created")
