@@ -227,9 +227,10 @@ async def grant_privileges(conn: asyncpg.Connection, service: str, role: str) ->
                 await _run_built(conn, "grant_table_sql", ", ".join(privileges), table, role)
         if service in ("scheduler", "relay"):
             await _run_built(conn, "grant_sequences_sql", role)
-        for function in FUNCTIONS.get(service, ()):
+        for function in {f for granted in FUNCTIONS.values() for f in granted}:
             if await _function_exists(conn, function):
-                await _run_built(conn, "grant_function_sql", function, role)
+                allowed = function in FUNCTIONS.get(service, ())
+                await _run_built(conn, "grant_function_sql" if allowed else "revoke_function_sql", function, role)
 
 
 _COLUMN_PRIVILEGE = re.compile(r"^(\w+) \((\w+)\)$")
@@ -289,8 +290,13 @@ async def _privilege_problems(conn: asyncpg.Connection, service: str, role: str,
         problems.append(f"{role}: may create objects (CREATE on the schema or the database)")
     if not rights["database_connect"]:
         problems.append(f"{role}: cannot connect to the database")
-    for function in FUNCTIONS.get(service, ()):
-        if await _function_exists(conn, function) and not await conn.fetchval(R["function_privilege"], role,
-                                                                               function):
+    for function in {f for granted in FUNCTIONS.values() for f in granted}:
+        if not await _function_exists(conn, function):
+            continue
+        allowed = function in FUNCTIONS.get(service, ())
+        held_execute = bool(await conn.fetchval(R["function_privilege"], role, function))
+        if allowed and not held_execute:
             problems.append(f"{role}: lacks EXECUTE on {function}")
+        elif held_execute and not allowed:
+            problems.append(f"{role}: must not have EXECUTE on {function}")
     return problems

@@ -44,11 +44,18 @@ class SchedulerMetrics:
         self.database_bytes = m.gauge("agentrt_db_size_bytes", "Size of the scheduler's database")
         self.client_connections = m.gauge("agentrt_db_client_connections", "Client connections to the server")
         self.max_connections = m.gauge("agentrt_db_max_connections", "The server's max_connections")
+        self.retention_deleted = m.counter("agentrt_retention_deleted_rows_total",
+                                           "Rows deleted by the retention of terminal runs, by table",
+                                           ("table",))
         self._task: asyncio.Task[None] | None = None
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         self.rpcs.labels(method, code).inc()
         self.rpc_seconds.labels(method).observe(seconds)
+
+    def retention_batch(self, deleted: dict[str, int]) -> None:
+        for table, rows in deleted.items():
+            self.retention_deleted.labels(table).inc(rows)
 
     def refused(self, method: str, reason: str) -> None:
         self.refusals.labels(method, reason).inc()

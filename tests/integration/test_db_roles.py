@@ -24,7 +24,14 @@ from executor_support import executor, http_tool, mock_tool, scripted_agent, wai
 from support import scheduler_stack, submit
 
 from relay.store import RelayStore
-from scheduler.db_roles import SERVICES, DatabaseRoleSettings, apply_roles, check_roles, scram_verifier
+from scheduler.db_roles import (
+    RETENTION_FUNCTION,
+    SERVICES,
+    DatabaseRoleSettings,
+    apply_roles,
+    check_roles,
+    scram_verifier,
+)
 from scheduler.pruner import prune_once
 from shared.client.consumer import SQL_CLAIM_EVENT
 from shared.db import init_connection
@@ -83,7 +90,11 @@ async def test_apply_then_check_reports_nothing_and_a_stray_grant_is_found_and_r
     await apply_roles(db, SETTINGS)  # idempotent, and converges
     assert await check_roles(db, SETTINGS) == []
     await db.execute(f"REVOKE INSERT ON outbox FROM {PREFIX}scheduler")
-    assert await check_roles(db, SETTINGS) == [f"{PREFIX}scheduler: lacks INSERT on outbox"]
+    await db.execute(f"GRANT EXECUTE ON FUNCTION {RETENTION_FUNCTION} TO {PREFIX}relay")
+    assert await check_roles(db, SETTINGS) == [
+        f"{PREFIX}scheduler: lacks INSERT on outbox", f"{PREFIX}relay: must not have EXECUTE on {RETENTION_FUNCTION}"]
+    await apply_roles(db, SETTINGS)
+    assert await check_roles(db, SETTINGS) == []
 
 
 async def test_check_names_a_missing_role(db):
@@ -139,6 +150,7 @@ async def test_scheduler_role_cannot_delete_ledger_or_touch_audit_or_relay_table
     await refused(conn, "SELECT * FROM consumed_events")
     await refused(conn, "SELECT * FROM outbox_parked")
     await refused(conn, "UPDATE relay_shards SET owner = NULL")
+    await refused(conn, "INSERT INTO retention_policies (tenant_id, keep_days) VALUES ('t', 1)")
 
 
 async def test_relay_role_reaches_only_the_outbox_and_its_shard_tables(role_conns):
