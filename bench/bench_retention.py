@@ -1,6 +1,6 @@
 """Retention benchmark: claim and submit latency while retention deletes 100,000 expired runs.
 
-    python -m bench.bench_retention [--runs 100000] [--calls 20] [--idle-s 15] [--batch-runs 200] [--pause-ms 50]
+    python -m bench.bench_retention [--runs 100000] [--calls 20] [--idle-s 15] [--batch-runs 100] [--pause-ms 200]
 
 One scratch database on AGENTRT_BENCH_DATABASE_URL (default
 postgresql://postgres@127.0.0.1:5432/postgres), dropped at the end:
@@ -165,7 +165,13 @@ async def run(args: argparse.Namespace) -> int:
             counts = json.loads(out.decode().strip().splitlines()[-1])
             log(f"retention: {counts} in {elapsed:.1f} s")
             log(f"idle phase again: {args.idle_s} s")
+            before = len(idle.claim)
             await rounds_for(args.idle_s, runs, work, args.calls, idle)
+            for name, part in (("idle before", slice(0, before)), ("busy", slice(None)),
+                               ("idle after", slice(before, None))):
+                source = busy if name == "busy" else idle
+                log(f"{name}: submit p50 {percentile(source.submit[part], 50) * 1000:.2f} ms, "
+                    f"claim p50 {percentile(source.claim[part], 50) * 1000:.2f} ms ({len(source.claim[part])} calls)")
             left = await server.store.pool.fetchval(  # type: ignore[union-attr]
                 "SELECT count(*) FROM agent_runs WHERE tenant_id = 'old'")
             kept = await server.store.pool.fetchval(  # type: ignore[union-attr]
@@ -190,8 +196,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--idle-s", type=float, default=15.0)
-    parser.add_argument("--batch-runs", type=int, default=200)
-    parser.add_argument("--pause-ms", type=int, default=50)
+    parser.add_argument("--batch-runs", type=int, default=100)
+    parser.add_argument("--pause-ms", type=int, default=200)
     parser.add_argument("--limit-s", type=float, default=900.0)
     return asyncio.run(run(parser.parse_args()))
 

@@ -100,8 +100,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     url_help = "PostgreSQL URL (default: AGENTRT_DATABASE_URL); set and clear need the schema's owner"
     q = actions.add_parser("run", help="one sweep now; prints the rows deleted by table")
     q.add_argument("--dry-run", action="store_true", help="count what would be deleted; change nothing")
-    q.add_argument("--batch-runs", type=int, default=200, help="runs per batch (default 200)")
-    q.add_argument("--pause-ms", type=int, default=50, help="pause after each batch (default 50)")
+    q.add_argument("--batch-runs", type=int, default=100, help="runs per batch (default 100)")
+    q.add_argument("--pause-ms", type=int, default=200, help="pause after each batch (default 200)")
     q.add_argument("--database-url", help=url_help)
     q = actions.add_parser("list", help="the retention policies (tenant '*' is the default)")
     q.add_argument("--database-url", help=url_help)

@@ -214,3 +214,25 @@ def test_cli_retention_policies_and_a_dry_run(db_url, monkeypatch, capsys):
     assert main(["retention", "clear", "--tenant", "acme", "--database-url", db_url]) == 0
     assert main(["retention", "clear", "--tenant", "acme", "--database-url", db_url]) == 1
     assert "no retention policy for tenant acme" in capsys.readouterr().err
+
+
+async def test_pending_events_piling_up_do_not_make_each_batch_scan_them(db_url, db):
+    """Each run's unpublished events are probed through outbox_run_idx, never by a walk of every
+    pending row (the pending partial index, which stale statistics would make look cheapest)."""
+    for _ in range(3):
+        await add_run(db)
+    await db.execute("ANALYZE outbox")  # statistics from before the pile-up: no pending row
+    live = await add_run(db, status="QUEUED", published=0)
+    await db.execute(
+        """INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload)
+           SELECT gen_random_uuid(), $1, 't1', 'agent.x', '{}' FROM generate_series(1, 3000)""", live)
+    plans: list[str] = []
+    db.add_log_listener(lambda _conn, message: plans.append(message.message))
+    await db.execute("LOAD 'auto_explain'")
+    await db.execute("SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on; "
+                     "SET auto_explain.log_level = notice; SET client_min_messages = notice")
+    row = await db.fetchrow("SELECT * FROM agentrt_retention_purge(10, true, NULL, NULL)")
+    await db.execute("RESET client_min_messages")
+    assert row["runs"] == 3
+    page = [plan for plan in plans if "WITH page AS" in plan]
+    assert page and "outbox_run_idx" in page[0] and "outbox_pending_idx" not in page[0], page

@@ -73,7 +73,12 @@ BEGIN
          coalesce(array_agg(page.id) FILTER (
            WHERE page.finished_at < clock_timestamp() - make_interval(days => coalesce(own.keep_days, fallback))
              AND NOT page.labels ? 'legal_hold'
-             AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.run_id = page.id AND o.published_at IS NULL)),
+             -- Probed per run through outbox_run_idx. Written as `o.published_at IS NULL`, the
+             -- planner may take the pending-rows partial index instead and, with stale statistics
+             -- (a relay down, pending rows piling up), scan every pending row for every run.
+             AND NOT EXISTS (SELECT 1 FROM (SELECT o.published_at FROM outbox o WHERE o.run_id = page.id
+                                            OFFSET 0) AS events
+                             WHERE events.published_at IS NULL)),
            '{}')
   INTO scanned, last_finished, last_id, candidates
   FROM page LEFT JOIN retention_policies own ON own.tenant_id = page.tenant_id;
