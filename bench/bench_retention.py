@@ -1,6 +1,6 @@
 """Retention benchmark: claim and submit latency while retention deletes 100,000 expired runs.
 
-    python -m bench.bench_retention [--runs 100000] [--calls 20] [--idle-s 15] [--batch-runs 100] [--pause-ms 200]
+    python -m bench.bench_retention [--runs 100000] [--calls 20] [--block-s 2] [--batch-runs 100] [--pause-ms 200]
 
 One scratch database on AGENTRT_BENCH_DATABASE_URL (default
 postgresql://postgres@127.0.0.1:5432/postgres), dropped at the end:
@@ -8,27 +8,23 @@ postgresql://postgres@127.0.0.1:5432/postgres), dropped at the end:
 1. Setup: migrations, then `--runs` COMPLETED runs that finished 40 days ago by the
    database clock (past the default 30-day policy), each with a checkpoint, a ledger row, a
    journal row and two published outbox rows, written by SQL in bulk; ANALYZE.
-2. A scheduler in this process (its own background retention off) and one gRPC channel.
-   The workload is rounds of `--calls` sequential SubmitRun calls, then `--calls` sequential
-   ClaimWork calls that lease the runs just submitted.
-3. Three phases of the same run: idle (`--idle-s` of rounds, no retention), busy (rounds
-   while `python -m devstack.cli retention run --batch-runs B --pause-ms P` deletes every
-   expired run in its own process, the scheduler's background task's pace), idle again
-   (`--idle-s`). The baseline is both idle phases together, so slow drift of the shared
-   machine lands on both sides.
+2. A scheduler in this process (its own background task off) and one gRPC channel. The
+   workload is rounds of `--calls` sequential SubmitRun calls, then `--calls` sequential
+   ClaimWork calls that lease the runs just submitted (their events stay unpublished: no relay).
+3. Retention runs as the scheduler's task does, on the scheduler's pool: batches of
+   `--batch-runs` runs, `--pause-ms` apart. Blocks of `--block-s` alternate, idle (no batch
+   in flight) and busy (batches running), until every expired run is gone: both sides see
+   the same table growth and the same background load of the shared machine.
 
-Figures: p50 and p99 of SubmitRun and ClaimWork while retention runs against the idle
-baseline (ratios), and the runs retention deleted per second. Progress goes to stderr;
-stdout ends with one JSON line per figure. Exits non-zero if retention did not delete every
-expired run (and nothing else).
+Figures: p50 and p99 of SubmitRun and ClaimWork in busy blocks against idle blocks (same-run
+ratios), and the runs deleted per second while enabled. Progress goes to stderr; stdout
+ends with one JSON line per figure. Exits non-zero if retention did not delete every
+expired run, or deleted a live one.
 """
-
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import subprocess
 import sys
 import time
 import uuid
@@ -37,11 +33,12 @@ from dataclasses import dataclass, field
 import asyncpg
 import grpc
 
-from bench._core_procs import ROOT
 from bench._pg import emit, figure, log, percentile, scratch_database
 from scheduler.config import SchedulerSettings
 from scheduler.migrate import migrate
+from scheduler.retention import TABLES, RetentionCounts
 from scheduler.server import SchedulerServer
+from scheduler.store import Store
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
@@ -114,15 +111,62 @@ async def rounds_for(seconds: float, runs: rs_grpc.RunServiceStub, work: ws_grpc
         await one_round(runs, work, calls, into)
 
 
-async def rounds_while(process: asyncio.subprocess.Process, runs: rs_grpc.RunServiceStub,
-                       work: ws_grpc.WorkServiceStub, calls: int, into: Samples, limit_s: float) -> None:
-    deadline = time.monotonic() + limit_s
-    while process.returncode is None:
-        if time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"retention did not finish within {limit_s} s")
-        await one_round(runs, work, calls, into)
-        await asyncio.sleep(0)
+class ToggledRetention:
+    """The scheduler's retention batches (RunRetention's pace), run only while `enabled` is set, so that
+    idle and busy blocks can alternate; `idle()` returns once no batch is in flight."""
+
+    def __init__(self, store: Store, batch_runs: int, pause_s: float) -> None:
+        self.store, self.batch_runs, self.pause_s = store, batch_runs, pause_s
+        self.enabled = asyncio.Event()
+        self.counts = RetentionCounts()
+        self.done = asyncio.Event()
+        self.busy_s = 0.0
+        self._in_batch = asyncio.Lock()
+
+    async def run(self) -> None:
+        after_finished, after_id = None, None
+        while True:
+            await self.enabled.wait()
+            async with self._in_batch:
+                started = time.perf_counter()
+                batch = await self.store.retention_purge(max_runs=self.batch_runs, dry_run=False,
+                                                         after_finished=after_finished, after_id=after_id)
+                self.busy_s += time.perf_counter() - started
+            self.counts.batches += 1
+            for table in TABLES:
+                setattr(self.counts, table, getattr(self.counts, table) + getattr(batch, table))
+            if batch.scanned < self.batch_runs:
+                self.done.set()
+                return
+            after_finished, after_id = batch.last_finished, batch.last_id
+            await asyncio.sleep(self.pause_s)
+
+    async def idle(self) -> None:
+        self.enabled.clear()
+        async with self._in_batch:
+            pass
+
+
+async def alternate(retention: ToggledRetention, runs: rs_grpc.RunServiceStub, work: ws_grpc.WorkServiceStub,
+                    args: argparse.Namespace, idle: Samples, busy: Samples) -> float:
+    """Idle and busy blocks of `--block-s` in turn until retention is done; returns its wall time."""
+    task = asyncio.create_task(retention.run())
+    started, deadline, block = time.perf_counter(), time.monotonic() + args.limit_s, 0
+    try:
+        while not retention.done.is_set():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"retention did not finish within {args.limit_s} s")
+            busy_block = block % 2 == 1
+            if busy_block:
+                retention.enabled.set()
+            else:
+                await retention.idle()
+            await rounds_for(args.block_s, runs, work, args.calls, busy if busy_block else idle)
+            block += 1
+    finally:
+        retention.enabled.set()
+        await task
+    return time.perf_counter() - started
 
 
 def ratio_figures(name: str, busy: list[float], idle: list[float]) -> list[dict[str, object]]:
@@ -148,30 +192,12 @@ async def run(args: argparse.Namespace) -> int:
             warm = Samples()
             await rounds_for(3.0, runs, work, args.calls, warm)
             idle, busy = Samples(), Samples()
-            log(f"idle phase: {args.idle_s} s")
-            await rounds_for(args.idle_s, runs, work, args.calls, idle)
-            log("busy phase: retention in its own process")
-            started = time.perf_counter()
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "devstack.cli", "retention", "run", "--database-url", url,
-                "--batch-runs", str(args.batch_runs), "--pause-ms", str(args.pause_ms),
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            waiter = asyncio.create_task(process.communicate())
-            await rounds_while(process, runs, work, args.calls, busy, limit_s=args.limit_s)
-            out, err = await waiter
-            elapsed = time.perf_counter() - started
-            if process.returncode != 0:
-                raise RuntimeError(f"retention failed: {err.decode().strip()}")
-            counts = json.loads(out.decode().strip().splitlines()[-1])
-            log(f"retention: {counts} in {elapsed:.1f} s")
-            log(f"idle phase again: {args.idle_s} s")
-            before = len(idle.claim)
-            await rounds_for(args.idle_s, runs, work, args.calls, idle)
-            for name, part in (("idle before", slice(0, before)), ("busy", slice(None)),
-                               ("idle after", slice(before, None))):
-                source = busy if name == "busy" else idle
-                log(f"{name}: submit p50 {percentile(source.submit[part], 50) * 1000:.2f} ms, "
-                    f"claim p50 {percentile(source.claim[part], 50) * 1000:.2f} ms ({len(source.claim[part])} calls)")
+            log(f"idle and busy blocks of {args.block_s} s in turn while retention deletes {args.runs} runs")
+            retention = ToggledRetention(server.store, args.batch_runs, args.pause_ms / 1000)  # type: ignore[arg-type]
+            elapsed = await alternate(retention, runs, work, args, idle, busy)
+            counts = retention.counts.as_dict()
+            log(f"retention: {counts} in {elapsed:.1f} s ({retention.busy_s:.1f} s in batches, "
+                f"{retention.busy_s / max(counts['batches'], 1) * 1000:.1f} ms each)")
             left = await server.store.pool.fetchval(  # type: ignore[union-attr]
                 "SELECT count(*) FROM agent_runs WHERE tenant_id = 'old'")
             kept = await server.store.pool.fetchval(  # type: ignore[union-attr]
@@ -185,7 +211,8 @@ async def run(args: argparse.Namespace) -> int:
             f"{submitted} live runs kept")
         return 1
     figures = [*ratio_figures("submit", busy.submit, idle.submit), *ratio_figures("claim", busy.claim, idle.claim),
-               figure(BENCH, "runs_deleted_per_s", counts["runs"] / elapsed, "runs/s",
+               # While enabled (the busy half of the time): the pace the scheduler's task keeps.
+               figure(BENCH, "runs_deleted_per_s", counts["runs"] / (elapsed / 2), "runs/s",
                       batch_runs=args.batch_runs, pause_ms=args.pause_ms, expired_runs=args.runs)]
     emit(figures)
     return 0
@@ -195,7 +222,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--idle-s", type=float, default=15.0)
+    parser.add_argument("--block-s", type=float, default=2.0)
     parser.add_argument("--batch-runs", type=int, default=100)
     parser.add_argument("--pause-ms", type=int, default=200)
     parser.add_argument("--limit-s", type=float, default=900.0)
