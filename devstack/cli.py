@@ -45,6 +45,59 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     applied = asyncio.run(run())
     known = len(available_migrations())
     print(f"schema at version {known}; applied {applied if applied else 'nothing (up to date)'}")
+    if args.apply_roles:
+        return _apply_roles(settings.database_url)
+    return 0
+
+
+def _owner_url(args: argparse.Namespace) -> str:
+    from scheduler.config import SchedulerSettings
+
+    return args.database_url or SchedulerSettings().database_url
+
+
+def _apply_roles(database_url: str) -> int:
+    import asyncpg
+
+    from scheduler.db_roles import DatabaseRoleSettings, apply_roles
+
+    settings = DatabaseRoleSettings()
+
+    async def run() -> list[Any]:
+        conn = await asyncpg.connect(database_url, timeout=10)
+        try:
+            return await apply_roles(conn, settings)
+        finally:
+            await conn.close()
+
+    for report in asyncio.run(run()):
+        print(f"role {report.role}: {'created' if report.created else 'exists'}; privileges set"
+              + ("; password set" if report.password_set else "; password unchanged"))
+    return 0
+
+
+def cmd_roles(args: argparse.Namespace) -> int:
+    import asyncpg
+
+    from scheduler.db_roles import DatabaseRoleSettings, check_roles
+
+    if args.roles_command == "apply":
+        return _apply_roles(_owner_url(args))
+
+    async def run() -> list[str]:
+        conn = await asyncpg.connect(_owner_url(args), timeout=10)
+        try:
+            return await check_roles(conn, DatabaseRoleSettings())
+        finally:
+            await conn.close()
+
+    problems = asyncio.run(run())
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"agentrt roles check: {len(problems)} problem(s); `agentrt roles apply` fixes them", file=sys.stderr)
+        return EXIT_ERROR
+    print("roles as they should be")
     return 0
 
 
@@ -180,8 +233,18 @@ class _Parser(argparse.ArgumentParser):
 def _service_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """migrate, scheduler, executor, mocktool, reconcile."""
     p = sub.add_parser("migrate", help="apply database migrations (safe from several replicas at once)")
-    p.add_argument("--database-url", help="PostgreSQL URL (default: AGENTRT_DATABASE_URL)")
+    p.add_argument("--database-url", help="PostgreSQL URL of the schema's owner (default: AGENTRT_DATABASE_URL)")
+    p.add_argument("--apply-roles", action="store_true",
+                   help="then create or update the runtime roles and their privileges (as `agentrt roles apply`)")
     p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("roles", help="the least-privilege database roles of the services (run as the owner)")
+    roles = p.add_subparsers(dest="roles_command", required=True)
+    for action, text in (("apply", "create the roles if missing and set exactly their privileges"),
+                         ("check", "list every difference from the privileges they should have; exit 1 if any")):
+        q = roles.add_parser(action, help=text)
+        q.add_argument("--database-url", help="PostgreSQL URL of the schema's owner (default: AGENTRT_DATABASE_URL)")
+    p.set_defaults(func=cmd_roles)
 
     p = sub.add_parser("scheduler", help="run the scheduler (RunService + WorkService over gRPC)")
     p.add_argument("--database-url", help="PostgreSQL URL (default: AGENTRT_DATABASE_URL)")
@@ -291,11 +354,13 @@ def build_parser() -> argparse.ArgumentParser:
     from devstack.acceptance.cli import add_commands as add_acceptance_commands
     from devstack.cli_admin import add_commands as add_admin_commands
     from devstack.cli_events import add_commands as add_event_commands
+    from devstack.cli_retention import add_commands as add_retention_commands
     from devstack.cli_runs import add_commands as add_run_commands
 
     add_run_commands(sub)
     add_admin_commands(sub)
     add_event_commands(sub)
+    add_retention_commands(sub)
     add_acceptance_commands(sub)
     return parser
 

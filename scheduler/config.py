@@ -145,6 +145,13 @@ class SchedulerSettings(ComponentSettings):
     checkpoint_keep_last: int = Field(0, ge=0)
     checkpoint_prune_interval_s: float = Field(30.0, gt=0)
     checkpoint_prune_batch_runs: int = Field(500, ge=1, le=100_000)  # runs looked at per statement
+    # Retention of terminal runs (README, Security): a sweep every run_retention_interval_s, in
+    # batches of run_retention_batch_runs runs with run_retention_pause_ms between them. How long
+    # runs are kept is the database's (table retention_policies: `agentrt retention set`).
+    run_retention_enabled: bool = True
+    run_retention_interval_s: float = Field(300.0, gt=0)
+    run_retention_batch_runs: int = Field(100, ge=1, le=10_000)
+    run_retention_pause_ms: int = Field(200, ge=0, le=60_000)
     claim_poll_interval_ms: int = Field(500, ge=10)
     max_claim_wait_ms: int = Field(30_000, ge=0)
     db_pool_min: int = Field(2, ge=1)

@@ -49,6 +49,9 @@ class SchedulerMetrics:
         self.waiting_on_limit = m.gauge("agentrt_runs_waiting_on_limit",
                                         "QUEUED runs a claim found blocked by a full concurrency limit, by limit",
                                         ("limit",))
+        self.retention_deleted = m.counter("agentrt_retention_deleted_rows_total",
+                                           "Rows deleted by the retention of terminal runs, by table",
+                                           ("table",))
         self._task: asyncio.Task[None] | None = None
         self.db_health = DbHealthCollector()
         self.metrics.registry.register(self.db_health)
@@ -59,6 +62,10 @@ class SchedulerMetrics:
         (OpenMetrics exposition), so a slow SaveCheckpoint or ClaimWork leads to its trace."""
         self.rpcs.labels(method, code).inc()
         self.rpc_seconds.labels(method).observe(seconds, trace_exemplar())
+
+    def retention_batch(self, deleted: dict[str, int]) -> None:
+        for table, rows in deleted.items():
+            self.retention_deleted.labels(table).inc(rows)
 
     def refused(self, method: str, reason: str) -> None:
         self.refusals.labels(method, reason).inc()

@@ -330,6 +330,20 @@ class CompactJournalPage(NamedTuple):
     more: bool
 
 
+class Purged(NamedTuple):
+    """One retention batch: runs looked at, rows deleted (or, dry, that would be) by table, and
+    where the next batch starts."""
+
+    scanned: int
+    runs: int
+    checkpoints: int
+    ledger: int
+    journal: int
+    outbox: int
+    last_finished: dt.datetime | None
+    last_id: uuid.UUID | None
+
+
 class Pruned(NamedTuple):
     """One pruning statement: the last run id it looked at, how many runs, checkpoints deleted, and
     runs with more to prune than one statement takes."""

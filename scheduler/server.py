@@ -21,6 +21,7 @@ from scheduler.config import SchedulerSettings
 from scheduler.metrics import SchedulerMetrics
 from scheduler.migrate import require_current_schema
 from scheduler.notifier import WorkNotifier
+from scheduler.retention import RunRetention
 from scheduler.service import RunServicer, WorkServicer
 from scheduler.store import Store, connect_pool
 from scheduler.wire import add_service
@@ -57,6 +58,7 @@ class SchedulerServer:
         self.metrics: SchedulerMetrics | None = None
         self.metrics_port: int | None = None
         self.auth: RunAuth | None = None
+        self.retention: RunRetention | None = None
 
     async def start(self) -> int:
         s = self.settings
@@ -111,6 +113,8 @@ class SchedulerServer:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.metrics is not None:
             self.metrics_port = self.metrics.start(s.metrics_addr, self.store, settings=s)
+        self.retention = RunRetention(self.store, s, self.metrics.retention_batch if self.metrics else None)
+        self.retention.start()
         log.info("scheduler listening on %s (port %d)", s.listen_addr, self.port)
         return self.port
 
@@ -127,6 +131,8 @@ class SchedulerServer:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace)
+        if self.retention is not None:
+            await self.retention.stop()
         if self.metrics is not None:
             await self.metrics.stop()
         if self.auth is not None and self.auth.jwt is not None:

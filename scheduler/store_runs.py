@@ -27,6 +27,7 @@ from scheduler.rows import (
     GlobalStats,
     JournalRow,
     Pruned,
+    Purged,
     Resolved,
     RunRow,
     Signalled,
@@ -475,6 +476,33 @@ class RunStore(Recovery):
                                  keep_last=keep_last, max_versions=max_versions_per_run)
         assert row is not None
         return Pruned(row["last_id"], row["runs"], row["deleted"], row["behind"])
+
+    @db_call
+    async def retention_purge(self, *, max_runs: int, dry_run: bool, after_finished: dt.datetime | None,
+                              after_id: uuid.UUID | None) -> Purged:
+        """One retention batch (migration 0012's agentrt_retention_purge: one short transaction)."""
+        async with self.pool.acquire() as conn:
+            row = await fetchrow(conn, Q.retention_purge, max_runs=max_runs, dry_run=dry_run,
+                                 after_finished=after_finished, after_id=after_id)
+        assert row is not None
+        return Purged(*row.values())
+
+    @db_call
+    async def retention_policies(self) -> list[Record]:
+        async with self.pool.acquire() as conn:
+            return await fetch(conn, Q.list_retention_policies)
+
+    @db_call
+    async def set_retention_policy(self, tenant_id: str, keep_days: int) -> Record:
+        async with self.pool.acquire() as conn:
+            row = await fetchrow(conn, Q.set_retention_policy, tenant_id=tenant_id, keep_days=keep_days)
+        assert row is not None
+        return row
+
+    @db_call
+    async def clear_retention_policy(self, tenant_id: str) -> bool:
+        async with self.pool.acquire() as conn:
+            return await fetchval(conn, Q.clear_retention_policy, tenant_id=tenant_id) is not None
 
     @db_call
     async def counter(self, name: str) -> int:

@@ -1227,3 +1227,24 @@ WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id OR :tenant_id = ANY(st
   AND (:before_id::bigint IS NULL OR id < :before_id)
 ORDER BY id DESC
 LIMIT :limit;
+
+-- Retention of terminal runs (migration 0012, scheduler/retention.py).
+
+-- name: retention_purge
+-- One batch through the narrowly-scoped function that decides what has expired
+-- (policies, database clock, terminal status, legal hold, unpublished events).
+SELECT * FROM agentrt_retention_purge(:max_runs, :dry_run, :after_finished, :after_id);
+
+-- name: list_retention_policies
+-- Every policy; tenant '*' is the default for tenants without one.
+SELECT tenant_id, keep_days, updated_at FROM retention_policies ORDER BY tenant_id;
+
+-- name: set_retention_policy
+-- The owner only: the runtime roles may read the policies, not shorten them.
+INSERT INTO retention_policies (tenant_id, keep_days) VALUES (:tenant_id, :keep_days)
+ON CONFLICT (tenant_id) DO UPDATE SET keep_days = EXCLUDED.keep_days, updated_at = clock_timestamp()
+RETURNING tenant_id, keep_days, updated_at;
+
+-- name: clear_retention_policy
+-- The owner only; the tenant's runs then follow the default policy (none if '*' is cleared).
+DELETE FROM retention_policies WHERE tenant_id = :tenant_id RETURNING tenant_id;

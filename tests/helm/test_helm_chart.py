@@ -404,6 +404,43 @@ def test_migrations_as_init_containers(renders: Renders) -> None:
     assert "initContainers" not in deployments["executor"]["spec"]["template"]["spec"]
 
 
+ROLE_VALUES = {"database": {"roles": {
+    "enabled": True, "prefix": "prod_",
+    "scheduler": {"existingSecret": "db-scheduler"}, "relay": {"existingSecret": "db-relay", "urlKey": "dsn"},
+    "readonly": {"existingSecret": "db-readonly", "passwordKey": "pw"}}}}
+
+
+def test_each_service_connects_with_its_own_role_secret(chart: helm.Chart) -> None:
+    r = render(chart, ROLE_VALUES)
+    deployments = r.deployments()
+
+    def url_ref(component: str) -> tuple[str, str]:
+        (c,) = deployments[component]["spec"]["template"]["spec"]["containers"]
+        sk = env_of(c)["AGENTRT_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+        return sk["name"], sk["key"]
+
+    assert url_ref("scheduler") == ("db-scheduler", "url")
+    assert url_ref("relay") == ("db-relay", "dsn")
+    (executor,) = deployments["executor"]["spec"]["template"]["spec"]["containers"]
+    assert "AGENTRT_DATABASE_URL" not in env_of(executor)
+    (job,) = migrate_jobs(r)
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == ["migrate", "--apply-roles"]
+    env = env_of(c)
+    # The migrations keep the owner's URL and hand each role the password of its own Secret.
+    assert env["AGENTRT_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "agentrt-database"
+    assert env["AGENTRT_ROLE_PREFIX"]["value"] == "prod_"
+    assert env["AGENTRT_SCHEDULER_ROLE_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "db-scheduler", "key": "password"}
+    assert env["AGENTRT_READONLY_ROLE_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "db-readonly", "key": "pw"}
+    assert "AGENTRT_CONSUMER_ROLE_PASSWORD" not in env  # no Secret: the role gets no password
+
+
+def test_roles_enabled_without_a_service_secret_is_refused(chart: helm.Chart) -> None:
+    with pytest.raises(Exception, match=r"database\.roles\.scheduler\.existingSecret"):
+        render(chart, {"database": {"roles": {"enabled": True, "relay": {"existingSecret": "db-relay"}}}})
+
+
 def test_migrations_can_be_disabled(chart: helm.Chart, renders: Renders) -> None:
     assert not migrate_jobs(render(chart, {"migrations": {"enabled": False}}))
     assert not migrate_jobs(renders("executors-only-values"))

@@ -255,6 +255,41 @@ The executors' agents_path: the mounted ConfigMap's directory and the modules, c
       key: {{ .Values.database.secretKey }}
 {{- end -}}
 
+{{/* A service's database URL (list $ component): its own role's Secret with database.roles.enabled,
+else the owner's (database.existingSecret). */}}
+{{- define "agentrt.serviceDatabaseEnv" -}}
+{{- $root := index . 0 -}}
+{{- $component := index . 1 -}}
+{{- $roles := $root.Values.database.roles -}}
+{{- if $roles.enabled -}}
+{{- $role := index $roles $component -}}
+- name: AGENTRT_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ required (printf "database.roles.%s.existingSecret: name the existing Secret with the %s role's URL and password" $component $component) $role.existingSecret }}
+      key: {{ $role.urlKey }}
+{{- else -}}
+{{- include "agentrt.databaseEnv" $root -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The migrations' view of the roles: their prefix and each password from its role's Secret. */}}
+{{- define "agentrt.rolesEnv" -}}
+{{- $roles := .Values.database.roles -}}
+- name: AGENTRT_ROLE_PREFIX
+  value: {{ $roles.prefix | quote }}
+{{- range $service := list "scheduler" "relay" "consumer" "readonly" }}
+{{- $role := index $roles $service }}
+{{- if $role.existingSecret }}
+- name: AGENTRT_{{ upper $service }}_ROLE_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $role.existingSecret }}
+      key: {{ $role.passwordKey }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{/* A container running `agentrt migrate`, for the Job or as an init container. */}}
 {{- define "agentrt.migrateContainer" -}}
 {{- $cv := include "agentrt.componentValues" (list . "migrations") | fromJson -}}
@@ -263,8 +298,14 @@ The executors' agents_path: the mounted ConfigMap's directory and the modules, c
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   args:
     - migrate
+    {{- if .Values.database.roles.enabled }}
+    - --apply-roles
+    {{- end }}
   env:
     {{- include "agentrt.databaseEnv" . | nindent 4 }}
+    {{- if .Values.database.roles.enabled }}
+    {{- include "agentrt.rolesEnv" . | nindent 4 }}
+    {{- end }}
     - name: AGENTRT_LOG_LEVEL
       value: {{ .Values.config.common.log_level | default "INFO" | quote }}
     - name: AGENTRT_LOG_FORMAT
