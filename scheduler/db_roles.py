@@ -69,6 +69,8 @@ TABLE_PRIVILEGES: dict[str, dict[str, tuple[str, ...]]] = {
         # Read by the outbox insert trigger (wake an idle relay).
         "relay_members": _S,
         "retention_policies": _S,
+        # Queued by SignalRun, marked consumed by the checkpoint that takes them; never deleted by it.
+        "run_signals": _SIU,
     },
     "relay": {
         "schema_migrations": _S,
@@ -91,7 +93,7 @@ TABLE_PRIVILEGES: dict[str, dict[str, tuple[str, ...]]] = {
         name: _S for name in (
             "schema_migrations", "agent_runs", "agent_checkpoints", "tool_executions", "run_journal", "outbox",
             "outbox_parked", "consumed_events", "runtime_counters", "relay_config", "relay_shards",
-            "relay_members", "agent_registry", "audit_log", "retention_policies")
+            "relay_members", "agent_registry", "audit_log", "retention_policies", "run_signals")
         # Not api_keys: the hashes of key secrets are for the scheduler alone.
     },
 }
