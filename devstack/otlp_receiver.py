@@ -122,6 +122,7 @@ class OtlpReceiver:
         self.spans.extend(flatten(request))
 
     async def start(self) -> None:
+        """Listens on fresh ports; after stop(), on the same ports again (a collector that came back)."""
         receiver = self
 
         class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
@@ -138,7 +139,7 @@ class OtlpReceiver:
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(), server)  # type: ignore[no-untyped-call]
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(  # type: ignore[no-untyped-call]
             _MetricsService(), server)
-        self.grpc_port = server.add_insecure_port("127.0.0.1:0")
+        self.grpc_port = server.add_insecure_port(f"127.0.0.1:{self.grpc_port or 0}")
         await server.start()
         self._grpc = server
 
@@ -147,7 +148,7 @@ class OtlpReceiver:
         app.router.add_post("/v1/metrics", self._post_metrics)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", self.http_port or 0)
         await site.start()
         self.http_port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
         self._http = runner

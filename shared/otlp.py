@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 # At exit the queue is flushed for at most this long; then the export is abandoned (a dead
 # collector must not hold a stopping process past its grace period).
 EXIT_FLUSH_S = 3.0
+# After a failed export, batches are not sent for a pause: the first, and the longest (seconds).
+PAUSE_S = (1.0, 30.0)
+_now = time.monotonic  # the pause's clock (process time: no run depends on it)
 _HTTP_TRACES_PATH = "/v1/traces"
 
 
@@ -64,17 +68,38 @@ SPAN_EXPORT = SpanExportStats()
 
 
 class CountingExporter(SpanExporter):
-    """Counts what an exporter sent or failed to send; once abandoned, fails at once without sending."""
+    """Counts what an exporter sent or failed to send; once abandoned, fails at once without sending.
+
+    After a failed export it pauses: batches ending within the pause fail at once, unsent
+    (counted as export_failed). The OTLP exporters encode a batch again for every retry, so a
+    collector that is down would otherwise cost several encodings of every batch; the pause
+    doubles from PAUSE_S[0] up to PAUSE_S[1] while exports keep failing, and ends at the first
+    success.
+    """
 
     def __init__(self, exporter: SpanExporter, stats: SpanExportStats = SPAN_EXPORT) -> None:
         self._exporter = exporter
         self._stats = stats
         self._abandoned = threading.Event()
+        self._pause_s = 0.0
+        self._paused_until = 0.0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self._abandoned.is_set():
+        if self._abandoned.is_set() or _now() < self._paused_until:
             self._stats.settled(len(spans), ok=False)
             return SpanExportResult.FAILURE
+        result = SpanExportResult.FAILURE
+        try:
+            result = self._send(spans)
+            return result
+        finally:
+            if result is SpanExportResult.SUCCESS:
+                self._pause_s = 0.0
+            else:
+                self._pause_s = min(PAUSE_S[1], max(PAUSE_S[0], self._pause_s * 2))
+                self._paused_until = _now() + self._pause_s
+
+    def _send(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         ok = False
         try:
             result = self._exporter.export(spans)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -157,3 +158,32 @@ def test_the_exit_flush_gives_a_dead_collector_up_after_a_bounded_wait(monkeypat
     assert time.monotonic() - started < 2.0
     assert stats.exported + stats.export_failed == 600
 
+
+
+def test_after_a_failed_export_batches_are_not_sent_for_a_growing_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dead collector costs one attempt per pause, not an encoding (and retries) of every batch."""
+    clock = [100.0]
+    monkeypatch.setattr(otlp, "_now", lambda: clock[0])
+    monkeypatch.setattr(otlp, "PAUSE_S", (1.0, 4.0))
+    stats, inner = otlp.SpanExportStats(), _Exporter(SpanExportResult.FAILURE)
+    exporter = otlp.CountingExporter(inner, stats)
+    batch: Any = [object()] * 10
+
+    def attempt(after_s: float) -> SpanExportResult:
+        clock[0] += after_s
+        stats.pending += 10
+        return exporter.export(batch)
+
+    assert attempt(0) is SpanExportResult.FAILURE and inner.sent == 10
+    assert attempt(0.9) is SpanExportResult.FAILURE and inner.sent == 10  # paused 1 s: not sent, counted
+    assert attempt(0.2) is SpanExportResult.FAILURE and inner.sent == 20  # tried again; now paused 2 s
+    assert attempt(1.9) is SpanExportResult.FAILURE and inner.sent == 20
+    attempt(0.2)
+    assert inner.sent == 30  # paused 4 s (the longest) from here
+    attempt(4.1)
+    assert inner.sent == 40
+    assert stats.export_failed == 60 and stats.pending == 0
+    inner.result = SpanExportResult.SUCCESS
+    assert attempt(4.1) is SpanExportResult.SUCCESS
+    assert attempt(0) is SpanExportResult.SUCCESS  # no pause after a success
+    assert inner.sent == 60 and stats.exported == 20
