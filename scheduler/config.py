@@ -71,6 +71,10 @@ class ConcurrencyLimits:
     agents: list[str]
     agent_max: list[int]
 
+    @property
+    def active(self) -> bool:
+        return bool(self.tenant_max_default or any(self.tenant_max) or any(self.agent_max))
+
     def params(self) -> dict[str, object]:
         return {"tenant_max_default": self.tenant_max_default, "limit_tenants": self.tenants,
                 "limit_tenant_max": self.tenant_max, "limit_agents": self.agents, "limit_agent_max": self.agent_max}

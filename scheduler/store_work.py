@@ -10,6 +10,7 @@ When such a statement matches no row, scheduler/replay.py says why.
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from typing import Any
 
@@ -53,6 +54,9 @@ class _SlotTaken(Exception):
 
 
 class WorkStore(ToolWrites):
+    _keys_used = False  # runs with concurrency keys exist (once true, for good)
+    _keys_checked_at = float("-inf")
+
     @db_call
     async def claim(self, worker_id: str, agents: list[str], trace: Trace = NO_TRACE) -> Claimed | None:
         lease_ms = self.settings.lease_duration_ms
@@ -64,7 +68,7 @@ class WorkStore(ToolWrites):
                 if row["id"] is None:
                     if row["woken"] or row["parked"]:
                         continue  # runs became ready, or blocked ones moved aside: look again
-                    if row["looked"] and self.settings.claim_lookahead > 1:
+                    if row["looked"]:
                         continue  # every free run looked at was taken by concurrent claims
                     return None
                 reason = None
@@ -95,10 +99,24 @@ class WorkStore(ToolWrites):
                                       {"reason": reason, "intents_in_doubt": ended["doubted_intents"]}, trace)
         return None
 
+    async def _limits_apply(self, conn: Any) -> bool:
+        """Whether a concurrency limit may apply to a claim: a tenant or agent limit is configured, or runs
+        with concurrency keys were ever submitted (runtime_counters, read at most once a second until true)."""
+        if self.settings.concurrency.active:
+            return True
+        if not self._keys_used and time.monotonic() >= self._keys_checked_at + 1.0:
+            self._keys_used = await fetchval(conn, Q.get_counter, name="concurrency_keys_used") is not None
+            self._keys_checked_at = time.monotonic()
+        return self._keys_used
+
     async def _claim_within_limits(self, conn: Any, worker_id: str, agents: list[str]) -> Any:
-        """One claim_work in its own transaction, kept only when no concurrency limit of the claimed run is
-        passed (slot_overflow, after the statement locked its groups); None when it was rolled back."""
+        """One claim statement. Without limits that could apply: claim_work_plain, one round trip. Else
+        claim_work in its own transaction, kept only when no concurrency limit of the claimed run is passed
+        (slot_overflow, after the statement locked its groups); None when it was rolled back."""
         limits = self.settings.concurrency
+        if not await self._limits_apply(conn):
+            return await fetchrow(conn, Q.claim_work_plain, worker_id=worker_id, agents=agents,
+                                  lease_ms=self.settings.lease_duration_ms, wake_batch=WAKE_BATCH)
         try:
             async with conn.transaction():
                 row = await fetchrow(

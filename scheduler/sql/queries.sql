@@ -71,6 +71,11 @@ WITH inserted AS (
           :priority, :concurrency_key, :concurrency_max)
   ON CONFLICT (tenant_id, client_request_id) WHERE client_request_id IS NOT NULL DO NOTHING
   RETURNING *
+), keyed AS (
+  -- Marks, once, that runs with concurrency keys exist: claimers then use claim_work.
+  INSERT INTO runtime_counters (name, value)
+  SELECT 'concurrency_keys_used', 1 FROM inserted WHERE inserted.concurrency_key IS NOT NULL LIMIT 1
+  ON CONFLICT (name) DO NOTHING
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, traceparent, tracestate)
   SELECT :event_id, id, tenant_id, 'agent.run_submitted',
@@ -153,6 +158,49 @@ CASE
           AND {live_leased}) >= c.concurrency_max THEN 'key'
 END
 
+-- fragment: claim_answer
+-- The one row a claim statement answers: how many runs it woke, parked and
+-- looked at, the claimed run (NULLs when none) with its limits, the advisory
+-- locks of its limited groups (taken here, in a fixed order: tenant, agent,
+-- key), its checkpoint, its current step's ledger row, and its pending signals
+-- (oldest 100) with the seq of the latest one it received, both read in this
+-- statement's snapshot (run_signals_pending_idx): a signal committed after it
+-- shows as last_signal_seq on the run row only, which FinishRun then compares
+-- with signals_seen (docs/design.md §signals). Needs the CTEs
+-- woken, parked, judged and limited (claimed plus its tenant_max, agent_max).
+SELECT claimed.*, clock_timestamp() AS db_now, w.woken,
+       (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM judged) AS looked,
+       (SELECT count(*) FROM (
+          SELECT pg_advisory_xact_lock(g.ns, g.h) FROM (
+            SELECT 1 AS ord, 1095914567 AS ns, hashtext(claimed.tenant_id) AS h WHERE claimed.tenant_max > 0
+            UNION ALL
+            SELECT 2, 1095914568, hashtext(claimed.agent_name) WHERE claimed.agent_max > 0
+            UNION ALL
+            SELECT 3, 1095914569, hashtext(claimed.tenant_id || '/' || claimed.agent_name || '/'
+                                           || claimed.concurrency_key)
+            WHERE claimed.concurrency_key IS NOT NULL
+            ORDER BY ord) AS g) AS locked) AS slot_locks,
+       cp.version AS cp_version, cp.state_json AS cp_state_json, cp.state_hash AS cp_state_hash,
+       cp.schema_version AS cp_schema_version, cp.fencing_token AS cp_fencing_token,
+       cp.event_id AS cp_event_id, cp.created_at AS cp_created_at,
+       te.id AS te_id, te.step_key AS te_step_key, te.tool_name AS te_tool_name,
+       te.idempotency_key AS te_idempotency_key, te.request_json AS te_request_json,
+       te.request_hash AS te_request_hash, te.status AS te_status,
+       te.remote_resource_id AS te_remote_resource_id, te.response_json AS te_response_json,
+       te.error_code AS te_error_code, te.fencing_token AS te_fencing_token,
+       te.outbound_intent_at AS te_outbound_intent_at, te.completed_at AS te_completed_at,
+       te.reconciled_at AS te_reconciled_at, te.reconciliation_evidence AS te_reconciliation_evidence,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                 'seq', s.id, 'signal_id', s.signal_id, 'name', s.name, 'payload', s.payload,
+                 'received_at', s.received_at, 'request_id', s.request_id) ORDER BY s.id), '[]'::jsonb)
+          FROM (SELECT * FROM run_signals WHERE run_id = claimed.id AND consumed_at IS NULL
+                ORDER BY id LIMIT 100) AS s) AS pending_signals,
+       (SELECT coalesce(max(id), 0) FROM run_signals WHERE run_id = claimed.id) AS signals_seen
+FROM (SELECT count(*) AS woken FROM woken) AS w
+LEFT JOIN limited AS claimed ON true
+LEFT JOIN agent_checkpoints AS cp ON cp.run_id = claimed.id AND cp.version = claimed.version
+LEFT JOIN tool_executions AS te ON te.run_id = claimed.id AND te.step_key = claimed.current_step_key
+
 -- name: claim_work
 -- Takes one run for worker :worker_id: first a RUNNING/WAITING_TOOL run whose lease
 -- lapsed by database time, else a QUEUED run that is due, in claim order:
@@ -174,12 +222,8 @@ END
 -- limited groups are locked (advisory, transaction scope, in a fixed order)
 -- before the statement ends: the caller's slot_overflow, a new snapshot in the
 -- same transaction, then sees every claim that committed before it
--- (store_work.py rolls back a claim that would pass a limit).
--- With the run come its pending signals (oldest 100) and the seq of the
--- latest signal it received, both read in this statement's snapshot
--- (run_signals_pending_idx): a signal committed after it shows as
--- last_signal_seq on the run row only, which FinishRun then compares with
--- signals_seen (docs/design.md §signals).
+-- (store_work.py rolls back a claim that would pass a limit). With the run
+-- come its pending signals (see the claim_answer fragment).
 WITH waking AS (
   SELECT id FROM agent_runs
   WHERE status = 'QUEUED' AND NOT claim_ready AND next_attempt_at <= clock_timestamp()
@@ -253,38 +297,62 @@ WITH waking AS (
 ), limited AS (
   SELECT c.*, {limits_of} FROM claimed AS c
 )
-SELECT claimed.*, clock_timestamp() AS db_now, w.woken,
-       (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM judged) AS looked,
-       (SELECT count(*) FROM (
-          SELECT pg_advisory_xact_lock(g.ns, g.h) FROM (
-            SELECT 1 AS ord, 1095914567 AS ns, hashtext(claimed.tenant_id) AS h WHERE claimed.tenant_max > 0
-            UNION ALL
-            SELECT 2, 1095914568, hashtext(claimed.agent_name) WHERE claimed.agent_max > 0
-            UNION ALL
-            SELECT 3, 1095914569, hashtext(claimed.tenant_id || '/' || claimed.agent_name || '/'
-                                           || claimed.concurrency_key)
-            WHERE claimed.concurrency_key IS NOT NULL
-            ORDER BY ord) AS g) AS locked) AS slot_locks,
-       cp.version AS cp_version, cp.state_json AS cp_state_json, cp.state_hash AS cp_state_hash,
-       cp.schema_version AS cp_schema_version, cp.fencing_token AS cp_fencing_token,
-       cp.event_id AS cp_event_id, cp.created_at AS cp_created_at,
-       te.id AS te_id, te.step_key AS te_step_key, te.tool_name AS te_tool_name,
-       te.idempotency_key AS te_idempotency_key, te.request_json AS te_request_json,
-       te.request_hash AS te_request_hash, te.status AS te_status,
-       te.remote_resource_id AS te_remote_resource_id, te.response_json AS te_response_json,
-       te.error_code AS te_error_code, te.fencing_token AS te_fencing_token,
-       te.outbound_intent_at AS te_outbound_intent_at, te.completed_at AS te_completed_at,
-       te.reconciled_at AS te_reconciled_at, te.reconciliation_evidence AS te_reconciliation_evidence,
-       (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                 'seq', s.id, 'signal_id', s.signal_id, 'name', s.name, 'payload', s.payload,
-                 'received_at', s.received_at, 'request_id', s.request_id) ORDER BY s.id), '[]'::jsonb)
-          FROM (SELECT * FROM run_signals WHERE run_id = claimed.id AND consumed_at IS NULL
-                ORDER BY id LIMIT 100) AS s) AS pending_signals,
-       (SELECT coalesce(max(id), 0) FROM run_signals WHERE run_id = claimed.id) AS signals_seen
-FROM (SELECT count(*) AS woken FROM woken) AS w
-LEFT JOIN limited AS claimed ON true
-LEFT JOIN agent_checkpoints AS cp ON cp.run_id = claimed.id AND cp.version = claimed.version
-LEFT JOIN tool_executions AS te ON te.run_id = claimed.id AND te.step_key = claimed.current_step_key;
+{claim_answer};
+
+-- name: claim_work_plain
+-- claim_work where no concurrency limit can apply (no tenant or agent limit is
+-- configured): one scan per path straight off its index, LIMIT 1 FOR UPDATE
+-- SKIP LOCKED, in the same claim order. A run with a concurrency key is left
+-- to claim_work (store_work.py switches once keys are in use), so this
+-- statement never passes a limit.
+WITH waking AS (
+  SELECT id FROM agent_runs
+  WHERE status = 'QUEUED' AND NOT claim_ready AND next_attempt_at <= clock_timestamp()
+  ORDER BY next_attempt_at
+  LIMIT :wake_batch
+  FOR UPDATE SKIP LOCKED
+), woken AS (
+  UPDATE agent_runs AS r SET claim_ready = true
+  FROM waking AS w
+  WHERE r.id = w.id
+  RETURNING r.id
+), expired AS (
+  SELECT id FROM agent_runs
+  WHERE status IN ('RUNNING', 'WAITING_TOOL') AND lease_expires_at < clock_timestamp()
+    AND agent_name = ANY(:agents::text[]) AND concurrency_key IS NULL
+  ORDER BY lease_expires_at, created_at, id
+  LIMIT 1
+  FOR UPDATE SKIP LOCKED
+), queued AS (
+  SELECT id FROM agent_runs
+  WHERE status = 'QUEUED' AND claim_ready AND next_attempt_at <= clock_timestamp()
+    AND agent_name = ANY(:agents::text[]) AND concurrency_key IS NULL
+    AND NOT EXISTS (SELECT 1 FROM waking)
+  ORDER BY priority DESC, enqueued_at, id
+  LIMIT 1
+  FOR UPDATE SKIP LOCKED
+), candidate AS (
+  (SELECT id FROM expired UNION ALL SELECT id FROM queued) LIMIT 1
+), claimed AS (
+  UPDATE agent_runs AS r
+  SET status = CASE WHEN r.status = 'QUEUED' THEN 'RUNNING' ELSE r.status END,
+      lease_owner = :worker_id,
+      lease_expires_at = clock_timestamp() + make_interval(secs => :lease_ms::double precision / 1000),
+      fencing_token = r.fencing_token + 1,
+      attempt_count = CASE WHEN r.status = 'QUEUED' THEN r.attempt_count + 1 ELSE r.attempt_count END,
+      awaiting_signal = NULL, waiting_on = NULL,
+      updated_at = clock_timestamp()
+  FROM candidate AS c
+  WHERE r.id = c.id
+  RETURNING r.*
+), parked AS (
+  SELECT NULL::uuid AS id WHERE false
+), judged AS (
+  SELECT NULL::uuid AS id WHERE false
+), limited AS (
+  SELECT c.*, 0 AS tenant_max, 0 AS agent_max FROM claimed AS c
+)
+{claim_answer};
 
 -- name: slot_overflow
 -- After claim_work locked the claimed run's groups, in its transaction (a new

@@ -9,6 +9,7 @@ never pass a limit (an invariant query sampled throughout), and every run comple
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import random
 import time
@@ -122,13 +123,15 @@ async def test_a_dead_holder_keeps_its_slot_until_its_lease_lapses(db_url, db):
         second = await submit(stack)
         held = await claim(stack, "w-dies")  # and never heartbeats again
         assert held is not None and held.run.run_id == first.run_id
-        lapse = held.lease_expires_at.ToDatetime().timestamp()
-        while (await db.fetchval("SELECT extract(epoch FROM clock_timestamp())")) < lapse:
-            assert await claim(stack, "w-waits") is None, "a live lease holds the tenant's one slot"
+        # Until the lease lapses nothing else is claimable; the first claim that finds anything takes the
+        # lapsed run itself over (its slot is free, and expired runs go first), never the second run.
+        deadline = time.monotonic() + 20
+        while (taken := await claim(stack, "w-waits")) is None:
+            assert time.monotonic() < deadline, "the lapsed run was never taken over"
             await asyncio.sleep(0.05)
-        # Lapsed: its slot is free, and the lapsed run itself is taken over first.
-        taken = await claim_soon(stack, "w-takes-over")
         assert taken.run.run_id == first.run_id and taken.run.fencing_token == 2
+        assert await db.fetchval("SELECT clock_timestamp() >= $1::timestamptz",
+                                 held.lease_expires_at.ToDatetime(tzinfo=dt.UTC))
         assert await claim(stack, "w-waits") is None
         await finish(stack, taken)
         assert (await claim_soon(stack, "w-next")).run.run_id == second.run_id
