@@ -32,7 +32,7 @@ from scheduler.store import Store
 from shared.errors import Unavailable
 
 log = logging.getLogger(__name__)
-TABLES = ("runs", "checkpoints", "ledger", "journal", "outbox")
+TABLES = ("runs", "checkpoints", "ledger", "journal", "outbox", "signals")
 
 
 @dataclasses.dataclass
@@ -44,6 +44,7 @@ class RetentionCounts:
     ledger: int = 0
     journal: int = 0
     outbox: int = 0
+    signals: int = 0
     batches: int = 0
 
     def as_dict(self) -> dict[str, int]:

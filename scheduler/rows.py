@@ -340,6 +340,7 @@ class Purged(NamedTuple):
     ledger: int
     journal: int
     outbox: int
+    signals: int
     last_finished: dt.datetime | None
     last_id: uuid.UUID | None
 

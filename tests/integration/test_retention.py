@@ -26,17 +26,17 @@ from scheduler.retention import sweep
 
 pytestmark = pytest.mark.integration
 CHILD_TABLES = {"agent_checkpoints": "run_id", "tool_executions": "run_id", "run_journal": "run_id",
-                "outbox": "run_id"}
+                "outbox": "run_id", "run_signals": "run_id"}
 
 
 async def add_run(db: asyncpg.Connection, *, tenant: str = "t1", status: str = "COMPLETED",
                   finished_days_ago: float = 40.0, labels: dict[str, str] | None = None,
                   unpublished: int = 0, published: int = 2) -> uuid.UUID:
-    """A run (terminal unless `status` says otherwise) with a checkpoint, a ledger row, a journal row
-    and outbox rows, every time backdated from the database clock."""
+    """A run (terminal unless `status` says otherwise) with a checkpoint, a ledger row, a journal row,
+    a signal and outbox rows, every time backdated from the database clock."""
     run_id = uuid.uuid4()
     ago = dt.timedelta(days=finished_days_ago)
-    terminal = status in ("COMPLETED", "FAILED")
+    terminal = status in ("COMPLETED", "FAILED", "CANCELLED")
     await db.execute(
         """INSERT INTO agent_runs (id, tenant_id, agent_name, status, labels, created_at, updated_at, finished_at)
            VALUES ($1, $2, 'demo', $3, $4::jsonb, clock_timestamp() - $5::interval - interval '1 hour',
@@ -56,6 +56,10 @@ async def add_run(db: asyncpg.Connection, *, tenant: str = "t1", status: str = "
     await db.execute(
         """INSERT INTO run_journal (run_id, seq, kind, detail, fencing_token, run_version)
            VALUES ($1, 1, 'tool', '{}', 1, 1)""", run_id)
+    await db.execute(
+        """INSERT INTO run_signals (signal_id, run_id, tenant_id, name, payload, request_id, request_hash, received_at)
+           VALUES (gen_random_uuid(), $1, $2, 'nudge', '{}', 'r1', $3, clock_timestamp() - $4::interval)""",
+        run_id, tenant, hashlib.sha256(run_id.bytes).digest(), ago)
     for index in range(published + unpublished):
         await db.execute(
             """INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, published_at, created_at)
@@ -80,6 +84,7 @@ async def everything(db: asyncpg.Connection) -> list[Any]:
 async def test_expired_terminal_runs_go_with_their_rows_and_every_other_run_stays(db_url, db):
     completed = await add_run(db)
     failed = await add_run(db, status="FAILED", finished_days_ago=31)
+    cancelled = await add_run(db, status="CANCELLED", finished_days_ago=31)
     recent = await add_run(db, finished_days_ago=29)
     queued = await add_run(db, status="QUEUED", finished_days_ago=400)
     paused = await add_run(db, status="PAUSED_HUMAN", finished_days_ago=400)
@@ -87,11 +92,14 @@ async def test_expired_terminal_runs_go_with_their_rows_and_every_other_run_stay
     waiting_event = await add_run(db, unpublished=1)
     async with scheduler_stack(db_url, run_retention_enabled=False) as stack:
         counts = await sweep(stack.server.store, batch_runs=50)
-    assert counts.as_dict() == {"runs": 2, "checkpoints": 2, "ledger": 2, "journal": 2, "outbox": 4, "batches": 1}
-    gone = {"agent_runs": 0, "agent_checkpoints": 0, "tool_executions": 0, "run_journal": 0, "outbox": 0}
-    assert await rows_of(db, completed) == gone
-    assert await rows_of(db, failed) == gone
-    kept = {"agent_runs": 1, "agent_checkpoints": 1, "tool_executions": 1, "run_journal": 1, "outbox": 2}
+    assert counts.as_dict() == {"runs": 3, "checkpoints": 3, "ledger": 3, "journal": 3, "outbox": 6, "signals": 3,
+                                "batches": 1}
+    gone = {"agent_runs": 0, "agent_checkpoints": 0, "tool_executions": 0, "run_journal": 0, "outbox": 0,
+            "run_signals": 0}
+    for run_id in (completed, failed, cancelled):
+        assert await rows_of(db, run_id) == gone
+    kept = {"agent_runs": 1, "agent_checkpoints": 1, "tool_executions": 1, "run_journal": 1, "outbox": 2,
+            "run_signals": 1}
     for run_id in (recent, queued, paused, held):
         assert await rows_of(db, run_id) == kept
     # An unpublished event keeps its run, and it and its published siblings too.
@@ -128,7 +136,7 @@ async def test_a_dry_run_counts_what_would_go_and_changes_nothing(db_url, db):
         real = await sweep(stack.server.store, batch_runs=1)
     assert {k: v for k, v in dry.as_dict().items() if k != "batches"} == {
         k: v for k, v in real.as_dict().items() if k != "batches"} == {
-        "runs": 2, "checkpoints": 2, "ledger": 2, "journal": 2, "outbox": 4}
+        "runs": 2, "checkpoints": 2, "ledger": 2, "journal": 2, "outbox": 4, "signals": 2}
 
 
 async def test_the_boundary_is_the_database_clock(db_url, db):
@@ -208,7 +216,7 @@ def test_cli_retention_policies_and_a_dry_run(db_url, monkeypatch, capsys):
     assert [(p["tenant"], p["keep_days"]) for p in listed] == [("*", 30), ("acme", 7)]
     assert main(["retention", "run", "--dry-run", "--database-url", db_url]) == 0
     assert json.loads(capsys.readouterr().out) == {"dry_run": True, "runs": 0, "checkpoints": 0, "ledger": 0,
-                                                   "journal": 0, "outbox": 0, "batches": 1}
+                                                   "journal": 0, "outbox": 0, "signals": 0, "batches": 1}
     assert main(["retention", "set", "--tenant", "acme", "--keep-days", "0", "--database-url", db_url]) == 1
     assert capsys.readouterr().err.strip() == "agentrt retention: error: --keep-days: must be between 1 and 36500"
     assert main(["retention", "clear", "--tenant", "acme", "--database-url", db_url]) == 0

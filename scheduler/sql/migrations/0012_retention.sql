@@ -2,7 +2,7 @@
 --
 -- A terminal run whose finish is older than its tenant's policy (or the
 -- default policy, tenant '*') is deleted with its checkpoints, ledger rows,
--- journal rows and published outbox rows. Never a run that is not terminal,
+-- journal rows, signals and published outbox rows. Never a run that is not terminal,
 -- one labelled `legal_hold`, or one with an unpublished outbox row (pending
 -- or parked); never an unpublished outbox row. The database clock decides.
 
@@ -20,7 +20,7 @@ INSERT INTO retention_policies (tenant_id, keep_days) VALUES ('*', 30);
 -- indexed, and finished_at changes only with it (on the move to a terminal
 -- status), so this index ends no HOT update (see 0004).
 CREATE INDEX agent_runs_terminal_finished_idx ON agent_runs (finished_at, id)
-  WHERE status IN ('COMPLETED', 'FAILED');
+  WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED');
 
 -- One batch: the next `max_runs` terminal runs after (after_finished, after_id)
 -- that the shortest policy lets expire, of which those their own policy lets
@@ -37,7 +37,7 @@ CREATE INDEX agent_runs_terminal_finished_idx ON agent_runs (finished_at, id)
 CREATE FUNCTION agentrt_retention_purge(max_runs integer, dry_run boolean, after_finished timestamptz,
                                         after_id uuid)
 RETURNS TABLE (scanned integer, runs bigint, checkpoints bigint, ledger bigint, journal bigint,
-               outbox bigint, last_finished timestamptz, last_id uuid)
+               outbox bigint, signals bigint, last_finished timestamptz, last_id uuid)
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
   shortest integer;
@@ -49,7 +49,7 @@ BEGIN
   IF max_runs IS NULL OR max_runs NOT BETWEEN 1 AND 10000 THEN
     RAISE EXCEPTION 'max_runs must be between 1 and 10000' USING ERRCODE = '22023';
   END IF;
-  scanned := 0; runs := 0; checkpoints := 0; ledger := 0; journal := 0; outbox := 0;
+  scanned := 0; runs := 0; checkpoints := 0; ledger := 0; journal := 0; outbox := 0; signals := 0;
   SELECT min(p.keep_days) INTO shortest FROM retention_policies p;
   SELECT p.keep_days INTO fallback FROM retention_policies p WHERE p.tenant_id = '*';
   IF shortest IS NULL THEN
@@ -60,7 +60,7 @@ BEGIN
   WITH page AS (
     SELECT r.id, r.tenant_id, r.finished_at, r.labels
     FROM agent_runs r
-    WHERE r.status IN ('COMPLETED', 'FAILED')
+    WHERE r.status IN ('COMPLETED', 'FAILED', 'CANCELLED')
       AND (r.finished_at, r.id) > (coalesce(after_finished, '-infinity'::timestamptz),
                                    coalesce(after_id, '00000000-0000-0000-0000-000000000000'::uuid))
       AND r.finished_at < clock_timestamp() - make_interval(days => shortest)
@@ -88,6 +88,7 @@ BEGIN
     SELECT count(*) INTO ledger FROM tool_executions WHERE run_id = ANY (candidates);
     SELECT count(*) INTO journal FROM run_journal WHERE run_id = ANY (candidates);
     SELECT count(*) INTO outbox FROM outbox WHERE run_id = ANY (candidates) AND published_at IS NOT NULL;
+    SELECT count(*) INTO signals FROM run_signals WHERE run_id = ANY (candidates);
     runs := cardinality(candidates);
     RETURN NEXT;
     RETURN;
@@ -95,7 +96,7 @@ BEGIN
 
   SELECT coalesce(array_agg(locked.id), '{}') INTO doomed FROM (
     SELECT r.id FROM agent_runs r
-    WHERE r.id = ANY (candidates) AND r.status IN ('COMPLETED', 'FAILED')
+    WHERE r.id = ANY (candidates) AND r.status IN ('COMPLETED', 'FAILED', 'CANCELLED')
     ORDER BY r.id
     FOR UPDATE SKIP LOCKED) AS locked;
   DELETE FROM agent_checkpoints WHERE run_id = ANY (doomed);
@@ -106,6 +107,8 @@ BEGIN
   GET DIAGNOSTICS counted = ROW_COUNT; journal := counted;
   DELETE FROM outbox WHERE run_id = ANY (doomed) AND published_at IS NOT NULL;
   GET DIAGNOSTICS counted = ROW_COUNT; outbox := counted;
+  DELETE FROM run_signals WHERE run_id = ANY (doomed);
+  GET DIAGNOSTICS counted = ROW_COUNT; signals := counted;
   DELETE FROM agent_runs WHERE id = ANY (doomed);
   GET DIAGNOSTICS counted = ROW_COUNT; runs := counted;
   RETURN NEXT;
