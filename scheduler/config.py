@@ -39,6 +39,8 @@ class SchedulerSettings(ComponentSettings):
     checkpoint_prune_interval_s: float = Field(30.0, gt=0)
     checkpoint_prune_batch_runs: int = Field(500, ge=1, le=100_000)  # runs looked at per statement
     claim_poll_interval_ms: int = Field(500, ge=10)
+    # How often each replica looks for due schedules (0 = this replica fires none).
+    schedule_poll_interval_ms: int = Field(500, ge=0)
     max_claim_wait_ms: int = Field(30_000, ge=0)
     db_pool_min: int = Field(2, ge=1)
     db_pool_max: int = Field(20, ge=1)

@@ -21,6 +21,7 @@ from scheduler.config import SchedulerSettings
 from scheduler.metrics import SchedulerMetrics
 from scheduler.migrate import require_current_schema
 from scheduler.notifier import WorkNotifier
+from scheduler.schedule_service import ScheduleFirer
 from scheduler.service import RunServicer, WorkServicer
 from scheduler.store import Store, connect_pool
 from scheduler.wire import add_service
@@ -52,6 +53,7 @@ class SchedulerServer:
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None  # type: ignore[name-defined]
         self._notifier: WorkNotifier | None = None
+        self.firer: ScheduleFirer | None = None
         self._stopped = False
         self.metrics: SchedulerMetrics | None = None
         self.metrics_port: int | None = None
@@ -112,6 +114,8 @@ class SchedulerServer:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.metrics is not None:
             self.metrics_port = self.metrics.start(s.metrics_addr, self.store)
+        self.firer = ScheduleFirer(self.store, s)
+        self.firer.start()
         log.info("scheduler listening on %s (port %d)", s.listen_addr, self.port)
         return self.port
 
@@ -126,6 +130,8 @@ class SchedulerServer:
         grace = self.settings.shutdown_grace_s if grace is None else grace
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        if self.firer is not None:
+            await self.firer.stop()
         if self._server is not None:
             await self._server.stop(grace)
         if self.metrics is not None:

@@ -1060,7 +1060,8 @@ class Runtime(RuleBasedStateMachine):
               WHERE te.run_id = r.id AND te.step_key = r.current_step_key AND te.status = 'IN_DOUBT')""") == []
         # A terminal run holds no open intent (issue 11): its in-flight call is IN_DOUBT or closed.
         assert self.fetch("""SELECT te.id FROM tool_executions te JOIN agent_runs r ON r.id = te.run_id
-                             WHERE te.status = 'OUTBOUND_INTENT' AND r.status IN ('COMPLETED', 'FAILED', 'CANCELLED')""") == []
+                             WHERE te.status = 'OUTBOUND_INTENT'
+                               AND r.status IN ('COMPLETED', 'FAILED', 'CANCELLED')""") == []
         # No two ledger rows per (run, step_key); a row's fence is one the run had.
         assert self.fetch("SELECT run_id, step_key FROM tool_executions GROUP BY 1, 2 HAVING count(*) > 1") == []
         assert self.fetch("""SELECT te.id FROM tool_executions te JOIN agent_runs r ON r.id = te.run_id
