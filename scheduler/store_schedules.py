@@ -23,7 +23,7 @@ from scheduler.states import TERMINAL
 from scheduler.store_core import StoreBase, db_call
 from scheduler.store_types import SubmitSpec
 from shared.canonical import sha256_of, uuid7
-from shared.db import execute, fetch, fetchrow
+from shared.db import execute, fetch, fetchrow, fetchval
 from shared.errors import AlreadyExists, NotFound
 
 OVERLAPS = ("SKIP", "BUFFER_ONE", "ALLOW_ALL")
@@ -87,7 +87,7 @@ class ScheduleStore(StoreBase):
     async def create_schedule(self, tenant_id: str, name: str, spec: ScheduleSpec) -> tuple[Record, bool]:
         schedule_id = uuid7()
         async with self.pool.acquire() as conn, conn.transaction():
-            now = await conn.fetchval("SELECT clock_timestamp()")
+            now = await fetchval(conn, Q.server_now)
             first, due = self._first(spec, schedule_id, now)
             row = await fetchrow(conn, Q.insert_schedule, id=schedule_id, tenant_id=tenant_id, name=name,
                                  next_fire_at=first, due_at=due, **spec.params())
@@ -201,7 +201,7 @@ class ScheduleStore(StoreBase):
             agent_version=run.agent_version, input=run.input, labels=run.labels, max_attempts=run.max_attempts,
             max_steps=0, max_tokens=0, max_cost_usd=0.0, deadline_at=None, client_request_id=request_id,
             submit_hash=run.submit_hash(), event_id=uuid7(), traceparent=None, tracestate=None)
-        if submitted is None:  # fired before (a crash after the submit's commit... cannot be: same tx) or raced
+        if submitted is None:  # this fire time already has its run (the request id names it): never a second
             submitted = await fetchrow(conn, Q.get_run_by_client_request, tenant_id=row["tenant_id"],
                                        client_request_id=request_id)
             assert submitted is not None
