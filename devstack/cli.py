@@ -356,8 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     from devstack.cli_events import add_commands as add_event_commands
     from devstack.cli_retention import add_commands as add_retention_commands
     from devstack.cli_runs import add_commands as add_run_commands
+    from devstack.cli_schedules import add_commands as add_schedule_commands
 
     add_run_commands(sub)
+    add_schedule_commands(sub)
     add_admin_commands(sub)
     add_event_commands(sub)
     add_retention_commands(sub)

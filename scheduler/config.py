@@ -157,6 +157,8 @@ class SchedulerSettings(ComponentSettings):
     run_retention_batch_runs: int = Field(100, ge=1, le=10_000)
     run_retention_pause_ms: int = Field(200, ge=0, le=60_000)
     claim_poll_interval_ms: int = Field(500, ge=10)
+    # How often each replica looks for due schedules (0 = this replica fires none).
+    schedule_poll_interval_ms: int = Field(500, ge=0)
     max_claim_wait_ms: int = Field(30_000, ge=0)
     db_pool_min: int = Field(2, ge=1)
     db_pool_max: int = Field(20, ge=1)

@@ -20,6 +20,7 @@ VERBS = MappingProxyType({
     "runs.submit": "submit runs",
     "runs.cancel": "cancel the tenant's runs",
     "runs.signal": "send signals to the tenant's runs",
+    "schedules.manage": "create, update, pause and delete the tenant's schedules",
     "runs.resume": "approve, reject or answer a run paused for a human",
     "tools.resolve": "resolve IN_DOUBT tool executions with evidence",
     "runs.export": "export a run's whole history (GetRunHistory with export; audited)",
@@ -30,7 +31,7 @@ VERBS = MappingProxyType({
 
 _OWN = {
     "viewer": ("runs.read", "stats.read", "agents.read"),
-    "submitter": ("runs.submit", "runs.cancel", "runs.signal"),
+    "submitter": ("runs.submit", "runs.cancel", "runs.signal", "schedules.manage"),
     "operator": ("runs.resume", "tools.resolve", "runs.export"),
     "admin": ("keys.manage", "audit.read", "tenants.several"),
 }
@@ -55,6 +56,11 @@ RPC_VERBS = MappingProxyType({
     "GetRunHistory": "runs.read",
     "CancelRun": "runs.cancel",
     "SignalRun": "runs.signal",
+    "CreateSchedule": "schedules.manage",
+    "UpdateSchedule": "schedules.manage",
+    "PauseSchedule": "schedules.manage",
+    "DeleteSchedule": "schedules.manage",
+    "ListSchedules": "runs.read",
     "ResumeRun": "runs.resume",
     "ResolveToolExecution": "tools.resolve",
     "GetStats": "stats.read",

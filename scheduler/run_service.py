@@ -23,6 +23,7 @@ from scheduler.config import SchedulerSettings
 from scheduler.notifier import WorkNotifier
 from scheduler.registry import LiveVersion, admit, render_key
 from scheduler.rpc import HISTORY_PART, MAX_PAGE_SIZE, RESOLVE, RESUME, STATUS_FILTER, principal, rpc
+from scheduler.schedule_service import ScheduleRpcs
 from scheduler.store import (
     HISTORY_PARTS,
     HistoryCursor,
@@ -38,7 +39,7 @@ from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.tracing import annotate, current_trace
 
 
-class RunServicer(AdminRpcs, rs_grpc.RunServiceServicer):
+class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
     def __init__(self, store: Store, settings: SchedulerSettings, auth: RunAuth,
                  notifier: WorkNotifier | None = None) -> None:
         self.store = store

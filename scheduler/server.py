@@ -22,6 +22,7 @@ from scheduler.metrics import SchedulerMetrics
 from scheduler.migrate import require_current_schema
 from scheduler.notifier import WorkNotifier
 from scheduler.retention import RunRetention
+from scheduler.schedule_service import ScheduleFirer
 from scheduler.service import RunServicer, WorkServicer
 from scheduler.store import Store, connect_pool
 from scheduler.wire import add_service
@@ -54,6 +55,7 @@ class SchedulerServer:
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None  # type: ignore[name-defined]
         self._notifier: WorkNotifier | None = None
+        self.firer: ScheduleFirer | None = None
         self._stopped = False
         self.metrics: SchedulerMetrics | None = None
         self.metrics_port: int | None = None
@@ -115,6 +117,8 @@ class SchedulerServer:
             self.metrics_port = self.metrics.start(s.metrics_addr, self.store, settings=s)
         self.retention = RunRetention(self.store, s, self.metrics.retention_batch if self.metrics else None)
         self.retention.start()
+        self.firer = ScheduleFirer(self.store, s)
+        self.firer.start()
         log.info("scheduler listening on %s (port %d)", s.listen_addr, self.port)
         return self.port
 
@@ -129,6 +133,8 @@ class SchedulerServer:
         grace = self.settings.shutdown_grace_s if grace is None else grace
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        if self.firer is not None:
+            await self.firer.stop()
         if self._server is not None:
             await self._server.stop(grace)
         if self.retention is not None:

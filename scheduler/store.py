@@ -41,6 +41,7 @@ from scheduler.store_auth import ApiKeyRow, AuthStore, KeyForAuth
 from scheduler.store_core import COMMIT_UNKNOWN_COUNTER, connect_pool, db_call
 from scheduler.store_registry import AgentSpec, RegistryStore
 from scheduler.store_runs import RunStore
+from scheduler.store_schedules import ScheduleSpec, ScheduleStore
 from scheduler.store_types import (
     HISTORY_PARTS,
     NO_JOURNAL,
@@ -65,9 +66,10 @@ from shared.db import init_connection
 from shared.tracing import Trace
 
 
-class Store(RunStore, WorkStore, RegistryStore, AuthStore):
+class Store(RunStore, WorkStore, RegistryStore, AuthStore, ScheduleStore):
     """Every read and write of run state: RunService's side (`RunStore`), WorkService's (`WorkStore`)
-    the agent registry (`RegistryStore`), API keys and the audit trail (`AuthStore`)."""
+    the agent registry (`RegistryStore`), API keys and the audit trail (`AuthStore`), schedules
+    (`ScheduleStore`)."""
 
 
 _init_connection = init_connection  # the name tests/integration/test_stateful.py still imports
@@ -104,6 +106,7 @@ __all__ = [
     "Resolved",
     "RunEnd",
     "RunRow",
+    "ScheduleSpec",
     "Store",
     "SubmitSpec",
     "TenantStats",

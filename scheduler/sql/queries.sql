@@ -1316,3 +1316,68 @@ RETURNING tenant_id, keep_days, updated_at;
 -- name: clear_retention_policy
 -- The owner only; the tenant's runs then follow the default policy (none if '*' is cleared).
 DELETE FROM retention_policies WHERE tenant_id = :tenant_id RETURNING tenant_id;
+-- Schedules (docs/design.md §schedules): fire times by the database clock, one run per fire time.
+
+-- name: insert_schedule
+-- A repeated (tenant, name) inserts nothing: the caller compares spec hashes.
+INSERT INTO agent_schedules (id, tenant_id, name, agent_name, agent_version, input, labels, interval_ms, cron,
+                             time_zone, overlap, catch_up_window_ms, jitter_ms, next_fire_at, due_at, spec_hash)
+VALUES (:id, :tenant_id, :name, :agent_name, :agent_version, :input, :labels, :interval_ms, :cron, :time_zone,
+        :overlap, :catch_up_window_ms, :jitter_ms, :next_fire_at, :due_at, :spec_hash)
+ON CONFLICT (tenant_id, name) DO NOTHING
+RETURNING *;
+
+-- name: schedule_by_name
+SELECT * FROM agent_schedules WHERE tenant_id = :tenant_id AND name = :name;
+
+-- name: list_schedules
+-- Tenant-scoped, by name (at most 1000: schedules are few).
+SELECT * FROM agent_schedules WHERE tenant_id = :tenant_id ORDER BY name LIMIT 1000;
+
+-- name: lock_schedule
+-- Tenant-scoped: another tenant's schedule is indistinguishable from none.
+SELECT *, clock_timestamp() AS db_now FROM agent_schedules WHERE id = :id AND tenant_id = :tenant_id FOR UPDATE;
+
+-- name: update_schedule
+-- The whole spec replaced, under the caller's row lock; the next fire counts from now (:next_fire_at).
+UPDATE agent_schedules
+SET agent_name = :agent_name, agent_version = :agent_version, input = :input, labels = :labels,
+    interval_ms = :interval_ms, cron = :cron, time_zone = :time_zone, overlap = :overlap,
+    catch_up_window_ms = :catch_up_window_ms, jitter_ms = :jitter_ms, next_fire_at = :next_fire_at,
+    due_at = :due_at, buffered_fire_at = NULL, spec_hash = :spec_hash, updated_at = clock_timestamp()
+WHERE id = :id
+RETURNING *;
+
+-- name: pause_schedule
+-- Resuming (:paused false) starts from the :next_fire_at the caller computed from now.
+UPDATE agent_schedules
+SET paused = :paused, next_fire_at = COALESCE(:next_fire_at::timestamptz, next_fire_at),
+    due_at = COALESCE(:due_at::timestamptz, due_at),
+    buffered_fire_at = CASE WHEN :paused::boolean THEN buffered_fire_at ELSE NULL END, updated_at = clock_timestamp()
+WHERE id = :id
+RETURNING *;
+
+-- name: delete_schedule
+-- The schedule goes; the runs it submitted stay (their label names it).
+DELETE FROM agent_schedules WHERE id = :id RETURNING *;
+
+-- name: lock_due_schedule
+-- One schedule the firer must look at now (a fire due, or a buffered fire to
+-- re-check), locked; SKIP LOCKED: two replicas never take the same schedule,
+-- so one fire time is never fired twice at once (the run's client request id
+-- makes it once across restarts too). With the status of its last run.
+SELECT s.*, clock_timestamp() AS db_now, r.status AS last_run_status
+FROM agent_schedules AS s
+LEFT JOIN agent_runs AS r ON r.id = s.last_run_id
+WHERE NOT s.paused AND s.due_at <= clock_timestamp()
+ORDER BY s.due_at
+LIMIT 1
+FOR UPDATE OF s SKIP LOCKED;
+
+-- name: record_fire
+-- In the firing transaction, with the runs it submitted: the next nominal fire time and when it is due.
+UPDATE agent_schedules
+SET next_fire_at = :next_fire_at, due_at = :due_at, buffered_fire_at = :buffered_fire_at,
+    last_run_id = :last_run_id, last_fire_at = COALESCE(:last_fire_at::timestamptz, last_fire_at), fires = fires + :fired,
+    skipped = skipped + :skipped, updated_at = clock_timestamp()
+WHERE id = :id;

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import json_format
 
 from shared.errors import InvalidArgument, Unavailable, from_rpc_error
 from shared.gen.agentrt.v1 import common_pb2 as pb
@@ -52,6 +53,13 @@ def _time(message: Any, name: str) -> dt.datetime | None:
 
 def _json(text: str) -> Any:
     return json.loads(text) if text else None
+
+
+def _schedule(message: rs.Schedule) -> dict[str, Any]:
+    data: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    spec = data.get("spec", {})
+    spec["input"] = _json(spec.pop("input_json", "")) or {}
+    return data
 
 
 @dataclass(frozen=True)
@@ -282,6 +290,28 @@ class AgentrtClient:
         return SignalInfo(seq=s.seq, signal_id=s.signal_id, name=s.name, payload=_json(s.payload_json),
                           request_id=s.request_id, received_at=_time(s, "received_at"), created=reply.created,
                           run_status=_STATUS_NAMES.get(reply.run.status, "UNSPECIFIED"))
+
+    # ------------------------------------------------------------------ schedules (dicts: the Schedule message)
+
+    async def create_schedule(self, name: str, spec: rs.ScheduleSpec) -> tuple[dict[str, Any], bool]:
+        """Creates schedule `name` (the same name and spec answers with it: safe to retry)."""
+        reply = await self._call(self._stub.CreateSchedule, rs.CreateScheduleRequest(name=name, spec=spec))
+        return _schedule(reply.schedule), reply.created
+
+    async def update_schedule(self, schedule_id: str, spec: rs.ScheduleSpec) -> dict[str, Any]:
+        return _schedule(await self._call(self._stub.UpdateSchedule,
+                                          rs.UpdateScheduleRequest(schedule_id=schedule_id, spec=spec)))
+
+    async def pause_schedule(self, schedule_id: str, paused: bool = True) -> dict[str, Any]:
+        return _schedule(await self._call(self._stub.PauseSchedule,
+                                          rs.PauseScheduleRequest(schedule_id=schedule_id, paused=paused)))
+
+    async def delete_schedule(self, schedule_id: str) -> dict[str, Any]:
+        return _schedule(await self._call(self._stub.DeleteSchedule, rs.DeleteScheduleRequest(schedule_id=schedule_id)))
+
+    async def list_schedules(self) -> builtins.list[dict[str, Any]]:
+        reply = await self._call(self._stub.ListSchedules, rs.ListSchedulesRequest())
+        return [_schedule(s) for s in reply.schedules]
 
     async def resume(self, run_id: str, *, operator: str = "", approve: bool | None = None,
                      input: Any = None, comment: str = "", reason: str = "", ticket_id: str = "") -> RunInfo:

@@ -47,7 +47,7 @@ S1, S2, TOOL = "refund.create/attempt-1", "refund.notify/attempt-1", "payments.r
 REQ2 = {"order": 7, "notify": True}
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 TABLES = ("agent_runs", "agent_checkpoints", "tool_executions", "outbox", "runtime_counters", "run_journal",
-          "agent_registry", "api_keys", "audit_log", "run_signals")
+          "agent_registry", "api_keys", "audit_log", "run_signals", "agent_schedules")
 
 
 # ---------------------------------------------------------------------- the runs every request refers to
@@ -64,6 +64,7 @@ class World:
     waiting_version: int
     page_token: str  # a real token, issued for ListRuns without filters
     key_id: str  # a live API key
+    schedule_id: str = ""  # a yearly schedule (it never fires during a test)
 
 
 async def _leased(stack: Stack, agent: str, state: dict[str, Any], step_key: str) -> tuple[ws.LeaseRef, int]:
@@ -99,12 +100,20 @@ async def build_world(stack: Stack) -> World:
     assert page.next_page_token
     key = await stack.runs.CreateApiKey(rs.CreateApiKeyRequest(name="existing", role=rs.API_KEY_ROLE_VIEWER),
                                         metadata=stack.md())
+    schedule = await stack.runs.CreateSchedule(rs.CreateScheduleRequest(
+        name="bi-yearly", spec=rs.ScheduleSpec(agent_name="bi-queued", cron="0 0 1 1 *")), metadata=stack.md())
     return World(key_id=key.key.key_id, queued=queued.run_id, paused_human=human.run_id, in_doubt=doubt.run_id,
                  running=running, running_version=running_version, waiting=waiting, waiting_version=waiting_version,
-                 page_token=page.next_page_token)
+                 page_token=page.next_page_token, schedule_id=schedule.schedule.schedule_id)
 
 
 # ---------------------------------------------------------------------- requests the scheduler accepts
+
+
+def _spec() -> rs.ScheduleSpec:
+    return rs.ScheduleSpec(agent_name="bi-new", agent_version="1", input_json='{"n": 1}', labels={"team": "a"},
+                           cron="0 6 1 1 *", time_zone="Europe/Paris", overlap=rs.SCHEDULE_OVERLAP_SKIP,
+                           catch_up_window_ms=60_000, jitter_ms=1000)
 
 
 def base_request(rpc: str, w: World) -> Message:
@@ -119,6 +128,16 @@ def base_request(rpc: str, w: World) -> Message:
         return rs.ListRunsRequest(statuses=[pb.RUN_STATUS_QUEUED], agent_name="bi-queued", page_size=10)
     if rpc == "CancelRun":
         return rs.CancelRunRequest(run_id=w.queued, reason="no longer needed")
+    if rpc == "CreateSchedule":
+        return rs.CreateScheduleRequest(name="bi-new", spec=_spec())
+    if rpc == "UpdateSchedule":
+        return rs.UpdateScheduleRequest(schedule_id=w.schedule_id, spec=_spec())
+    if rpc == "PauseSchedule":
+        return rs.PauseScheduleRequest(schedule_id=w.schedule_id, paused=True)
+    if rpc == "DeleteSchedule":
+        return rs.DeleteScheduleRequest(schedule_id=w.schedule_id)
+    if rpc == "ListSchedules":
+        return rs.ListSchedulesRequest()
     if rpc == "SignalRun":
         return rs.SignalRunRequest(run_id=w.queued, name="customer.reply", payload_json='{"text": "yes"}',
                                    request_id="sig-1")
@@ -191,7 +210,8 @@ def base_request(rpc: str, w: World) -> Message:
 
 
 RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "SignalRun", "ResumeRun", "ResolveToolExecution",
-            "GetRunHistory", "GetStats", "ListAgents", "ListAuditEvents", "CreateApiKey", "ListApiKeys", "RevokeApiKey")
+            "GetRunHistory", "GetStats", "CreateSchedule", "UpdateSchedule", "PauseSchedule", "DeleteSchedule",
+            "ListSchedules", "ListAgents", "ListAuditEvents", "CreateApiKey", "ListApiKeys", "RevokeApiKey")
 KEY_RPCS = ("CreateApiKey", "ListApiKeys", "RevokeApiKey")  # scoped by the credential's tenants, not by the header
 WORK_RPCS = ("ClaimWork", "Heartbeat", "SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "MarkToolInDoubt",
              "FinishRun", "CompleteAndBeginToolCall", "WriteBatch", "ReadJournal", "GetToolResults", "RegisterAgents")
@@ -326,6 +346,30 @@ def journal_cases(rpc: str) -> list[Bad]:
     ]
 
 
+def spec_cases(rpc: str) -> list[Bad]:
+    """Bad schedule specs (CreateSchedule, UpdateSchedule)."""
+    return [
+        Bad(rpc, "spec agent_name missing", put(spec__agent_name=CLEAR), "spec.agent_name"),
+        Bad(rpc, "spec agent_name with spaces", put(spec__agent_name="my agent"), "spec.agent_name"),
+        *json_cases(rpc, "spec.input_json"),
+        Bad(rpc, "spec neither interval nor cron", put(spec__cron=CLEAR), "spec.interval_ms"),
+        Bad(rpc, "spec both interval and cron", put(spec__interval_ms=5000), "spec.interval_ms"),
+        Bad(rpc, "spec interval under a second", put(spec__cron=CLEAR, spec__time_zone=CLEAR, spec__interval_ms=999),
+            "spec.interval_ms"),
+        Bad(rpc, "spec time_zone with an interval", put(spec__cron=CLEAR, spec__interval_ms=5000),
+            "spec.time_zone"),
+        Bad(rpc, "spec cron with four fields", put(spec__cron="0 6 1 1"), "spec.cron"),
+        Bad(rpc, "spec cron minute 60", put(spec__cron="60 6 1 1 *"), "spec.cron"),
+        Bad(rpc, "spec cron 31 February", put(spec__cron="0 0 31 2 *"), "spec.cron"),
+        Bad(rpc, "spec cron with NUL", put(spec__cron="0 0\x00 1 1 *"), "spec.cron"),
+        Bad(rpc, "spec time_zone unknown", put(spec__time_zone="Mars/Olympus"), "spec.time_zone"),
+        *enum_cases(rpc, "spec.overlap")[:1],
+        Bad(rpc, "spec catch_up_window_ms negative", put(spec__catch_up_window_ms=-1), "spec.catch_up_window_ms"),
+        Bad(rpc, "spec jitter_ms over an hour", put(spec__jitter_ms=3_600_001), "spec.jitter_ms"),
+        Bad(rpc, "spec too many labels", put(spec__labels={f"k{i}": "v" for i in range(65)}), "spec.labels"),
+    ]
+
+
 def with_end(case: Bad) -> Bad:
     """`case` on a CompleteToolCall that also ends the run (a valid `end` first, then the breakage)."""
     def mutate(request: Message) -> None:
@@ -380,6 +424,11 @@ CASES: list[Bad] = [
     *uuid_cases("CancelRun", "run_id"),
     Bad("CancelRun", "reason too long", put(reason="r" * 1001), "reason"),
     nul_case("CancelRun", "reason"),
+    # ---- Schedules
+    *[case for rpc in ("CreateSchedule", "UpdateSchedule") for case in spec_cases(rpc)],
+    Bad("CreateSchedule", "name missing", put(name=CLEAR), "name"),
+    Bad("CreateSchedule", "name with spaces", put(name="my schedule"), "name"),
+    *[case for rpc in ("UpdateSchedule", "PauseSchedule", "DeleteSchedule") for case in uuid_cases(rpc, "schedule_id")],
     # ---- SignalRun
     *uuid_cases("SignalRun", "run_id"),
     Bad("SignalRun", "name missing", put(name=CLEAR), "name"),

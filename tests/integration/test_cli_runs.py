@@ -177,3 +177,32 @@ async def test_history_shows_the_journal_page_by_page(db_url):
                                        "--all", addr=stack.addr)
         assert code == 0, err
         assert "3 sleep nap/3" in out and out.count("journal (") == 2, out
+
+
+async def test_schedules_commands_create_list_pause_resume_delete(db_url, db):
+    async with scheduler_stack(db_url, schedule_poll_interval_ms=0) as stack:
+        a = stack.addr
+        args = ("schedules", "create", "nightly", "reporting", "--cron", "0 3 * * *", "--tz", "Europe/Paris",
+                "--input", '{"scope": "all"}', "--overlap", "buffer_one")
+        code, out, _ = await agentrt(*args, "--json", addr=a)
+        assert code == 0
+        made = json.loads(out)
+        assert made["created"] and made["spec"]["cron"] == "0 3 * * *" and made["spec"]["input"] == {"scope": "all"}
+        code, out, _ = await agentrt(*args, addr=a)
+        assert code == 0 and out.startswith("already exists: ")
+        code, out, _ = await agentrt("schedules", "list", addr=a)
+        assert code == 0 and "nightly" in out and "Europe/Paris" in out
+        sid = made["schedule_id"]
+        code, out, _ = await agentrt("schedules", "pause", sid, addr=a)
+        assert code == 0 and "paused" in out
+        code, out, _ = await agentrt("schedules", "resume", sid, "--json", addr=a)
+        assert code == 0 and not json.loads(out).get("paused", False)
+        code, out, _ = await agentrt("schedules", "update", sid, "reporting", "--every", "5m", "--json", addr=a)
+        assert code == 0 and int(json.loads(out)["spec"]["interval_ms"]) == 300_000
+        code, _, err = await agentrt("schedules", "create", "bad", "reporting", "--cron", "61 * * * *", addr=a)
+        assert code == 1 and "spec.cron" in err and len(err.strip().splitlines()) == 1
+        code, _, err = await agentrt("schedules", "create", "bad", "reporting", "--every", "soon", addr=a)
+        assert code == 1 and "--every" in err
+        code, out, _ = await agentrt("schedules", "delete", sid, addr=a)
+        assert code == 0 and out.startswith("deleted: ")
+        assert await db.fetchval("SELECT count(*) FROM agent_schedules") == 0

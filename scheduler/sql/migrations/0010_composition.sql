@@ -48,3 +48,42 @@ CREATE INDEX run_signals_pending_idx ON run_signals (run_id, id) WHERE consumed_
 -- Neither is indexed (HOT updates, migration 0004).
 ALTER TABLE agent_runs ADD COLUMN last_signal_seq bigint NOT NULL DEFAULT 0;
 ALTER TABLE agent_runs ADD COLUMN awaiting_signal text;
+
+-- Schedules (RunService.CreateSchedule ...): a run submitted per fire time.
+-- next_fire_at is the nominal fire time; due_at adds the schedule's jitter.
+-- A replica fires a due schedule under FOR UPDATE SKIP LOCKED, submitting the
+-- run with client_request_id 'schedule:<id>:<nominal fire time>' in the same
+-- transaction that moves next_fire_at on: two replicas never fire one time
+-- twice, and a retried fire finds its run. buffered_fire_at holds the one fire
+-- the buffer_one overlap policy keeps while the previous run is not over.
+CREATE TABLE agent_schedules (
+  id uuid PRIMARY KEY,
+  tenant_id text NOT NULL CHECK (length(tenant_id) BETWEEN 1 AND 128),
+  name text NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
+  agent_name text NOT NULL,
+  agent_version text NOT NULL DEFAULT '',
+  input jsonb NOT NULL DEFAULT '{}'::jsonb CHECK (jsonb_typeof(input) = 'object'),
+  labels jsonb NOT NULL DEFAULT '{}'::jsonb CHECK (jsonb_typeof(labels) = 'object'),
+  interval_ms bigint CHECK (interval_ms IS NULL OR interval_ms >= 1000),
+  cron text,
+  time_zone text NOT NULL DEFAULT 'UTC',
+  overlap text NOT NULL CHECK (overlap IN ('SKIP', 'BUFFER_ONE', 'ALLOW_ALL')),
+  catch_up_window_ms bigint NOT NULL CHECK (catch_up_window_ms >= 0),
+  jitter_ms bigint NOT NULL DEFAULT 0 CHECK (jitter_ms >= 0),
+  paused boolean NOT NULL DEFAULT false,
+  next_fire_at timestamptz NOT NULL,
+  due_at timestamptz NOT NULL,
+  buffered_fire_at timestamptz,
+  last_run_id uuid,
+  last_fire_at timestamptz,
+  fires bigint NOT NULL DEFAULT 0,
+  skipped bigint NOT NULL DEFAULT 0,
+  spec_hash bytea NOT NULL CHECK (length(spec_hash) = 32),
+  created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+  updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+  CONSTRAINT interval_or_cron CHECK ((interval_ms IS NULL) <> (cron IS NULL)),
+  UNIQUE (tenant_id, name)
+);
+
+-- The firer's scan: due, unpaused schedules (and those holding a buffered fire).
+CREATE INDEX agent_schedules_due_idx ON agent_schedules (due_at) WHERE NOT paused;

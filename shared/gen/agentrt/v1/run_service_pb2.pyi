@@ -11,6 +11,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ScheduleOverlap(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEDULE_OVERLAP_UNSPECIFIED: _ClassVar[ScheduleOverlap]
+    SCHEDULE_OVERLAP_SKIP: _ClassVar[ScheduleOverlap]
+    SCHEDULE_OVERLAP_BUFFER_ONE: _ClassVar[ScheduleOverlap]
+    SCHEDULE_OVERLAP_ALLOW_ALL: _ClassVar[ScheduleOverlap]
+
 class ResumeDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     RESUME_DECISION_UNSPECIFIED: _ClassVar[ResumeDecision]
@@ -40,6 +47,10 @@ class ApiKeyRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     API_KEY_ROLE_SUBMITTER: _ClassVar[ApiKeyRole]
     API_KEY_ROLE_OPERATOR: _ClassVar[ApiKeyRole]
     API_KEY_ROLE_ADMIN: _ClassVar[ApiKeyRole]
+SCHEDULE_OVERLAP_UNSPECIFIED: ScheduleOverlap
+SCHEDULE_OVERLAP_SKIP: ScheduleOverlap
+SCHEDULE_OVERLAP_BUFFER_ONE: ScheduleOverlap
+SCHEDULE_OVERLAP_ALLOW_ALL: ScheduleOverlap
 RESUME_DECISION_UNSPECIFIED: ResumeDecision
 RESUME_DECISION_APPROVE: ResumeDecision
 RESUME_DECISION_REJECT: ResumeDecision
@@ -163,6 +174,111 @@ class SignalRunResponse(_message.Message):
     created: bool
     run: _common_pb2.Run
     def __init__(self, signal: _Optional[_Union[_common_pb2.Signal, _Mapping]] = ..., created: _Optional[bool] = ..., run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ...) -> None: ...
+
+class ScheduleSpec(_message.Message):
+    __slots__ = ("agent_name", "agent_version", "input_json", "labels", "interval_ms", "cron", "time_zone", "overlap", "catch_up_window_ms", "jitter_ms")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    CRON_FIELD_NUMBER: _ClassVar[int]
+    TIME_ZONE_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    JITTER_MS_FIELD_NUMBER: _ClassVar[int]
+    agent_name: str
+    agent_version: str
+    input_json: str
+    labels: _containers.ScalarMap[str, str]
+    interval_ms: int
+    cron: str
+    time_zone: str
+    overlap: ScheduleOverlap
+    catch_up_window_ms: int
+    jitter_ms: int
+    def __init__(self, agent_name: _Optional[str] = ..., agent_version: _Optional[str] = ..., input_json: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., interval_ms: _Optional[int] = ..., cron: _Optional[str] = ..., time_zone: _Optional[str] = ..., overlap: _Optional[_Union[ScheduleOverlap, str]] = ..., catch_up_window_ms: _Optional[int] = ..., jitter_ms: _Optional[int] = ...) -> None: ...
+
+class Schedule(_message.Message):
+    __slots__ = ("schedule_id", "tenant_id", "name", "spec", "paused", "next_fire_at", "last_run_id", "last_fire_at", "fires", "skipped", "created_at")
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIRE_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIRE_AT_FIELD_NUMBER: _ClassVar[int]
+    FIRES_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    schedule_id: str
+    tenant_id: str
+    name: str
+    spec: ScheduleSpec
+    paused: bool
+    next_fire_at: _timestamp_pb2.Timestamp
+    last_run_id: str
+    last_fire_at: _timestamp_pb2.Timestamp
+    fires: int
+    skipped: int
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, schedule_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., name: _Optional[str] = ..., spec: _Optional[_Union[ScheduleSpec, _Mapping]] = ..., paused: _Optional[bool] = ..., next_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_run_id: _Optional[str] = ..., last_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fires: _Optional[int] = ..., skipped: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CreateScheduleRequest(_message.Message):
+    __slots__ = ("name", "spec")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec: ScheduleSpec
+    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Union[ScheduleSpec, _Mapping]] = ...) -> None: ...
+
+class CreateScheduleResponse(_message.Message):
+    __slots__ = ("schedule", "created")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    created: bool
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class UpdateScheduleRequest(_message.Message):
+    __slots__ = ("schedule_id", "spec")
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    schedule_id: str
+    spec: ScheduleSpec
+    def __init__(self, schedule_id: _Optional[str] = ..., spec: _Optional[_Union[ScheduleSpec, _Mapping]] = ...) -> None: ...
+
+class PauseScheduleRequest(_message.Message):
+    __slots__ = ("schedule_id", "paused")
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    schedule_id: str
+    paused: bool
+    def __init__(self, schedule_id: _Optional[str] = ..., paused: _Optional[bool] = ...) -> None: ...
+
+class DeleteScheduleRequest(_message.Message):
+    __slots__ = ("schedule_id",)
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    schedule_id: str
+    def __init__(self, schedule_id: _Optional[str] = ...) -> None: ...
+
+class ListSchedulesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSchedulesResponse(_message.Message):
+    __slots__ = ("schedules",)
+    SCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    schedules: _containers.RepeatedCompositeFieldContainer[Schedule]
+    def __init__(self, schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ...) -> None: ...
 
 class ResumeRunRequest(_message.Message):
     __slots__ = ("run_id", "decision", "input_json", "operator", "comment", "note")

@@ -65,6 +65,31 @@ class RunServiceStub:
                 request_serializer=agentrt_dot_v1_dot_run__service__pb2.SignalRunRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_run__service__pb2.SignalRunResponse.FromString,
                 _registered_method=True)
+        self.CreateSchedule = channel.unary_unary(
+                '/agentrt.v1.RunService/CreateSchedule',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.CreateScheduleRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.CreateScheduleResponse.FromString,
+                _registered_method=True)
+        self.UpdateSchedule = channel.unary_unary(
+                '/agentrt.v1.RunService/UpdateSchedule',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.UpdateScheduleRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.Schedule.FromString,
+                _registered_method=True)
+        self.PauseSchedule = channel.unary_unary(
+                '/agentrt.v1.RunService/PauseSchedule',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.PauseScheduleRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.Schedule.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/agentrt.v1.RunService/DeleteSchedule',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.Schedule.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/agentrt.v1.RunService/ListSchedules',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
         self.ResumeRun = channel.unary_unary(
                 '/agentrt.v1.RunService/ResumeRun',
                 request_serializer=agentrt_dot_v1_dot_run__service__pb2.ResumeRunRequest.SerializeToString,
@@ -148,6 +173,38 @@ class RunServiceServicer:
         """Queues a named signal for a run that has not ended; a run waiting for that
         name wakes at once. Idempotent by request_id (per run).
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateSchedule(self, request, context):
+        """Schedules: a run submitted per fire time (an interval, or cron in a time
+        zone), exactly once per fire time across replicas and restarts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -238,6 +295,31 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.SignalRun,
                     request_deserializer=agentrt_dot_v1_dot_run__service__pb2.SignalRunRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_run__service__pb2.SignalRunResponse.SerializeToString,
+            ),
+            'CreateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSchedule,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.CreateScheduleRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.CreateScheduleResponse.SerializeToString,
+            ),
+            'UpdateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSchedule,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.UpdateScheduleRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.Schedule.SerializeToString,
+            ),
+            'PauseSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSchedule,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.PauseScheduleRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.Schedule.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.Schedule.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.ListSchedulesResponse.SerializeToString,
             ),
             'ResumeRun': grpc.unary_unary_rpc_method_handler(
                     servicer.ResumeRun,
@@ -425,6 +507,141 @@ class RunService:
             '/agentrt.v1.RunService/SignalRun',
             agentrt_dot_v1_dot_run__service__pb2.SignalRunRequest.SerializeToString,
             agentrt_dot_v1_dot_run__service__pb2.SignalRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/CreateSchedule',
+            agentrt_dot_v1_dot_run__service__pb2.CreateScheduleRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.CreateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/UpdateSchedule',
+            agentrt_dot_v1_dot_run__service__pb2.UpdateScheduleRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.Schedule.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/PauseSchedule',
+            agentrt_dot_v1_dot_run__service__pb2.PauseScheduleRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.Schedule.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/DeleteSchedule',
+            agentrt_dot_v1_dot_run__service__pb2.DeleteScheduleRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.Schedule.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/ListSchedules',
+            agentrt_dot_v1_dot_run__service__pb2.ListSchedulesRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.ListSchedulesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,214 @@
+"""Schedules in the store (docs/design.md §schedules): their definitions, and firing one due schedule.
+
+Every time comes from the database clock (`db_now` of the locked row). A fire
+submits its run with client_request_id `schedule:<id>:<nominal fire time>` in
+the transaction that moves the schedule on, under the schedule's row lock
+(taken with SKIP LOCKED): one run per fire time, whichever replica fires it,
+and a fire retried after a crash finds the run it made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from typing import Any
+
+import asyncpg
+from asyncpg import Record
+
+from scheduler.queries import Q
+from scheduler.schedule_times import Timing, jitter_of, timing
+from scheduler.states import TERMINAL
+from scheduler.store_core import StoreBase, db_call
+from scheduler.store_types import SubmitSpec
+from shared.canonical import sha256_of, uuid7
+from shared.db import execute, fetch, fetchrow, fetchval
+from shared.errors import AlreadyExists, NotFound
+
+OVERLAPS = ("SKIP", "BUFFER_ONE", "ALLOW_ALL")
+MAX_CATCH_UP_FIRES = 1000  # fires one pass makes up at most (the rest are counted as skipped)
+BUFFER_RECHECK = dt.timedelta(seconds=1)  # how soon a buffered fire looks at its blocking run again
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleSpec:
+    agent_name: str
+    agent_version: str
+    input: dict[str, Any]
+    labels: dict[str, str]
+    interval_ms: int | None
+    cron: str | None
+    time_zone: str
+    overlap: str
+    catch_up_window_ms: int
+    jitter_ms: int
+
+    def digest(self) -> bytes:
+        return sha256_of(dataclasses.asdict(self))
+
+    def timing(self) -> Timing:
+        return timing(self.interval_ms, self.cron, self.time_zone)
+
+    def params(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "spec_hash": self.digest()}
+
+
+def spec_of(row: Record) -> ScheduleSpec:
+    return ScheduleSpec(**{f.name: row[f.name] for f in dataclasses.fields(ScheduleSpec)})
+
+
+def fire_request_id(schedule_id: uuid.UUID, fire_at: dt.datetime) -> str:
+    """Never change this format: it is what makes a fire time submit exactly one run."""
+    return f"schedule:{schedule_id}:{fire_at.astimezone(dt.UTC).isoformat()}"
+
+
+@dataclasses.dataclass
+class _Fire:
+    """One pass over a locked, due schedule: what it submits and how the row moves on."""
+
+    row: Record
+    now: dt.datetime
+    last_run_id: uuid.UUID | None
+    active: bool  # the last run has not ended
+    buffered: dt.datetime | None
+    fired: int = 0
+    skipped: int = 0
+    last_fire_at: dt.datetime | None = None
+
+
+class ScheduleStore(StoreBase):
+    def _first(self, spec: ScheduleSpec, schedule_id: uuid.UUID, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+        """The first nominal fire time after `now`, and when it is due (with its jitter)."""
+        first = spec.timing().next_after(now)
+        return first, first + jitter_of(schedule_id, first, spec.jitter_ms)
+
+    @db_call
+    async def create_schedule(self, tenant_id: str, name: str, spec: ScheduleSpec) -> tuple[Record, bool]:
+        schedule_id = uuid7()
+        async with self.pool.acquire() as conn, conn.transaction():
+            now = await fetchval(conn, Q.server_now)
+            first, due = self._first(spec, schedule_id, now)
+            row = await fetchrow(conn, Q.insert_schedule, id=schedule_id, tenant_id=tenant_id, name=name,
+                                 next_fire_at=first, due_at=due, **spec.params())
+            if row is not None:
+                return row, True
+            existing = await fetchrow(conn, Q.schedule_by_name, tenant_id=tenant_id, name=name)
+        assert existing is not None  # schedules are deleted only by DeleteSchedule, never by retention
+        if bytes(existing["spec_hash"]) != spec.digest():
+            raise AlreadyExists(f"a schedule named {name!r} exists with another spec (use UpdateSchedule)",
+                                name=name, schedule_id=existing["id"])
+        return existing, False
+
+    async def _locked(self, conn: asyncpg.Connection, tenant_id: str, schedule_id: uuid.UUID) -> Record:
+        row = await fetchrow(conn, Q.lock_schedule, id=schedule_id, tenant_id=tenant_id)
+        if row is None:
+            raise NotFound(f"schedule {schedule_id} not found", schedule_id=schedule_id)
+        return row
+
+    @db_call
+    async def update_schedule(self, tenant_id: str, schedule_id: uuid.UUID, spec: ScheduleSpec) -> Record:
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await self._locked(conn, tenant_id, schedule_id)
+            first, due = self._first(spec, schedule_id, row["db_now"])
+            updated = await fetchrow(conn, Q.update_schedule, id=schedule_id, next_fire_at=first, due_at=due,
+                                     **spec.params())
+        assert updated is not None
+        return updated
+
+    @db_call
+    async def pause_schedule(self, tenant_id: str, schedule_id: uuid.UUID, paused: bool) -> Record:
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await self._locked(conn, tenant_id, schedule_id)
+            first = due = None
+            if not paused and row["paused"]:
+                first, due = self._first(spec_of(row), schedule_id, row["db_now"])
+            updated = await fetchrow(conn, Q.pause_schedule, id=schedule_id, paused=paused, next_fire_at=first,
+                                     due_at=due)
+        assert updated is not None
+        return updated
+
+    @db_call
+    async def delete_schedule(self, tenant_id: str, schedule_id: uuid.UUID) -> Record:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._locked(conn, tenant_id, schedule_id)
+            deleted = await fetchrow(conn, Q.delete_schedule, id=schedule_id)
+        assert deleted is not None
+        return deleted
+
+    @db_call
+    async def list_schedules(self, tenant_id: str) -> list[Record]:
+        async with self.pool.acquire() as conn:
+            return list(await fetch(conn, Q.list_schedules, tenant_id=tenant_id))
+
+    # ------------------------------------------------------------------ firing
+
+    @db_call
+    async def fire_due_schedule(self) -> bool:
+        """Fires one due schedule (its missed fire times within the catch-up window, its overlap policy
+        applied); False when none is due. One transaction, the schedule's row locked throughout."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await fetchrow(conn, Q.lock_due_schedule)
+            if row is None:
+                return False
+            fire = _Fire(row, row["db_now"], row["last_run_id"],
+                         row["last_run_status"] is not None and row["last_run_status"] not in TERMINAL,
+                         row["buffered_fire_at"])
+            spec = spec_of(row)
+            if fire.buffered is not None and not fire.active:
+                await self._submit(conn, fire, spec, fire.buffered)
+                fire.buffered = None
+            nominal = await self._fire_missed(conn, fire, spec)
+            due = nominal + jitter_of(row["id"], nominal, spec.jitter_ms)
+            if fire.buffered is not None:
+                due = min(due, fire.now + BUFFER_RECHECK)
+            await execute(conn, Q.record_fire, id=row["id"], next_fire_at=nominal, due_at=due,
+                          buffered_fire_at=fire.buffered, last_run_id=fire.last_run_id,
+                          last_fire_at=fire.last_fire_at, fired=fire.fired, skipped=fire.skipped)
+            return True
+
+    async def _fire_missed(self, conn: asyncpg.Connection, fire: _Fire, spec: ScheduleSpec) -> dt.datetime:
+        """Every nominal fire time already due: made (within the catch-up window) or skipped.
+        Returns the next nominal fire time, not yet due."""
+        row, clock = fire.row, spec.timing()
+        nominal: dt.datetime = row["next_fire_at"]
+        horizon = fire.now - dt.timedelta(milliseconds=spec.catch_up_window_ms)
+        if nominal < horizon:  # long downtime: jump to the window (interval fire times keep their phase)
+            start = clock.first_at_or_after(horizon, nominal)
+            fire.skipped += 1 if spec.interval_ms is None else max(1, (start - nominal) // dt.timedelta(
+                milliseconds=spec.interval_ms))
+            nominal = start
+        for _ in range(MAX_CATCH_UP_FIRES):
+            if nominal + jitter_of(row["id"], nominal, spec.jitter_ms) > fire.now:
+                return nominal
+            if spec.overlap == "ALLOW_ALL" or not fire.active:
+                await self._submit(conn, fire, spec, nominal)
+            elif spec.overlap == "BUFFER_ONE" and fire.buffered is None:
+                fire.buffered = nominal
+            else:
+                fire.skipped += 1
+            nominal = clock.next_after(nominal)
+        return clock.first_at_or_after(fire.now, nominal)
+
+    async def _submit(self, conn: asyncpg.Connection, fire: _Fire, spec: ScheduleSpec, fire_at: dt.datetime) -> None:
+        row = fire.row
+        request_id = fire_request_id(row["id"], fire_at)
+        run = SubmitSpec(agent_name=spec.agent_name, agent_version=spec.agent_version, input=spec.input,
+                         client_request_id=request_id, max_attempts=self.settings.default_max_attempts,
+                         labels={**spec.labels, "agentrt.schedule": row["name"]})
+        submitted = await fetchrow(
+            conn, Q.submit_run, run_id=uuid7(), tenant_id=row["tenant_id"], agent_name=run.agent_name,
+            agent_version=run.agent_version, input=run.input, labels=run.labels, max_attempts=run.max_attempts,
+            max_steps=0, max_tokens=0, max_cost_usd=0.0, deadline_at=None, client_request_id=request_id,
+            submit_hash=run.submit_hash(), event_id=uuid7(), traceparent=None, tracestate=None)
+        if submitted is None:  # this fire time already has its run (the request id names it): never a second
+            submitted = await fetchrow(conn, Q.get_run_by_client_request, tenant_id=row["tenant_id"],
+                                       client_request_id=request_id)
+            assert submitted is not None
+        else:
+            await execute(conn, Q.notify_work, agent_name=run.agent_name)
+            fire.fired += 1
+        fire.last_run_id, fire.active, fire.last_fire_at = submitted["id"], True, fire_at
+
+
+__all__ = ["OVERLAPS", "ScheduleSpec", "ScheduleStore", "fire_request_id", "spec_of"]
