@@ -71,6 +71,8 @@ TABLE_PRIVILEGES: dict[str, dict[str, tuple[str, ...]]] = {
         "retention_policies": _S,
         # Queued by SignalRun, marked consumed by the checkpoint that takes them; never deleted by it.
         "run_signals": _SIU,
+        # Schedules: created, changed, fired and deleted through RunService.
+        "agent_schedules": _ALL,
     },
     "relay": {
         "schema_migrations": _S,
@@ -93,7 +95,8 @@ TABLE_PRIVILEGES: dict[str, dict[str, tuple[str, ...]]] = {
         name: _S for name in (
             "schema_migrations", "agent_runs", "agent_checkpoints", "tool_executions", "run_journal", "outbox",
             "outbox_parked", "consumed_events", "runtime_counters", "relay_config", "relay_shards",
-            "relay_members", "agent_registry", "audit_log", "retention_policies", "run_signals")
+            "relay_members", "agent_registry", "audit_log", "retention_policies", "run_signals",
+            "agent_schedules")
         # Not api_keys: the hashes of key secrets are for the scheduler alone.
     },
 }

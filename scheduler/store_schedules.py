@@ -18,13 +18,14 @@ import asyncpg
 from asyncpg import Record
 
 from scheduler.queries import Q
+from scheduler.registry import LiveVersion, admit, render_key
 from scheduler.schedule_times import Timing, jitter_of, timing
 from scheduler.states import TERMINAL
 from scheduler.store_core import StoreBase, db_call
 from scheduler.store_types import SubmitSpec
 from shared.canonical import sha256_of, uuid7
 from shared.db import execute, fetch, fetchrow, fetchval
-from shared.errors import AlreadyExists, NotFound
+from shared.errors import AlreadyExists, InvalidArgument, NotFound
 
 OVERLAPS = ("SKIP", "BUFFER_ONE", "ALLOW_ALL")
 MAX_CATCH_UP_FIRES = 1000  # fires one pass makes up at most (the rest are counted as skipped)
@@ -196,11 +197,13 @@ class ScheduleStore(StoreBase):
         run = SubmitSpec(agent_name=spec.agent_name, agent_version=spec.agent_version, input=spec.input,
                          client_request_id=request_id, max_attempts=self.settings.default_max_attempts,
                          labels={**spec.labels, "agentrt.schedule": row["name"]})
+        priority, key, key_max = await self._flow_of(conn, spec)
         submitted = await fetchrow(
             conn, Q.submit_run, run_id=uuid7(), tenant_id=row["tenant_id"], agent_name=run.agent_name,
             agent_version=run.agent_version, input=run.input, labels=run.labels, max_attempts=run.max_attempts,
             max_steps=0, max_tokens=0, max_cost_usd=0.0, deadline_at=None, client_request_id=request_id,
-            submit_hash=run.submit_hash(), event_id=uuid7(), traceparent=None, tracestate=None)
+            submit_hash=run.submit_hash(), event_id=uuid7(), traceparent=None, tracestate=None,
+            priority=priority, concurrency_key=key, concurrency_max=key_max)
         if submitted is None:  # this fire time already has its run (the request id names it): never a second
             submitted = await fetchrow(conn, Q.get_run_by_client_request, tenant_id=row["tenant_id"],
                                        client_request_id=request_id)
@@ -209,6 +212,20 @@ class ScheduleStore(StoreBase):
             await execute(conn, Q.notify_work, agent_name=run.agent_name)
             fire.fired += 1
         fire.last_run_id, fire.active, fire.last_fire_at = submitted["id"], True, fire_at
+
+    async def _flow_of(self, conn: asyncpg.Connection, spec: ScheduleSpec) -> tuple[int, str | None, int | None]:
+        """A fired run's priority and concurrency key, as SubmitRun gives them: from the registration of the
+        version that will serve it (none live, or an input it no longer takes: the defaults)."""
+        rows = await fetch(conn, Q.live_versions, agent_name=spec.agent_name)
+        versions = {r["agent_version"]: LiveVersion(r["input_schema"], r["default_priority"], r["concurrency_key"],
+                                                    r["concurrency_max"]) for r in rows}
+        try:
+            served = admit(versions, spec.agent_name, spec.agent_version, spec.input, allow_unregistered=True)
+            key = render_key(served.concurrency_key, spec.input) if served and served.concurrency_key else None
+        except InvalidArgument:
+            served, key = None, None
+        priority = (served.default_priority if served else None) or self.settings.default_priority
+        return priority, key, served.concurrency_max if key and served else None
 
 
 __all__ = ["OVERLAPS", "ScheduleSpec", "ScheduleStore", "fire_request_id", "spec_of"]
