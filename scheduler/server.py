@@ -21,6 +21,7 @@ from scheduler.config import SchedulerSettings
 from scheduler.metrics import SchedulerMetrics
 from scheduler.migrate import require_current_schema
 from scheduler.notifier import WorkNotifier
+from scheduler.pruner import CheckpointPruner
 from scheduler.retention import RunRetention
 from scheduler.schedule_service import ScheduleFirer
 from scheduler.service import RunServicer, WorkServicer
@@ -61,6 +62,7 @@ class SchedulerServer:
         self.metrics_port: int | None = None
         self.auth: RunAuth | None = None
         self.retention: RunRetention | None = None
+        self.pruner: CheckpointPruner | None = None
 
     async def start(self) -> int:
         s = self.settings
@@ -117,6 +119,8 @@ class SchedulerServer:
             self.metrics_port = self.metrics.start(s.metrics_addr, self.store, settings=s)
         self.retention = RunRetention(self.store, s, self.metrics.retention_batch if self.metrics else None)
         self.retention.start()
+        self.pruner = CheckpointPruner(self.store, s)  # idle unless checkpoint_keep_last > 0
+        self.pruner.start()
         self.firer = ScheduleFirer(self.store, s)
         self.firer.start()
         log.info("scheduler listening on %s (port %d)", s.listen_addr, self.port)
@@ -139,6 +143,8 @@ class SchedulerServer:
             await self._server.stop(grace)
         if self.retention is not None:
             await self.retention.stop()
+        if self.pruner is not None:
+            await self.pruner.stop()
         if self.metrics is not None:
             await self.metrics.stop()
         if self.auth is not None and self.auth.jwt is not None:

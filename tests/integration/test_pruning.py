@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+from executor_support import wait_for
 from support import claim, eid, lease_ref, reason_of, rpc_error, scheduler_stack, snapshot, submit, tool_state
 from support import commit_unknown_count as counter
 
@@ -113,6 +114,16 @@ async def test_the_background_pruner_runs_only_when_configured(db_url, db):
             await task.stop()
             await task.stop()  # safe twice
         assert await versions(db, run_id) == [3]
+
+
+async def test_a_scheduler_with_checkpoint_keep_last_prunes_by_itself(db_url, db):
+    async with scheduler_stack(db_url, checkpoint_keep_last=2, checkpoint_prune_interval_s=0.05) as stack:
+        run_id, _, _ = await run_with_checkpoints(stack, 4)
+        await wait_for(lambda: _versions_are(db, run_id, [3, 4]), within=20, what="the server's pruner")
+
+
+async def _versions_are(db, run_id, wanted):
+    return await versions(db, run_id) == wanted
 
 
 # ---------------------------------------------------------------------------- commit-unknown after pruning
