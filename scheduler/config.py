@@ -125,6 +125,9 @@ class SchedulerSettings(ComponentSettings):
     # Fair share: claims interleave tenants by weight (tenant_limits.<tenant>.weight, default 1) within a
     # priority, so one tenant's backlog delays only itself. Off: due runs go by priority, then enqueue order.
     fair_share: bool = True
+    # agentrt_claim_wait_seconds: this many tenants (the first a scheduler process claims for) get a label
+    # of their own, the rest share "_other", so the metric's series stay bounded.
+    claim_wait_tenant_labels: int = Field(20, ge=0, le=1_000)
     # Per-tenant overrides, e.g. {"acme": {"max_queued_runs": 50000, "max_submits_per_s": 200, "max_running": 40,
     # "weight": 2}}.
     tenant_limits: dict[str, TenantLimits] = Field(default_factory=dict)

@@ -172,7 +172,10 @@ END
 
 -- fragment: claim_answer
 -- The one row a claim statement answers: how many runs it woke, parked and
--- looked at, the claimed run (NULLs when none) with its limits, the advisory
+-- looked at, the claimed run (NULLs when none) with its limits, how long a run
+-- taken from the queue waited since it was last due (claim_wait_s: since its
+-- submit, the end of its wait, or its last limit recheck; NULL for a lapsed
+-- lease taken over), the advisory
 -- locks of its limited groups (taken here, in a fixed order: tenant, agent,
 -- key), its checkpoint, its current step's ledger row, and its pending signals
 -- (oldest 100) with the seq of the latest one it received, both read in this
@@ -181,6 +184,8 @@ END
 -- with signals_seen (docs/design.md §signals). Needs the CTEs
 -- woken, parked, judged and limited (claimed plus its tenant_max, agent_max).
 SELECT claimed.*, clock_timestamp() AS db_now, w.woken,
+       CASE WHEN claimed.from_queue
+            THEN extract(epoch FROM clock_timestamp() - claimed.next_attempt_at)::float8 END AS claim_wait_s,
        (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM judged) AS looked,
        (SELECT count(*) FROM (
           SELECT pg_advisory_xact_lock(g.ns, g.h) FROM (
@@ -294,7 +299,7 @@ WITH waking AS (
   WHERE r.id = p.id
   RETURNING r.id
 ), candidate AS (
-  (SELECT id FROM expired UNION ALL SELECT id FROM queued) LIMIT 1
+  (SELECT id, false AS from_queue FROM expired UNION ALL SELECT id, true FROM queued) LIMIT 1
 ), claimed AS (
   UPDATE agent_runs AS r
   SET status = CASE WHEN r.status = 'QUEUED' THEN 'RUNNING' ELSE r.status END,
@@ -306,7 +311,7 @@ WITH waking AS (
       updated_at = clock_timestamp()
   FROM candidate AS c
   WHERE r.id = c.id
-  RETURNING r.*
+  RETURNING r.*, c.from_queue
 ), limited AS (
   SELECT c.*, {limits_of} FROM claimed AS c
 )
@@ -345,7 +350,7 @@ WITH waking AS (
   LIMIT 1
   FOR UPDATE SKIP LOCKED
 ), candidate AS (
-  (SELECT id FROM expired UNION ALL SELECT id FROM queued) LIMIT 1
+  (SELECT id, false AS from_queue FROM expired UNION ALL SELECT id, true FROM queued) LIMIT 1
 ), claimed AS (
   UPDATE agent_runs AS r
   SET status = CASE WHEN r.status = 'QUEUED' THEN 'RUNNING' ELSE r.status END,
@@ -357,7 +362,7 @@ WITH waking AS (
       updated_at = clock_timestamp()
   FROM candidate AS c
   WHERE r.id = c.id
-  RETURNING r.*
+  RETURNING r.*, c.from_queue
 ), parked AS (
   SELECT NULL::uuid AS id WHERE false
 ), judged AS (
