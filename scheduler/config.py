@@ -20,6 +20,7 @@ class TenantLimits(BaseModel):
     max_queued_runs: int | None = Field(None, ge=0)  # 0 = no limit
     max_submits_per_s: int | None = Field(None, ge=0)  # 0 = no limit
     max_running: int | None = Field(None, ge=0)  # 0 = no limit
+    weight: float | None = Field(None, gt=0, le=1_000)  # fair-share weight (unset: 1)
 
 
 _RATE_UNITS = {"s": 1_000, "sec": 1_000, "second": 1_000, "min": 60_000, "minute": 60_000, "h": 3_600_000,
@@ -121,7 +122,14 @@ class SchedulerSettings(ComponentSettings):
     # Concurrency: a tenant's leased runs at once (0 = no limit), counted while each lease is live by
     # database time; per agent in agent_limits; per concurrency key in the agent definition.
     max_running_per_tenant: int = Field(0, ge=0)
-    # Per-tenant overrides, e.g. {"acme": {"max_queued_runs": 50000, "max_submits_per_s": 200, "max_running": 40}}.
+    # Fair share: claims interleave tenants by weight (tenant_limits.<tenant>.weight, default 1) within a
+    # priority, so one tenant's backlog delays only itself. Off: due runs go by priority, then enqueue order.
+    fair_share: bool = True
+    # agentrt_claim_wait_seconds: this many tenants (the first a scheduler process claims for) get a label
+    # of their own, the rest share "_other", so the metric's series stay bounded.
+    claim_wait_tenant_labels: int = Field(20, ge=0, le=1_000)
+    # Per-tenant overrides, e.g. {"acme": {"max_queued_runs": 50000, "max_submits_per_s": 200, "max_running": 40,
+    # "weight": 2}}.
     tenant_limits: dict[str, TenantLimits] = Field(default_factory=dict)
     # Per-agent limits, e.g. {"refunds": {"max_running": 20}}.
     agent_limits: dict[str, AgentLimits] = Field(default_factory=dict)
@@ -245,6 +253,13 @@ class SchedulerSettings(ComponentSettings):
         rate = own.max_submits_per_s if own and own.max_submits_per_s is not None \
             else self.max_submits_per_s_per_tenant
         return SubmitQuota(queued, rate)
+
+    def fair_step(self, tenant: str) -> float:
+        """How far one run moves its tenant's fair-share pass: 1/weight (0: fair share off)."""
+        if not self.fair_share:
+            return 0.0
+        own = self.tenant_limits.get(tenant)
+        return 1.0 / (own.weight if own and own.weight else 1.0)
 
     def tool_limits_of(self, tool: str) -> tuple[ToolLimit | None, bool]:
         """The tool's own limit, and whether some tenant has a limit of its own on it."""

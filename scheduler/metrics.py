@@ -24,10 +24,11 @@ from shared.metrics import Metrics, trace_exemplar
 log = logging.getLogger(__name__)
 STATUSES = ("QUEUED", "RUNNING", "WAITING_TOOL", "PAUSED_INDOUBT", "PAUSED_HUMAN", "COMPLETED", "FAILED",
             "CANCELLED")
+OTHER_TENANTS = "_other"  # the claim-wait label of tenants past the labelled ones
 
 
 class SchedulerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, tenant_labels: int = 20) -> None:
         self.metrics = Metrics("scheduler")
         m = self.metrics
         self.rpcs = m.counter("agentrt_rpc_total", "RPCs answered, by method and gRPC code", ("method", "code"))
@@ -52,6 +53,14 @@ class SchedulerMetrics:
         self.retention_deleted = m.counter("agentrt_retention_deleted_rows_total",
                                            "Rows deleted by the retention of terminal runs, by table",
                                            ("table",))
+        # Per tenant: the first claim_wait_tenant_labels tenants this process claims for get their own
+        # label, later ones share OTHER_TENANTS, so the label's values stay bounded.
+        self.claim_wait = m.histogram("agentrt_claim_wait_seconds",
+                                      "How long a QUEUED run waited, from when it was last due to its claim, "
+                                      "by tenant", ("tenant",),
+                                      buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 1800))
+        self.tenant_labels = tenant_labels
+        self._labelled: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self.db_health = DbHealthCollector()
         self.metrics.registry.register(self.db_health)
@@ -62,6 +71,12 @@ class SchedulerMetrics:
         (OpenMetrics exposition), so a slow SaveCheckpoint or ClaimWork leads to its trace."""
         self.rpcs.labels(method, code).inc()
         self.rpc_seconds.labels(method).observe(seconds, trace_exemplar())
+
+    def claimed(self, tenant: str, wait_s: float) -> None:
+        """One run taken from the queue after waiting `wait_s` (database time) since it was due."""
+        if tenant not in self._labelled and len(self._labelled) < self.tenant_labels:
+            self._labelled.add(tenant)
+        self.claim_wait.labels(tenant if tenant in self._labelled else OTHER_TENANTS).observe(max(wait_s, 0.0))
 
     def retention_batch(self, deleted: dict[str, int]) -> None:
         for table, rows in deleted.items():

@@ -82,7 +82,8 @@ class SchedulerServer:
         self._notifier = WorkNotifier(s.database_url)
         await self._notifier.start(pool)
         limit = max_receive_bytes(s)
-        self.metrics = SchedulerMetrics() if s.metrics_addr or s.otel_metrics_exporter == "otlp" else None
+        metered = s.metrics_addr or s.otel_metrics_exporter == "otlp"
+        self.metrics = SchedulerMetrics(s.claim_wait_tenant_labels) if metered else None
         server = grpc.aio.server(
             interceptors=[
                 ServerSpans(provider, self.metrics.observe_rpc if self.metrics else None).interceptor(),

@@ -100,8 +100,7 @@ class RunStore(Recovery):
             )
         return Submitted(RunRow.of(existing), False)
 
-    @staticmethod
-    async def _insert_run(conn: asyncpg.Connection, tenant_id: str, spec: SubmitSpec, digest: bytes | None,
+    async def _insert_run(self, conn: asyncpg.Connection, tenant_id: str, spec: SubmitSpec, digest: bytes | None,
                           trace: Trace) -> Record | None:
         return await fetchrow(
             conn, Q.submit_run, run_id=uuid7(), tenant_id=tenant_id, agent_name=spec.agent_name,
@@ -110,7 +109,7 @@ class RunStore(Recovery):
             max_cost_usd=spec.max_cost_usd, deadline_at=spec.deadline_at,
             client_request_id=spec.client_request_id, submit_hash=digest, event_id=uuid7(),
             priority=spec.priority, concurrency_key=spec.concurrency_key, concurrency_max=spec.concurrency_max,
-            **trace_params(trace))
+            fair_step=self.settings.fair_step(tenant_id), **trace_params(trace))
 
     async def _check_quota(self, conn: asyncpg.Connection, tenant_id: str, quota: SubmitQuota) -> None:
         """Under the tenant's submit lock: raises QuotaExceeded when this submit would pass a quota."""

@@ -177,6 +177,7 @@ class Claimed:
     lease_duration_ms: int
     signals: tuple[SignalRow, ...] = ()  # pending, oldest first (at most 100)
     signals_seen: int = 0  # the latest signal's seq in the claim's snapshot
+    claim_wait_s: float | None = None  # a queued run's wait since it was last due (None: a lease taken over)
 
 
 @dataclass(frozen=True)

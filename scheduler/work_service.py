@@ -157,6 +157,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                 return ws.ClaimWorkResponse()
             await self.notifier.wait(epoch, min(poll_s, left))
         run = claimed.run
+        if self._metrics is not None and claimed.claim_wait_s is not None:
+            self._metrics.claimed(run.tenant_id, claimed.claim_wait_s)
         annotate(run_id=str(run.id), tenant_id=run.tenant_id, fencing_token=run.fencing_token,
                  run_version=run.version, agent=run.agent_name)
         limits = self.limits

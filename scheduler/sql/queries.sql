@@ -57,7 +57,11 @@ journal AS (
 SELECT clock_timestamp() AS now;
 
 -- name: submit_run
--- One statement: the run and its submitted event commit together. A repeated
+-- One statement: the run and its submitted event commit together. Its
+-- fair-share pass is its tenant's newest queued pass at its priority plus
+-- :fair_step (1/the tenant's weight), or that priority's ready head when that
+-- is further on (a tenant without a backlog joins at the head), each one index probe (0013_fair_share.sql); two concurrent submits of a tenant may
+-- share a pass (then enqueue order decides). A repeated
 -- (tenant, client_request_id) inserts nothing. Claimers are woken afterwards by
 -- a coalesced NOTIFY (scheduler/notifier.py): a NOTIFY inside every submit's
 -- transaction would serialise their commits on the notification queue lock.
@@ -65,10 +69,18 @@ WITH inserted AS (
   INSERT INTO agent_runs (id, tenant_id, agent_name, agent_version, input, labels, max_attempts,
                           budget_max_steps, budget_max_tokens, budget_max_cost_usd, deadline_at,
                           client_request_id, submit_hash, next_attempt_at, priority, concurrency_key,
-                          concurrency_max)
+                          concurrency_max, fair_pass)
   VALUES (:run_id, :tenant_id, :agent_name, :agent_version, :input, :labels, :max_attempts, :max_steps,
           :max_tokens, :max_cost_usd, :deadline_at, :client_request_id, :submit_hash, clock_timestamp(),
-          :priority, :concurrency_key, :concurrency_max)
+          :priority, :concurrency_key, :concurrency_max,
+          -- The run's fair-share pass (migration 0013): 0 with fair share off.
+          CASE WHEN :fair_step::float8 > 0 THEN greatest(
+            coalesce((SELECT q.fair_pass FROM agent_runs AS q
+                      WHERE q.tenant_id = :tenant_id AND q.priority = :priority AND q.status = 'QUEUED'
+                      ORDER BY q.fair_pass DESC LIMIT 1), 0) + :fair_step,
+            (SELECT h.fair_pass FROM agent_runs AS h
+             WHERE h.status = 'QUEUED' AND h.claim_ready AND h.priority = :priority
+             ORDER BY h.priority DESC, h.fair_pass, h.enqueued_at, h.id LIMIT 1)) ELSE 0 END)
   ON CONFLICT (tenant_id, client_request_id) WHERE client_request_id IS NOT NULL DO NOTHING
   RETURNING *
 ), keyed AS (
@@ -160,7 +172,10 @@ END
 
 -- fragment: claim_answer
 -- The one row a claim statement answers: how many runs it woke, parked and
--- looked at, the claimed run (NULLs when none) with its limits, the advisory
+-- looked at, the claimed run (NULLs when none) with its limits, how long a run
+-- taken from the queue waited since it was last due (claim_wait_s: since its
+-- submit, the end of its wait, or its last limit recheck; NULL for a lapsed
+-- lease taken over), the advisory
 -- locks of its limited groups (taken here, in a fixed order: tenant, agent,
 -- key), its checkpoint, its current step's ledger row, and its pending signals
 -- (oldest 100) with the seq of the latest one it received, both read in this
@@ -169,6 +184,8 @@ END
 -- with signals_seen (docs/design.md §signals). Needs the CTEs
 -- woken, parked, judged and limited (claimed plus its tenant_max, agent_max).
 SELECT claimed.*, clock_timestamp() AS db_now, w.woken,
+       CASE WHEN claimed.from_queue
+            THEN extract(epoch FROM clock_timestamp() - claimed.next_attempt_at)::float8 END AS claim_wait_s,
        (SELECT count(*) FROM parked) AS parked, (SELECT count(*) FROM judged) AS looked,
        (SELECT count(*) FROM (
           SELECT pg_advisory_xact_lock(g.ns, g.h) FROM (
@@ -204,9 +221,10 @@ LEFT JOIN tool_executions AS te ON te.run_id = claimed.id AND te.step_key = clai
 -- name: claim_work
 -- Takes one run for worker :worker_id: first a RUNNING/WAITING_TOOL run whose lease
 -- lapsed by database time, else a QUEUED run that is due, in claim order:
--- highest priority first, then the earliest enqueued_at (the run's first
--- enqueue, kept across its waits: a run back from a sleep, approval or
--- backoff is not overtaken by fresh submissions). Either kind is taken only
+-- highest priority first, then the lowest fair-share pass (tenants interleaved
+-- by weight, 0013_fair_share.sql), then the earliest enqueued_at (the run's
+-- first enqueue; pass and enqueued_at are kept across its waits: a run back
+-- from a sleep, approval or backoff is not overtaken by fresh submissions). Either kind is taken only
 -- when none of its concurrency limits is full ({blocked_by}). FOR UPDATE SKIP
 -- LOCKED: two claimers never take the same row. The fencing token grows on
 -- every claim; attempt_count only when claimed from QUEUED. A WAITING_TOOL run
@@ -252,20 +270,20 @@ WITH waking AS (
   FOR UPDATE OF r SKIP LOCKED
 ), looked AS (
   SELECT c.*, {limits_of} FROM (
-    SELECT id, tenant_id, agent_name, concurrency_key, concurrency_max, priority, enqueued_at
+    SELECT id, tenant_id, agent_name, concurrency_key, concurrency_max, priority, fair_pass, enqueued_at
     FROM agent_runs
     WHERE status = 'QUEUED' AND claim_ready AND next_attempt_at <= clock_timestamp()
       AND agent_name = ANY(:agents::text[])
       AND NOT EXISTS (SELECT 1 FROM waking)
-    ORDER BY priority DESC, enqueued_at, id
+    ORDER BY priority DESC, fair_pass, enqueued_at, id
     LIMIT :lookahead) AS c
 ), judged AS (
-  SELECT c.id, c.priority, c.enqueued_at, {blocked_by} AS blocked_by FROM looked AS c
+  SELECT c.id, c.priority, c.fair_pass, c.enqueued_at, {blocked_by} AS blocked_by FROM looked AS c
 ), queued AS (
   SELECT r.id FROM agent_runs AS r
   JOIN judged AS j ON j.id = r.id AND j.blocked_by IS NULL
   WHERE r.status = 'QUEUED' AND r.claim_ready
-  ORDER BY j.priority DESC, j.enqueued_at, j.id
+  ORDER BY j.priority DESC, j.fair_pass, j.enqueued_at, j.id
   LIMIT 1
   FOR UPDATE OF r SKIP LOCKED
 ), to_park AS (
@@ -281,7 +299,7 @@ WITH waking AS (
   WHERE r.id = p.id
   RETURNING r.id
 ), candidate AS (
-  (SELECT id FROM expired UNION ALL SELECT id FROM queued) LIMIT 1
+  (SELECT id, false AS from_queue FROM expired UNION ALL SELECT id, true FROM queued) LIMIT 1
 ), claimed AS (
   UPDATE agent_runs AS r
   SET status = CASE WHEN r.status = 'QUEUED' THEN 'RUNNING' ELSE r.status END,
@@ -293,7 +311,7 @@ WITH waking AS (
       updated_at = clock_timestamp()
   FROM candidate AS c
   WHERE r.id = c.id
-  RETURNING r.*
+  RETURNING r.*, c.from_queue
 ), limited AS (
   SELECT c.*, {limits_of} FROM claimed AS c
 )
@@ -328,11 +346,11 @@ WITH waking AS (
   WHERE status = 'QUEUED' AND claim_ready AND next_attempt_at <= clock_timestamp()
     AND agent_name = ANY(:agents::text[]) AND concurrency_key IS NULL
     AND NOT EXISTS (SELECT 1 FROM waking)
-  ORDER BY priority DESC, enqueued_at, id
+  ORDER BY priority DESC, fair_pass, enqueued_at, id
   LIMIT 1
   FOR UPDATE SKIP LOCKED
 ), candidate AS (
-  (SELECT id FROM expired UNION ALL SELECT id FROM queued) LIMIT 1
+  (SELECT id, false AS from_queue FROM expired UNION ALL SELECT id, true FROM queued) LIMIT 1
 ), claimed AS (
   UPDATE agent_runs AS r
   SET status = CASE WHEN r.status = 'QUEUED' THEN 'RUNNING' ELSE r.status END,
@@ -344,7 +362,7 @@ WITH waking AS (
       updated_at = clock_timestamp()
   FROM candidate AS c
   WHERE r.id = c.id
-  RETURNING r.*
+  RETURNING r.*, c.from_queue
 ), parked AS (
   SELECT NULL::uuid AS id WHERE false
 ), judged AS (

@@ -1,13 +1,14 @@
 import asyncio
 import re
 import urllib.request
+import uuid
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-from support import eid, lease_ref, scheduler_stack, submit
+from support import claim, eid, lease_ref, scheduler_stack, submit
 
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.tracing import inject_metadata
@@ -101,3 +102,29 @@ async def test_no_exemplar_without_a_sampled_trace(db_url):
         await submit(stack)
         text = await asyncio.to_thread(scrape_openmetrics, stack.server.metrics_port)
     assert 'method="SubmitRun"' in text and "trace_id" not in text
+
+
+async def test_claim_wait_by_tenant_has_bounded_labels_and_counts_from_when_the_run_was_due(db_url, db):
+    """agentrt_claim_wait_seconds: queued → claimed by tenant, by database time; past
+    claim_wait_tenant_labels tenants the rest share `_other`; a lease taken over is not a queue wait."""
+    async with scheduler_stack(db_url, metrics_addr="127.0.0.1:0", claim_wait_tenant_labels=1) as stack:
+        first = await submit(stack, tenant="tenant-a")
+        await db.execute("UPDATE agent_runs SET next_attempt_at = clock_timestamp() - interval '40 seconds' "
+                         "WHERE id = $1", uuid.UUID(first.run_id))
+        lease = await claim(stack, "w-a")
+        assert lease is not None and lease.run.run_id == first.run_id
+        for tenant in ("tenant-b", "tenant-c"):
+            await submit(stack, tenant=tenant)
+            assert await claim(stack, f"w-{tenant}") is not None
+        # A lapsed lease taken over: claimed again, not from the queue.
+        await db.execute("UPDATE agent_runs SET lease_expires_at = clock_timestamp() - interval '1 second' "
+                         "WHERE id = $1", uuid.UUID(first.run_id))
+        again = await claim(stack, "w-takeover")
+        assert again is not None and again.run.run_id == first.run_id
+        text = await asyncio.to_thread(scrape, stack.server.metrics_port)
+    assert 'agentrt_claim_wait_seconds_count{tenant="tenant-a"} 1.0' in text
+    assert 'agentrt_claim_wait_seconds_bucket{le="30.0",tenant="tenant-a"} 0.0' in text
+    assert 'agentrt_claim_wait_seconds_bucket{le="60.0",tenant="tenant-a"} 1.0' in text
+    assert 'agentrt_claim_wait_seconds_count{tenant="_other"} 2.0' in text
+    assert 'agentrt_claim_wait_seconds_bucket{le="30.0",tenant="_other"} 2.0' in text
+    assert 'tenant="tenant-b"' not in text and 'tenant="tenant-c"' not in text

@@ -7,11 +7,13 @@ or frozen ledger rows (of every run) grows.
 """
 
 import json
+import uuid
 
 import asyncpg
 import pytest
 
 from scheduler.queries import Q
+from scheduler.store import _init_connection
 
 pytestmark = pytest.mark.integration
 LEDGER_WRITES = ("complete_tool_call", "complete_and_begin_tool_call", "tool_not_executed", "mark_tool_in_doubt")
@@ -183,3 +185,32 @@ def _literal(value: object) -> str:
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'"
     return str(value)
+
+
+async def test_a_submits_fair_share_pass_is_two_index_probes(db_url):
+    """submit_run reads its tenant's newest queued pass (agent_queued_pass_idx) and its priority's ready head
+    (agent_claim_ready_idx), each an index scan under a LIMIT: no scan of a tenant's or the queue's rows."""
+    db = await asyncpg.connect(db_url)
+    try:
+        await _init_connection(db)
+        await db.execute(
+            """
+            INSERT INTO agent_runs (id, tenant_id, agent_name, status, priority, fair_pass, claim_ready)
+            SELECT gen_random_uuid(), 't' || (n % 1000), 'a', 'QUEUED', 1 + n % 9, n, n % 3 > 0
+            FROM generate_series(1, 20000) AS n
+            """)
+        await db.execute("ANALYZE agent_runs")
+        values = dict(run_id=uuid.uuid4(), tenant_id="t7", agent_name="a", agent_version="", input={},
+                      labels={}, max_attempts=3, max_steps=0, max_tokens=0, max_cost_usd=0.0, deadline_at=None,
+                      client_request_id=None, submit_hash=None, event_id=uuid.uuid4(), priority=5,
+                      concurrency_key=None, concurrency_max=None, fair_step=1.0, traceparent=None,
+                      tracestate=None)
+        plan = await db.fetchval("EXPLAIN (FORMAT JSON) " + Q["submit_run"], *Q.submit_run.args(**values))
+        plan = json.loads(plan) if isinstance(plan, str) else plan  # (the connection's json codec decodes it)
+        probes = {(child["Node Type"], child.get("Index Name")): parent["Node Type"] for parent, child in edges(plan)
+                  if child.get("Relation Name") == "agent_runs" and child["Node Type"] != "ModifyTable"}
+        assert {index for _, index in probes} == {"agent_queued_pass_idx", "agent_claim_ready_idx"}, probes
+        assert {kind for kind, _ in probes} <= {"Index Scan", "Index Only Scan"}, probes
+        assert set(probes.values()) == {"Limit"}, probes
+    finally:
+        await db.close()

@@ -51,3 +51,17 @@ def test_tool_rates_are_calls_per_window():
     assert settings.tool_limits_of("t") == (ToolLimit(rate="1/s"), False)
     assert settings.tool_limits_of("u") == (None, True)
     assert settings.tool_limits_of("v") == (None, False)
+
+
+def test_a_tenants_fair_share_step_is_one_over_its_weight():
+    settings = SchedulerSettings(tenant_limits={"gold": {"weight": 4}, "capped": {"max_running": 3}})
+    assert settings.fair_step("gold") == 0.25
+    assert settings.fair_step("capped") == 1.0  # no weight: 1
+    assert settings.fair_step("anyone") == 1.0
+    assert SchedulerSettings(fair_share=False, tenant_limits={"gold": {"weight": 4}}).fair_step("gold") == 0.0
+
+
+@pytest.mark.parametrize("weight", [0, -1, 1_001])
+def test_a_weight_must_be_positive_and_bounded(weight):
+    with pytest.raises(ValueError, match="weight"):
+        SchedulerSettings(tenant_limits={"t": {"weight": weight}})
