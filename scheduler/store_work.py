@@ -245,7 +245,7 @@ class WorkStore(ToolWrites):
                 backoff_jitter_ms=s.backoff_jitter_ms,
                 exhausted_status="PAUSED_HUMAN" if pause_when_exhausted else "FAILED", result=result,
                 reason=reason, event_id=event_id, error_class=error_class, **trace_params(trace),
-                **binding_params(binding), wait_signal=wait_signal, signals_seen=signals_seen)
+                **binding_params(binding), wait_signal=wait_signal)
             if row is not None:
                 status = row["status"]
                 return Finished(status, row["next_attempt_at"] if status == "QUEUED" else None, False)

@@ -766,10 +766,11 @@ FROM run;
 -- lease is always cleared (docs/design.md §invariants, rule 1). :mode = 'retry' |
 -- 'sleep' | 'end'. Sleep and resume reset attempt_count: it counts claims since
 -- the run last made progress on its own terms. A sleep with :wait_signal waits
--- for that signal (the sleep is its timeout): due at once when the run received
--- a signal after the holder's :signals_seen (the row's last_signal_seq, which
--- SignalRun sets under the same row lock), else parked with awaiting_signal set,
--- which a SignalRun of that name clears as it wakes the run.
+-- for that signal (the sleep is its timeout): due at once when an unconsumed
+-- signal of that name is queued (one probe of run_signals_pending_idx under the
+-- row lock SignalRun also takes: one that came after the claim, or one past the
+-- claim's first 100), else parked with awaiting_signal set, which a SignalRun of
+-- that name clears as it wakes the run. Other signals do not wake it.
 WITH run AS (
   UPDATE agent_runs AS r
   SET status = CASE
@@ -781,12 +782,16 @@ WITH run AS (
         WHEN :mode = 'retry' THEN clock_timestamp()
           + make_interval(secs => agentrt_backoff_ms(r.id, r.attempt_count, :backoff_base_ms, :backoff_cap_ms,
                                                      :backoff_jitter_ms) / 1000)
-        WHEN :mode = 'sleep' AND :wait_signal::text IS NOT NULL AND r.last_signal_seq > :signals_seen::bigint
+        WHEN :mode = 'sleep' AND :wait_signal::text IS NOT NULL AND EXISTS (
+            SELECT 1 FROM run_signals AS sg
+            WHERE sg.run_id = r.id AND sg.consumed_at IS NULL AND sg.name = :wait_signal::text)
           THEN clock_timestamp()
         WHEN :mode = 'sleep' THEN clock_timestamp() + make_interval(secs => :sleep_ms::double precision / 1000)
         ELSE r.next_attempt_at END,
-      awaiting_signal = CASE WHEN :mode = 'sleep' AND r.last_signal_seq <= :signals_seen::bigint THEN :wait_signal
-                             ELSE NULL END,
+      awaiting_signal = CASE WHEN :mode = 'sleep' AND NOT EXISTS (
+            SELECT 1 FROM run_signals AS sg
+            WHERE sg.run_id = r.id AND sg.consumed_at IS NULL AND sg.name = :wait_signal::text)
+          THEN :wait_signal ELSE NULL END,
       -- A run back in the queue for later waits outside the claim index until due (claim_work wakes it).
       claim_ready = CASE WHEN :mode IN ('retry', 'sleep') THEN false ELSE r.claim_ready END,
       attempt_count = CASE WHEN :mode = 'sleep' THEN 0 ELSE r.attempt_count END,

@@ -158,3 +158,31 @@ async def test_a_signal_that_arrives_before_the_park_makes_the_park_due_at_once(
         assert row["due"] and row["awaiting_signal"] is None
         again = await claim(stack, worker="w2")
         assert again is not None and [s.name for s in again.signals] == ["go"]
+
+
+async def test_only_a_signal_of_the_awaited_name_makes_the_park_due(db_url, db):
+    """Another name arriving before the park leaves the run parked; an awaited signal the claim did not
+    deliver (beyond its first 100 pending) makes the park due at once."""
+    async with scheduler_stack(db_url, lease_duration_ms=60_000) as stack:
+        run = await submit(stack)
+        lease = await claim(stack)
+        assert lease is not None
+        version = await save(stack, lease, 0, [])
+        await signal(stack, run.run_id, "unrelated")
+        await park_for(stack, lease, version, "go", timeout_ms=3_600_000)
+        row = await db.fetchrow("SELECT awaiting_signal, next_attempt_at <= clock_timestamp() AS due "
+                                "FROM agent_runs WHERE id = $1::uuid", run.run_id)
+        assert not row["due"] and row["awaiting_signal"] == "go"
+
+        other = await submit(stack)
+        for n in range(101):
+            await signal(stack, other.run_id, "noise", {"n": n}, request_id=f"noise-{n}")
+        await signal(stack, other.run_id, "go", request_id="the-one")
+        lease = await claim(stack, worker="w2")
+        assert lease is not None and lease.run.run_id == other.run_id
+        assert "go" not in {s.name for s in lease.signals}  # past the claim's first 100
+        version = await save(stack, lease, 0, [])
+        await park_for(stack, lease, version, "go", timeout_ms=3_600_000)
+        row = await db.fetchrow("SELECT awaiting_signal, next_attempt_at <= clock_timestamp() AS due "
+                                "FROM agent_runs WHERE id = $1::uuid", other.run_id)
+        assert row["due"] and row["awaiting_signal"] is None
