@@ -16,13 +16,12 @@ not as half a commit (Store._pruned_checkpoint).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 
 from scheduler.config import SchedulerSettings
+from scheduler.periodic import PeriodicTask
 from scheduler.store import Store
-from shared.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -47,43 +46,18 @@ async def prune_once(store: Store, keep_last: int, batch_runs: int, stopping: as
     return deleted
 
 
-class CheckpointPruner:
-    """The background task; does nothing when checkpoint_keep_last is 0. `stop()` is safe to call twice."""
+class CheckpointPruner(PeriodicTask):
+    """The background task; does nothing when checkpoint_keep_last is 0."""
+
+    what = "checkpoint pruning"
 
     def __init__(self, store: Store, settings: SchedulerSettings) -> None:
+        super().__init__("checkpoint-pruner", settings.checkpoint_prune_interval_s, settings.checkpoint_keep_last > 0)
         self.store = store
         self.settings = settings
-        self._stopping = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        if self.settings.checkpoint_keep_last > 0 and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="checkpoint-pruner")
-
-    async def _run(self) -> None:
+    async def run_once(self) -> None:
         s = self.settings
-        while not self._stopping.is_set():
-            try:
-                deleted = await prune_once(self.store, s.checkpoint_keep_last, s.checkpoint_prune_batch_runs,
-                                           self._stopping)
-                if deleted:
-                    log.info("checkpoint pruning deleted %d superseded checkpoints", deleted)
-            except Unavailable as exc:
-                log.warning("checkpoint pruning skipped: %s", exc)
-            except Exception:
-                log.exception("checkpoint pruning failed; retrying after the interval")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), s.checkpoint_prune_interval_s)
-
-    async def stop(self, grace_s: float = 5.0) -> None:
-        """Lets the statement in flight finish (it is short), then ends; cancels after `grace_s`."""
-        self._stopping.set()
-        task, self._task = self._task, None
-        if task is None:
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(task), grace_s)
-        except TimeoutError:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        deleted = await prune_once(self.store, s.checkpoint_keep_last, s.checkpoint_prune_batch_runs, self.stopping)
+        if deleted:
+            log.info("checkpoint pruning deleted %d superseded checkpoints", deleted)

@@ -20,7 +20,6 @@ position (see scheduler/db_roles.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import datetime as dt
 import logging
@@ -28,8 +27,8 @@ import uuid
 from typing import Any
 
 from scheduler.config import SchedulerSettings
+from scheduler.periodic import PeriodicTask
 from scheduler.store import Store
-from shared.errors import Unavailable
 
 log = logging.getLogger(__name__)
 TABLES = ("runs", "checkpoints", "ledger", "journal", "outbox", "signals")
@@ -77,45 +76,20 @@ async def sweep(store: Store, *, batch_runs: int, pause_s: float = 0.0, dry_run:
     return counts
 
 
-class RunRetention:
-    """The background task; `stop()` is safe to call twice."""
+class RunRetention(PeriodicTask):
+    """The background task (run_retention_enabled)."""
+
+    what = "retention"
 
     def __init__(self, store: Store, settings: SchedulerSettings, observe: Any = None) -> None:
+        super().__init__("run-retention", settings.run_retention_interval_s, settings.run_retention_enabled)
         self.store = store
         self.settings = settings
         self.observe = observe
-        self._stopping = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        if self.settings.run_retention_enabled and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="run-retention")
-
-    async def _run(self) -> None:
+    async def run_once(self) -> None:
         s = self.settings
-        while not self._stopping.is_set():
-            try:
-                counts = await sweep(self.store, batch_runs=s.run_retention_batch_runs,
-                                     pause_s=s.run_retention_pause_ms / 1000, stopping=self._stopping,
-                                     observe=self.observe)
-                if counts.deleted:
-                    log.info("retention deleted %s", counts.as_dict())
-            except Unavailable as exc:
-                log.warning("retention skipped: %s", exc)
-            except Exception:
-                log.exception("retention failed; retrying after the interval")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), s.run_retention_interval_s)
-
-    async def stop(self, grace_s: float = 5.0) -> None:
-        """Lets the batch in flight finish (it is short), then ends; cancels after `grace_s`."""
-        self._stopping.set()
-        task, self._task = self._task, None
-        if task is None:
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(task), grace_s)
-        except TimeoutError:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        counts = await sweep(self.store, batch_runs=s.run_retention_batch_runs, pause_s=s.run_retention_pause_ms / 1000,
+                             stopping=self.stopping, observe=self.observe)
+        if counts.deleted:
+            log.info("retention deleted %s", counts.as_dict())

@@ -3,8 +3,6 @@ background task that fires due schedules on every replica (they share the work b
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime as dt
 import logging
 
@@ -14,11 +12,12 @@ from asyncpg import Record
 from scheduler import convert
 from scheduler import validate as v
 from scheduler.config import SchedulerSettings
+from scheduler.periodic import PeriodicTask
 from scheduler.rpc import principal, rpc
 from scheduler.store import ScheduleSpec, Store
 from scheduler.store_schedules import spec_of
 from shared.canonical import canonical_json
-from shared.errors import InvalidArgument, Unavailable
+from shared.errors import InvalidArgument
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.tracing import annotate
 
@@ -128,43 +127,20 @@ class ScheduleRpcs:
         return rs.ListSchedulesResponse(schedules=[schedule_to_proto(r) for r in rows])
 
 
-class ScheduleFirer:
-    """Fires due schedules until none is due, then waits `schedule_poll_interval_ms`. `stop()` is safe twice."""
+class ScheduleFirer(PeriodicTask):
+    """Fires due schedules until none is due, then waits `schedule_poll_interval_ms` (0: this replica fires none)."""
+
+    what = "schedule firing"
 
     def __init__(self, store: Store, settings: SchedulerSettings) -> None:
+        super().__init__("schedule-firer", settings.schedule_poll_interval_ms / 1000,
+                         settings.schedule_poll_interval_ms > 0)
         self.store = store
         self.settings = settings
-        self._stopping = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self.fired = 0
 
-    def start(self) -> None:
-        if self.settings.schedule_poll_interval_ms > 0 and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="schedule-firer")
-
-    async def _run(self) -> None:
-        pause = self.settings.schedule_poll_interval_ms / 1000
-        while not self._stopping.is_set():
-            try:
-                for _ in range(1000):  # bounded: one pass, then the pause
-                    if self._stopping.is_set() or not await self.store.fire_due_schedule():
-                        break
-                    self.fired += 1
-            except Unavailable as exc:
-                log.warning("schedule firing skipped: %s", exc)
-            except Exception:
-                log.exception("schedule firing failed; retrying after the interval")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), pause)
-
-    async def stop(self, grace_s: float = 5.0) -> None:
-        self._stopping.set()
-        task, self._task = self._task, None
-        if task is None:
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(task), grace_s)
-        except TimeoutError:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    async def run_once(self) -> None:
+        for _ in range(1000):  # bounded: one pass, then the pause
+            if self.stopping.is_set() or not await self.store.fire_due_schedule():
+                break
+            self.fired += 1
