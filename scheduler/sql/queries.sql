@@ -170,6 +170,28 @@ CASE
           AND {live_leased}) >= c.concurrency_max THEN 'key'
 END
 
+-- fragment: claim_take
+-- The CTEs `candidate` and `claimed` of both claim statements: the lapsed run
+-- (`expired`) first, else the queued one (`queued`); UNION ALL without ORDER BY
+-- yields `expired` first and LIMIT 1 stops before `queued` is scanned when an
+-- expired run was found. The claim grows the fence; attempt_count counts
+-- claims from QUEUED only; a WAITING_TOOL run stays WAITING_TOOL.
+candidate AS (
+  (SELECT id, false AS from_queue FROM expired UNION ALL SELECT id, true FROM queued) LIMIT 1
+), claimed AS (
+  UPDATE agent_runs AS r
+  SET status = CASE WHEN r.status = 'QUEUED' THEN 'RUNNING' ELSE r.status END,
+      lease_owner = :worker_id,
+      lease_expires_at = clock_timestamp() + make_interval(secs => :lease_ms::double precision / 1000),
+      fencing_token = r.fencing_token + 1,
+      attempt_count = CASE WHEN r.status = 'QUEUED' THEN r.attempt_count + 1 ELSE r.attempt_count END,
+      awaiting_signal = NULL, waiting_on = NULL,
+      updated_at = clock_timestamp()
+  FROM candidate AS c
+  WHERE r.id = c.id
+  RETURNING r.*, c.from_queue
+)
+
 -- fragment: claim_answer
 -- The one row a claim statement answers: how many runs it woke, parked and
 -- looked at, the claimed run (NULLs when none) with its limits, how long a run
@@ -298,21 +320,7 @@ WITH waking AS (
   FROM to_park AS p
   WHERE r.id = p.id
   RETURNING r.id
-), candidate AS (
-  (SELECT id, false AS from_queue FROM expired UNION ALL SELECT id, true FROM queued) LIMIT 1
-), claimed AS (
-  UPDATE agent_runs AS r
-  SET status = CASE WHEN r.status = 'QUEUED' THEN 'RUNNING' ELSE r.status END,
-      lease_owner = :worker_id,
-      lease_expires_at = clock_timestamp() + make_interval(secs => :lease_ms::double precision / 1000),
-      fencing_token = r.fencing_token + 1,
-      attempt_count = CASE WHEN r.status = 'QUEUED' THEN r.attempt_count + 1 ELSE r.attempt_count END,
-      awaiting_signal = NULL, waiting_on = NULL,
-      updated_at = clock_timestamp()
-  FROM candidate AS c
-  WHERE r.id = c.id
-  RETURNING r.*, c.from_queue
-), limited AS (
+), {claim_take}, limited AS (
   SELECT c.*, {limits_of} FROM claimed AS c
 )
 {claim_answer};
@@ -349,21 +357,7 @@ WITH waking AS (
   ORDER BY priority DESC, fair_pass, enqueued_at, id
   LIMIT 1
   FOR UPDATE SKIP LOCKED
-), candidate AS (
-  (SELECT id, false AS from_queue FROM expired UNION ALL SELECT id, true FROM queued) LIMIT 1
-), claimed AS (
-  UPDATE agent_runs AS r
-  SET status = CASE WHEN r.status = 'QUEUED' THEN 'RUNNING' ELSE r.status END,
-      lease_owner = :worker_id,
-      lease_expires_at = clock_timestamp() + make_interval(secs => :lease_ms::double precision / 1000),
-      fencing_token = r.fencing_token + 1,
-      attempt_count = CASE WHEN r.status = 'QUEUED' THEN r.attempt_count + 1 ELSE r.attempt_count END,
-      awaiting_signal = NULL, waiting_on = NULL,
-      updated_at = clock_timestamp()
-  FROM candidate AS c
-  WHERE r.id = c.id
-  RETURNING r.*, c.from_queue
-), parked AS (
+), {claim_take}, parked AS (
   SELECT NULL::uuid AS id WHERE false
 ), judged AS (
   SELECT NULL::uuid AS id WHERE false
