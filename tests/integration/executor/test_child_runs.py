@@ -5,12 +5,15 @@ repeated by a takeover spawns nothing twice; `agentrt runs tree` shows the famil
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 from typing import Any
 
 import pytest
 from executor_support import executor, get_run, scripted_agent, wait_for, wait_status, write_agent
 from support import Stack, claim, lease_ref, rpc_error, scheduler_stack, submit
+from tests_paths import REPO
 
 from executor.faults import Faults
 from shared.gen.agentrt.v1 import common_pb2 as pb
@@ -208,3 +211,33 @@ async def test_run_tree_shows_the_family(db_url, db, tmp_path):
         other = await rpc_error(stack.runs.GetRunTree(rs.GetRunTreeRequest(run_id=run.run_id),
                                                       metadata=stack.md("tenant-b")))
         assert other.code().name == "NOT_FOUND"
+
+
+async def agentrt(*args: str, addr: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", *args, "--tenant", "tenant-a",
+                                                "--addr", addr, cwd=REPO, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_runs_tree_cli_shows_the_run_and_its_children(db_url, db, tmp_path):
+    async with scheduler_stack(db_url) as stack:
+        directory = agents(tmp_path, parent_agent([{"agent": "quick", "input": {"n": 1}}, {"agent": "slow"}],
+                                                  join="any"))
+        run = await submit(stack, agent="parent")
+        async with executor(stack, directory):
+            await wait_status(stack, run.run_id, *END, within=30)
+        code, out, err = await agentrt("runs", "tree", run.run_id, addr=stack.addr)
+        assert code == 0, err
+        lines = out.strip().splitlines()
+        assert len(lines) == 3
+        assert lines[0].startswith(run.run_id) and "parent" in lines[0] and "COMPLETED" in lines[0]
+        kids = {row["agent_name"]: str(row["id"]) for row in await children_of(db, run.run_id)}
+        assert lines[1].startswith(f"  {kids['quick']}") and "COMPLETED" in lines[1]
+        assert lines[2].startswith(f"  {kids['slow']}") and "QUEUED" in lines[2]
+        code, out, _ = await agentrt("runs", "tree", run.run_id, "--json", addr=stack.addr)
+        tree = json.loads(out)
+        assert [(r["depth"], r["parent_run_id"]) for r in tree["runs"]] == [(0, ""), (1, run.run_id), (1, run.run_id)]
+        code, _, err = await agentrt("runs", "tree", "not-a-uuid", addr=stack.addr)
+        assert code != 0 and "run_id" in err and len(err.strip().splitlines()) == 1
