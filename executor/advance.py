@@ -126,11 +126,19 @@ def spawn_invalid(spawn: SpawnChildren) -> Invalid | None:
     return None
 
 
-def spawn_record(spawn: SpawnChildren) -> dict[str, Any]:
-    """The spawn as the checkpoint keeps it (Waiting.spawn)."""
-    return {"join": spawn.join, "detach": spawn.detach,
+def spawn_record(spawn: SpawnChildren, cost_left: float | None) -> dict[str, Any]:
+    """The spawn as the checkpoint keeps it (Waiting.spawn). With a shared budget, each child's
+    max_cost_usd is at most `cost_left` (what is left of this run's cost budget; None: no such budget)."""
+    def budget(child_budget: dict[str, Any]) -> dict[str, Any]:
+        out = dict(child_budget)
+        if spawn.share_budget and cost_left is not None:
+            own = float(out.get("max_cost_usd") or 0)
+            out["max_cost_usd"] = min(own, cost_left) if own else cost_left
+        return out
+
+    return {"join": spawn.join, "detach": spawn.detach, "share_budget": spawn.share_budget,
             "children": [{"agent": c.agent, "version": c.version, "input": c.input, "labels": dict(c.labels),
-                          "budget": dict(c.budget)} for c in spawn.children]}
+                          "budget": budget(c.budget)} for c in spawn.children]}
 
 
 def tighter(a: float, b: float) -> float:
@@ -247,8 +255,10 @@ class Advancer:
         if isinstance(decision, Sleep | WaitForInput | WaitForSignal | SpawnChildren):
             key = step_key_for(proposal.node, 1)
             if isinstance(decision, SpawnChildren):
+                cost_left = (max(self.limits.max_cost_usd - state.usage.cost_usd - proposal.cost_usd, 1e-9)
+                             if self.limits.max_cost_usd else None)
                 waiting = Waiting(kind="children", step_key=key, node=proposal.node, sleep_ms=decision.timeout_ms,
-                                  spawn=spawn_record(decision))
+                                  spawn=spawn_record(decision, cost_left))
             elif isinstance(decision, Sleep):
                 waiting = Waiting(kind="sleep", step_key=key, node=proposal.node, sleep_ms=decision.ms)
             elif isinstance(decision, WaitForSignal):

@@ -141,6 +141,7 @@ class SpawnNode(_Strict):
     child: SpawnChild | None = None
     join: str = "all"
     detach: bool = False
+    share_budget: bool = False
 
 
 class PlanNode(_Strict):

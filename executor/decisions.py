@@ -73,12 +73,16 @@ class SpawnChildren:
     "children": [{"index", "run_id", "agent", "status", "result", "error"}]}
     (status is the child's RunStatus name; RUNNING, QUEUED... for one that had
     not ended). `detach`: cancelling this run leaves the children running.
+    `share_budget`: see below.
     """
 
     children: tuple[Child, ...]
     join: str = "all"
     timeout_ms: int = 3_600_000
     detach: bool = False
+    # Share this run's cost budget: each child's max_cost_usd is capped at what is left of it, and what
+    # the children spent is charged to this run when the join ends.
+    share_budget: bool = False
 
 
 InvalidKind = Literal["parse_failure", "refusal", "content_filter", "invalid_arguments", "unknown_tool",

@@ -352,8 +352,11 @@ class RunDriver:
             self.sleep_from = started
             return state
         answer = join_answer(waiting, reply, timed_out)
-        return journal.journaled(state, {"waiting": None, "inputs": {**state.inputs, waiting.step_key: answer}},
-                                 lambda seq: journal.answer_record(seq, waiting.step_key, answer))
+        update: dict[str, Any] = {"waiting": None, "inputs": {**state.inputs, waiting.step_key: answer}}
+        if (waiting.spawn or {}).get("share_budget"):  # the children's spend is this run's
+            spent = sum(c.cost_usd for c in reply.children)
+            update["usage"] = state.usage.model_copy(update={"cost_usd": round(state.usage.cost_usd + spent, 10)})
+        return journal.journaled(state, update, lambda seq: journal.answer_record(seq, waiting.step_key, answer))
 
     async def park(self, park: Park) -> None:
         waiting: Waiting = park.waiting

@@ -118,6 +118,7 @@ class ChildRow(Row):
     result: Any
     terminal_reason: str | None
     spawn_index: int
+    cost_usd: float = 0.0
 
 
 class Spawned(NamedTuple):

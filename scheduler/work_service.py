@@ -447,7 +447,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                 index=row.spawn_index, run_id=str(row.id), agent_name=row.agent_name,
                 status=convert.RUN_STATUS[row.status],
                 result_json=convert.json_text(row.result) if row.status == "COMPLETED" else "",
-                error=(row.terminal_reason or "") if row.status in ("FAILED", "CANCELLED") else "")
+                error=(row.terminal_reason or "") if row.status in ("FAILED", "CANCELLED") else "",
+                cost_usd=row.cost_usd)
         return response
 
     async def _child_spec(self, field: str, child: ws.ChildSpec) -> ChildSpec:

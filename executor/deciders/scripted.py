@@ -182,7 +182,8 @@ class ScriptedDeciderImpl:
             templates += [(spawn.child, {**scope, "item": item}) for item in items]
         children = tuple(Child(agent=str(render(c.agent, s)), input=render(c.input, s), labels=render(c.labels, s),
                                budget=dict(c.budget), version=c.version) for c, s in templates)
-        return SpawnChildren(children=children, join=spawn.join, timeout_ms=timeout_ms, detach=spawn.detach)
+        return SpawnChildren(children=children, join=spawn.join, timeout_ms=timeout_ms, detach=spawn.detach,
+                             share_budget=spawn.share_budget)
 
     def _following(self, node: PlanNode) -> PlanNode | None:
         if node.next is not None:

@@ -241,3 +241,18 @@ async def test_runs_tree_cli_shows_the_run_and_its_children(db_url, db, tmp_path
         assert [(r["depth"], r["parent_run_id"]) for r in tree["runs"]] == [(0, ""), (1, run.run_id), (1, run.run_id)]
         code, _, err = await agentrt("runs", "tree", "not-a-uuid", addr=stack.addr)
         assert code != 0 and "run_id" in err and len(err.strip().splitlines()) == 1
+
+
+async def test_children_sharing_the_budget_spend_the_parents(db_url, db, tmp_path):
+    """A parent of max_cost_usd 1.0 spends 0.1 deciding to spawn three children that share its budget:
+    each child may spend at most the 0.9 left, and their 1.2 spent is charged to the parent when the
+    join ends, so its next decision finds the budget exhausted."""
+    async with scheduler_stack(db_url) as stack:
+        run = await submit(stack, agent="frugal_parent")
+        async with executor(stack, "child_agents"):
+            done = await wait_status(stack, run.run_id, *END, within=30)
+        assert done.status == pb.RUN_STATUS_FAILED
+        assert done.terminal_reason.startswith("budget exhausted: max_cost_usd 1.0 reached (1.3"), done.terminal_reason
+        caps = await db.fetch("SELECT budget_max_cost_usd, status FROM agent_runs WHERE parent_run_id = $1::uuid",
+                              run.run_id)
+        assert [(round(r["budget_max_cost_usd"], 6), r["status"]) for r in caps] == [(0.9, "COMPLETED")] * 3

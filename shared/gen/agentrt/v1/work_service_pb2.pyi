@@ -386,20 +386,22 @@ class SpawnChildrenRequest(_message.Message):
     def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., spawn_key: _Optional[str] = ..., children: _Optional[_Iterable[_Union[ChildSpec, _Mapping]]] = ..., join: _Optional[_Union[JoinMode, str]] = ..., detach: _Optional[bool] = ...) -> None: ...
 
 class ChildRun(_message.Message):
-    __slots__ = ("index", "run_id", "agent_name", "status", "result_json", "error")
+    __slots__ = ("index", "run_id", "agent_name", "status", "result_json", "error", "cost_usd")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    COST_USD_FIELD_NUMBER: _ClassVar[int]
     index: int
     run_id: str
     agent_name: str
     status: _common_pb2.RunStatus
     result_json: str
     error: str
-    def __init__(self, index: _Optional[int] = ..., run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., result_json: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+    cost_usd: float
+    def __init__(self, index: _Optional[int] = ..., run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., result_json: _Optional[str] = ..., error: _Optional[str] = ..., cost_usd: _Optional[float] = ...) -> None: ...
 
 class SpawnChildrenResponse(_message.Message):
     __slots__ = ("children", "created", "join_met")
