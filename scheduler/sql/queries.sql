@@ -1470,7 +1470,7 @@ RETURNING r.join_done;
 -- A parent's children of one group, by index (the join's answer), each with
 -- the cost its latest checkpoint records (a shared budget charges it to the parent).
 SELECT c.id, c.agent_name, c.status, c.result, c.terminal_reason, c.spawn_index, c.finished_at,
-       coalesce((SELECT (cp.state_json #>> '{usage,cost_usd}')::float8 FROM agent_checkpoints AS cp
+       coalesce((SELECT (cp.state_json -> 'usage' ->> 'cost_usd')::float8 FROM agent_checkpoints AS cp
                  WHERE cp.run_id = c.id AND cp.version = c.version), 0) AS cost_usd
 FROM agent_runs AS c
 WHERE c.parent_run_id = :parent_run_id AND c.spawn_key = :spawn_key
