@@ -144,6 +144,18 @@ async def _cancel(args: argparse.Namespace, client: AgentrtClient) -> None:
                                     comment=args.comment or ""))
 
 
+async def _tree(args: argparse.Namespace, client: AgentrtClient) -> None:
+    nodes, truncated = await client.tree(args.run_id, max_runs=args.limit)
+    if args.json:
+        _print_json({"runs": [{**run.as_dict(), "depth": depth} for depth, run in nodes], "truncated": truncated})
+        return
+    for depth, run in nodes:
+        reason = run.terminal_reason or run.pause_reason or ""
+        print(f"{'  ' * depth}{run.run_id}  {run.agent_name:20} {run.status:15} {reason[:80]}".rstrip())
+    if truncated:
+        print(f"(more descendants: --limit {args.limit * 2 if args.limit else 2000})")
+
+
 async def _signal(args: argparse.Namespace, client: AgentrtClient) -> None:
     payload = _json_arg("--payload", args.payload)
     signal = await client.signal(args.run_id, args.name, payload, request_id=args.request_id or "")
@@ -402,6 +414,12 @@ def _operate_commands(runs: Any) -> None:
     p.add_argument("--reason")
     _audit_flags(p, reason=False)
     p.set_defaults(func=_runner(_cancel))
+
+    p = runs.add_parser("tree", help="show a run and its descendants (child runs) with their statuses")
+    _common(p)
+    p.add_argument("run_id")
+    p.add_argument("--limit", type=int, default=0, help="at most this many runs (default 1000)")
+    p.set_defaults(func=_runner(_tree))
 
     p = runs.add_parser("signal", help="send a named signal to a run (a run waiting for it wakes at once)")
     _common(p)

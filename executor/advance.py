@@ -25,6 +25,7 @@ from executor.deciders.base import (
     Invalid,
     Proposal,
     Sleep,
+    SpawnChildren,
     ToolCall,
     WaitForInput,
     WaitForSignal,
@@ -105,6 +106,41 @@ def signal_wait_invalid(wait: WaitForSignal) -> Invalid | None:
     return None
 
 
+MAX_CHILDREN = 100  # the scheduler's SpawnChildren limit
+_AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+
+
+def spawn_invalid(spawn: SpawnChildren) -> Invalid | None:
+    """What the executor can tell of a spawn before it is recorded (the scheduler checks the agents)."""
+    if spawn.join not in ("all", "any"):
+        return Invalid("invalid_arguments", f"spawn join {spawn.join!r}: 'all' or 'any'")
+    if not 0 < spawn.timeout_ms <= MAX_SIGNAL_WAIT_MS:
+        return Invalid("invalid_arguments", f"spawn timeout_ms {spawn.timeout_ms}: 1 to {MAX_SIGNAL_WAIT_MS}")
+    if not 1 <= len(spawn.children) <= MAX_CHILDREN:
+        return Invalid("invalid_arguments", f"spawn of {len(spawn.children)} children: 1 to {MAX_CHILDREN}")
+    for index, child in enumerate(spawn.children):
+        if not _AGENT_NAME.match(child.agent or ""):
+            return Invalid("invalid_arguments", f"spawn child {index}: agent {child.agent!r} is not an agent name")
+        if not isinstance(child.input, dict):
+            return Invalid("invalid_arguments", f"spawn child {index}: input must be a JSON object")
+    return None
+
+
+def spawn_record(spawn: SpawnChildren, cost_left: float | None) -> dict[str, Any]:
+    """The spawn as the checkpoint keeps it (Waiting.spawn). With a shared budget, each child's
+    max_cost_usd is at most `cost_left` (what is left of this run's cost budget; None: no such budget)."""
+    def budget(child_budget: dict[str, Any]) -> dict[str, Any]:
+        out = dict(child_budget)
+        if spawn.share_budget and cost_left is not None:
+            own = float(out.get("max_cost_usd") or 0)
+            out["max_cost_usd"] = min(own, cost_left) if own else cost_left
+        return out
+
+    return {"join": spawn.join, "detach": spawn.detach, "share_budget": spawn.share_budget,
+            "children": [{"agent": c.agent, "version": c.version, "input": c.input, "labels": dict(c.labels),
+                          "budget": budget(c.budget)} for c in spawn.children]}
+
+
 def tighter(a: float, b: float) -> float:
     return min(x for x in (a, b) if x) if (a or b) else 0
 
@@ -181,6 +217,12 @@ class Advancer:
             else:
                 state = state.model_copy(update={"agent_state": proposal.agent_state})
         decision = proposal.decision
+        if isinstance(decision, SpawnChildren):
+            refused_spawn = spawn_invalid(decision)
+            if refused_spawn is not None:
+                proposal = Proposal(refused_spawn, proposal.node, proposal.raw, proposal.tokens, proposal.cost_usd,
+                                    proposal.model)
+                decision = refused_spawn
         if isinstance(decision, WaitForSignal):
             refused = signal_wait_invalid(decision)
             if refused is not None:
@@ -210,9 +252,14 @@ class Advancer:
                 error_class="" if completed else f"{ErrorClass.PERMANENT.value}:plan_failed")
             state = decided_finish(state, proposal, finished)
             return state, EndRun(finished)
-        if isinstance(decision, Sleep | WaitForInput | WaitForSignal):
+        if isinstance(decision, Sleep | WaitForInput | WaitForSignal | SpawnChildren):
             key = step_key_for(proposal.node, 1)
-            if isinstance(decision, Sleep):
+            if isinstance(decision, SpawnChildren):
+                cost_left = (max(self.limits.max_cost_usd - state.usage.cost_usd - proposal.cost_usd, 1e-9)
+                             if self.limits.max_cost_usd else None)
+                waiting = Waiting(kind="children", step_key=key, node=proposal.node, sleep_ms=decision.timeout_ms,
+                                  spawn=spawn_record(decision, cost_left))
+            elif isinstance(decision, Sleep):
                 waiting = Waiting(kind="sleep", step_key=key, node=proposal.node, sleep_ms=decision.ms)
             elif isinstance(decision, WaitForSignal):
                 waiting = Waiting(kind="signal", step_key=key, node=proposal.node, signal=decision.name,

@@ -121,6 +121,29 @@ class Condition(_Strict):
         return {k: getattr(self, k) for k in ("gt", "ge", "lt", "le", "eq", "ne") if k in self.model_fields_set}
 
 
+class SpawnChild(_Strict):
+    """One child of a plan node's spawn: an agent, its input (templates rendered), labels and budget."""
+
+    agent: str
+    version: str = ""
+    input: dict[str, Any] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    budget: dict[str, Any] = Field(default_factory=dict)
+
+
+class SpawnNode(_Strict):
+    """Spawn child runs and wait for all or any of them (at most the node's timeout_ms). The answer is
+    ${inputs.<node>}: {"join", "timed_out", "children": [{"index", "run_id", "agent", "status", "result",
+    "error"}]}. `for_each`: one child per item of the list it renders to (${item} in the template child)."""
+
+    children: list[SpawnChild] = Field(default_factory=list)
+    for_each: Any = None
+    child: SpawnChild | None = None
+    join: str = "all"
+    detach: bool = False
+    share_budget: bool = False
+
+
 class PlanNode(_Strict):
     """One node of a scripted plan: exactly one of tool / sleep_ms / wait_for_input / wait_for_signal /
     finish / fail."""
@@ -135,6 +158,7 @@ class PlanNode(_Strict):
     # Wait for a signal of this name (RunService.SignalRun), at most timeout_ms; the answer is
     # ${inputs.<node>}: {"name", "payload", "seq", "timed_out"}.
     wait_for_signal: str | None = None
+    spawn: SpawnNode | None = None
     timeout_ms: int = Field(default=86_400_000, gt=0, le=366 * 24 * 3600 * 1000)
     finish: Any = None
     fail: str | None = None
@@ -147,13 +171,13 @@ class PlanNode(_Strict):
 
     @model_validator(mode="after")
     def _one_action(self) -> PlanNode:
-        chosen = [k for k in ("tool", "sleep_ms", "wait_for_input", "wait_for_signal", "fail")
+        chosen = [k for k in ("tool", "sleep_ms", "wait_for_input", "wait_for_signal", "spawn", "fail")
                   if getattr(self, k) is not None]
         if "finish" in self.model_fields_set:  # `finish: null` ends the run with no result
             chosen.append("finish")
         if len(chosen) != 1:
             raise ValueError("a plan node needs exactly one of tool, sleep_ms, wait_for_input, wait_for_signal, "
-                             "finish, fail")
+                             "spawn, finish, fail")
         return self
 
 

@@ -66,13 +66,16 @@ class Waiting(_Model):
     """A durable wait the run is parked on: a timer, operator input, an approval, or an
     operator's decision after a pause (`resume`: budget exhausted, decisions kept failing...)."""
 
-    kind: Literal["sleep", "input", "approval", "resume", "signal"]
+    kind: Literal["sleep", "input", "approval", "resume", "signal", "children"]
     step_key: str
     node: str
     prompt: str | None = None  # input: the question; approval / resume: the reason shown
     sleep_ms: int | None = None  # sleep: the timer; signal: the wait's timeout
     signal: str | None = None  # signal: the name waited for
     tool: ToolDecision | None = None  # approval: the decision awaiting it
+    # children: the spawn ({"children": [{"agent", "version", "input", "labels", "budget"}], "join": "all" |
+    # "any", "detach"}), repeated as it is after a takeover (the scheduler finds the children it made).
+    spawn: dict[str, Any] | None = None
 
 
 class Finished(_Model):

@@ -222,6 +222,22 @@ class WorkClient:
             out.extend(reply.executions)
         return out
 
+    async def spawn_children(self, lease: ws.LeaseRef, spawn_key: str, children: list[dict[str, Any]],
+                             join: str, detach: bool) -> ws.SpawnChildrenResponse:
+        """Spawns (or finds: idempotent by its arguments) the children of step `spawn_key` and records the
+        join; retried like a read when the answer was lost."""
+        request = ws.SpawnChildrenRequest(
+            lease=lease, spawn_key=spawn_key, detach=detach,
+            join=ws.JOIN_MODE_ANY if join == "any" else ws.JOIN_MODE_ALL if join == "all" else ws.JOIN_MODE_UNSPECIFIED)
+        for child in children:
+            budget = child.get("budget") or {}
+            request.children.add(
+                agent_name=child["agent"], agent_version=child.get("version", ""),
+                input_json=canonical_json(child.get("input") or {}), labels=child.get("labels") or {},
+                budget=pb.Budget(max_steps=budget.get("max_steps", 0), max_tokens=budget.get("max_tokens", 0),
+                                 max_cost_usd=budget.get("max_cost_usd", 0.0)))
+        return await self._read(self.stub.SpawnChildren, request)  # type: ignore[no-any-return]
+
     async def register_agents(self, worker_id: str, agents: list[ws.AgentRegistration],
                               ttl_ms: int) -> ws.RegisterAgentsResponse | None:
         """The agents this executor serves (all of them; an empty list withdraws them). Idempotent.

@@ -52,6 +52,39 @@ class WaitForSignal:
     timeout_ms: int
 
 
+@dataclass(frozen=True)
+class Child:
+    """One child run to spawn: a registered agent (optionally a version), its input, labels and budget
+    ({"max_steps", "max_tokens", "max_cost_usd"}, each optional)."""
+
+    agent: str
+    input: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)
+    version: str = ""
+
+
+@dataclass(frozen=True)
+class SpawnChildren:
+    """Spawn child runs and park until `join` ("all": every child ended; "any": one did) or `timeout_ms`.
+
+    Spawned exactly once per step, across crashes and takeovers. The answer is
+    recorded under the wait's step key in `state.inputs`: {"join", "timed_out",
+    "children": [{"index", "run_id", "agent", "status", "result", "error"}]}
+    (status is the child's RunStatus name; RUNNING, QUEUED... for one that had
+    not ended). `detach`: cancelling this run leaves the children running.
+    `share_budget`: see below.
+    """
+
+    children: tuple[Child, ...]
+    join: str = "all"
+    timeout_ms: int = 3_600_000
+    detach: bool = False
+    # Share this run's cost budget: each child's max_cost_usd is capped at what is left of it, and what
+    # the children spent is charged to this run when the join ends.
+    share_budget: bool = False
+
+
 InvalidKind = Literal["parse_failure", "refusal", "content_filter", "invalid_arguments", "unknown_tool",
                       "empty", "agent_state_too_large", "decider_error"]
 
@@ -68,7 +101,7 @@ class DeciderUnavailable(Exception):
     """The model endpoint could not answer (connection, timeout, 429, 5xx): retry the run later."""
 
 
-Decision = ToolCall | Finish | Fail | Sleep | WaitForInput | WaitForSignal | Invalid
+Decision = ToolCall | Finish | Fail | Sleep | WaitForInput | WaitForSignal | SpawnChildren | Invalid
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from executor.steps import RunIds, initial_state, next_attempt
 from executor.toolcalls import ToolCalls
 from executor.wake import wake
 from shared import tracing
-from shared.errors import AgentrtError, DecisionNotCheckpointed, VersionConflict
+from shared.errors import AgentrtError, DecisionNotCheckpointed, InvalidArgument, VersionConflict
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.logs import payload_digest
@@ -42,6 +42,15 @@ log = logging.getLogger(__name__)
 MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
 ANSWER_WINDOW = 64  # tool answers kept readable for deciders beyond each node's latest
 JOURNAL_PAGE = 5000  # entries per ReadJournal page at claim (the scheduler's maximum; pages are also byte-bounded)
+
+
+def join_answer(waiting: Waiting, reply: ws.SpawnChildrenResponse, timed_out: bool) -> dict[str, Any]:
+    """What a decider sees when a join ends: each child's status and its result or error."""
+    children = [{"index": c.index, "run_id": c.run_id, "agent": c.agent_name,
+                 "status": pb.RunStatus.Name(c.status).removeprefix("RUN_STATUS_"),
+                 "result": json.loads(c.result_json) if c.result_json else None, "error": c.error or None}
+                for c in reply.children]
+    return {"join": (waiting.spawn or {}).get("join", "all"), "timed_out": timed_out, "children": children}
 
 
 def _ts(value: Any) -> dt.datetime:
@@ -171,6 +180,11 @@ class RunDriver:
             current, action = taken
         else:
             current = self.recover(current, advancer)
+            if current.waiting is not None and current.waiting.kind == "children":
+                ended = await self.end_join(current)
+                if ended is None:
+                    return
+                current = ended
         await self.loop(current, action, advancer, calls)
 
     async def loop(self, state: State, action: Action | None, advancer: Advancer, calls: ToolCalls) -> None:
@@ -283,6 +297,8 @@ class RunDriver:
         """A RUNNING claim: end a wait that has ended, or start the next attempt of a step proven not executed."""
         if state.waiting is not None and state.waiting.kind == "signal":
             return self.end_signal_wait(state, advancer)
+        if state.waiting is not None and state.waiting.kind == "children":
+            return state  # end_join, which asks the scheduler
         if state.waiting is not None:
             if self.wait_answered():
                 human = json.loads(self.run.human_input_json) if self.run.human_input_json else {}
@@ -310,8 +326,51 @@ class RunDriver:
             sleep_ms = max(1, int((due - self.db_now()).total_seconds() * 1000))
         return min(sleep_ms, MAX_SLEEP_MS)
 
+    async def spawn(self, waiting: Waiting) -> ws.SpawnChildrenResponse | None:
+        """SpawnChildren for the wait's spawn (idempotent: a repeat finds the children it made); None when the
+        scheduler refused it (an agent nobody serves, an input its schema refuses): the run has failed then."""
+        spawn = waiting.spawn or {}
+        try:
+            return await self.s.client.spawn_children(self.lease.ref, waiting.step_key, spawn.get("children", []),
+                                                      spawn.get("join", "all"), bool(spawn.get("detach")))
+        except InvalidArgument as exc:
+            await self.lease.finish(ws.FINISH_OUTCOME_FAILED, f"spawn at {waiting.step_key} refused: {exc.message}",
+                                    error_class="permanent:spawn_refused")
+            return None
+
+    async def end_join(self, state: State) -> State | None:
+        """A claimed join: ends when the scheduler says it is met or its timeout passed (the children's
+        statuses and results recorded as its answer), else stays parked. None: the spawn was refused."""
+        waiting = state.waiting
+        assert waiting is not None and waiting.kind == "children"
+        started = _ts(self.claim.checkpoint.created_at)
+        reply = await self.spawn(waiting)
+        if reply is None:
+            return None
+        timed_out = not reply.join_met and self.db_now() >= started + dt.timedelta(milliseconds=waiting.sleep_ms or 0)
+        if not (reply.join_met or timed_out):
+            self.sleep_from = started
+            return state
+        answer = join_answer(waiting, reply, timed_out)
+        update: dict[str, Any] = {"waiting": None, "inputs": {**state.inputs, waiting.step_key: answer}}
+        if (waiting.spawn or {}).get("share_budget"):  # the children's spend is this run's
+            spent = sum(c.cost_usd for c in reply.children)
+            update["usage"] = state.usage.model_copy(update={"cost_usd": round(state.usage.cost_usd + spent, 10)})
+        return journal.journaled(state, update, lambda seq: journal.answer_record(seq, waiting.step_key, answer))
+
     async def park(self, park: Park) -> None:
         waiting: Waiting = park.waiting
+        if waiting.kind == "children":
+            if await self.spawn(waiting) is None:
+                return
+            self.s.faults.hit("after_spawn_commit", self.run.run_id)
+            timeout_ms = self.remaining_ms(waiting)
+            spawn = waiting.spawn or {}
+            await self.lease.finish(ws.FINISH_OUTCOME_SLEEP,
+                                    f"waiting for {spawn.get('join', 'all')} of {len(spawn.get('children', []))} "
+                                    f"children at {waiting.step_key} (timeout {timeout_ms} ms)",
+                                    sleep_ms=timeout_ms, wait_children=True)
+            return
         if waiting.kind == "sleep":
             sleep_ms = self.remaining_ms(waiting)
             await self.lease.finish(ws.FINISH_OUTCOME_SLEEP, f"sleeping {sleep_ms} ms at {waiting.step_key}",

@@ -112,12 +112,12 @@ class RunLease:
 
     async def finish(self, outcome: ws.FinishOutcome, reason: str = "", *, result: Any = None,
                      sleep_ms: int = 0, error_class: str = "", pause_when_exhausted: bool = False,
-                     wait_signal: str = "", signals_seen: int = 0) -> None:
+                     wait_signal: str = "", signals_seen: int = 0, wait_children: bool = False) -> None:
         request = ws.FinishRunRequest(
             lease=self.ref, expected_version=self.version, outcome=outcome, reason=reason[:4000],
             result_json=json.dumps(result) if result is not None else "", sleep_ms=sleep_ms,
             error_class=error_class, pause_when_exhausted=pause_when_exhausted, wait_signal=wait_signal,
-            signals_seen=signals_seen if wait_signal else 0)
+            signals_seen=signals_seen if wait_signal else 0, wait_children=wait_children)
         reply = await self.client.finish_run(request, self.give_up_at)
         # A reason may quote a tool's answer or a prompt built from the input: never its text in a log.
         log.info("run %s -> %s%s%s", self.run.run_id, pb.RunStatus.Name(reply.status),

@@ -30,7 +30,8 @@ as an invalid decision and retried up to the policy's max_decision_retries.
 
 Decisions: `ToolCall(tool, args, node=...)`, `Finish(result)`, `Fail(reason)`,
 `Sleep(ms)` (a durable timer), `WaitForInput(prompt)` (operator input,
-given with `agentrt runs resume`) and `WaitForSignal(name, timeout_ms)` (a
+given with `agentrt runs resume`), `SpawnChildren(children, join, timeout_ms)` (child runs, their
+statuses and results in `ctx.inputs` under the wait's step key) and `WaitForSignal(name, timeout_ms)` (a
 signal sent with `agentrt runs signal`; its answer is in `ctx.inputs` under
 the wait's step key, and other signals arrive in `ctx.signals`). An approval is a property of a tool: a tool
 declared with `requires_approval=True` parks the run for an operator before
@@ -62,16 +63,27 @@ from executor.agents import (
     ToolDefinition,
 )
 from executor.checkpoint import State
-from executor.decisions import DecisionContext, Fail, Finish, Sleep, ToolCall, WaitForInput, WaitForSignal
+from executor.decisions import (
+    Child,
+    DecisionContext,
+    Fail,
+    Finish,
+    Sleep,
+    SpawnChildren,
+    ToolCall,
+    WaitForInput,
+    WaitForSignal,
+)
 from executor.tools.base import LookupOutcome, ToolCallContext, ToolOutcome, ToolRefused, ToolRetryLater
 
 __all__ = [
-    "CodeAgent", "CodeTool", "Context", "Fail", "Finish", "HistoryItem", "LookupOutcome", "Sleep", "Step",
+    "Child", "CodeAgent", "CodeTool", "Context", "Fail", "Finish", "HistoryItem", "LookupOutcome", "Sleep",
+    "SpawnChildren", "Step",
     "ToolCall", "ToolCallContext", "ToolOutcome", "ToolRefused", "ToolResult", "ToolRetryLater", "Usage",
     "WaitForInput", "WaitForSignal", "agent", "http_tool", "tool",
 ]
 
-Decision = ToolCall | Finish | Fail | Sleep | WaitForInput | WaitForSignal
+Decision = ToolCall | Finish | Fail | Sleep | WaitForInput | WaitForSignal | SpawnChildren
 F = TypeVar("F", bound=Callable[..., Any])
 
 

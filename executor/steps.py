@@ -83,10 +83,10 @@ def decided_tool(state: State, proposal: Proposal, decision: ToolDecision, *, ne
 
 def decided_wait(state: State, proposal: Proposal, waiting: Waiting) -> State:
     # A signal wait is an input whose answer comes from a signal: history kind "input".
-    kind = "input" if waiting.kind == "signal" else waiting.kind
+    kind = "input" if waiting.kind in ("signal", "children") else waiting.kind
     entry = _entry(state, proposal, waiting.step_key, kind, prompt=waiting.prompt,
                    sleep_ms=waiting.sleep_ms if waiting.kind == "sleep" else None, signal=waiting.signal,
-                   timeout_ms=waiting.sleep_ms if waiting.kind == "signal" else None)
+                   timeout_ms=waiting.sleep_ms if waiting.kind in ("signal", "children") else None)
     return journaled(state, {
         "cursor": waiting.step_key, "step_index": state.step_index + 1, "usage": _used(state, proposal),
         "history": [*state.history, entry], "waiting": waiting, "invalid_streak": 0,

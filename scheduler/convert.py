@@ -73,6 +73,7 @@ def run_to_proto(row: RunRow) -> pb.Run:
         human_input_json=json_text(row.human_input),
         last_trace_id=trace_id_of(row.last_traceparent),
         priority=row.priority,
+        parent_run_id=str(row.parent_run_id) if row.parent_run_id else "",
     )
     run.budget.max_steps = row.budget_max_steps
     run.budget.max_tokens = row.budget_max_tokens

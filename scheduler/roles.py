@@ -54,6 +54,7 @@ RPC_VERBS = MappingProxyType({
     "GetRun": "runs.read",
     "ListRuns": "runs.read",
     "GetRunHistory": "runs.read",
+    "GetRunTree": "runs.read",
     "CancelRun": "runs.cancel",
     "SignalRun": "runs.signal",
     "CreateSchedule": "schedules.manage",

@@ -101,6 +101,30 @@ class RunRow(Row):
     db_now: dt.datetime | None = None
     doubted_intents: int | None = None
     last_traceparent: str | None = None  # get_run only: the latest event's W3C traceparent
+    parent_run_id: uuid.UUID | None = None
+    spawn_key: str | None = None
+    spawn_index: int | None = None
+    detached: bool = False
+    depth: int | None = None  # run_tree only
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChildRow(Row):
+    """One child of a spawn group (spawn_group), as the join's answer shows it."""
+
+    id: uuid.UUID
+    agent_name: str
+    status: str
+    result: Any
+    terminal_reason: str | None
+    spawn_index: int
+    cost_usd: float = 0.0
+
+
+class Spawned(NamedTuple):
+    children: list[ChildRow]
+    created: int
+    join_met: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -38,6 +38,8 @@ from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.tracing import annotate, current_trace
 
+MAX_TREE_RUNS = 10_000  # GetRunTree
+
 
 class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
     def __init__(self, store: Store, settings: SchedulerSettings, auth: RunAuth,
@@ -126,6 +128,21 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
             rows = rows[:size]
             token = _encode_page_token(rows[-1].created_at, rows[-1].id, filter_key)
         return rs.ListRunsResponse(runs=[convert.run_to_proto(r) for r in rows], next_page_token=token)
+
+    @rpc
+    async def GetRunTree(self, request: rs.GetRunTreeRequest,
+                         context: grpc.aio.ServicerContext) -> rs.GetRunTreeResponse:
+        tenant = self._tenant(context)
+        run_id = v.require_uuid("run_id", request.run_id)
+        annotate(run_id=str(run_id))
+        if not 0 <= request.max_runs <= MAX_TREE_RUNS:
+            raise InvalidArgument("max_runs", f"must be between 0 (1000) and {MAX_TREE_RUNS}")
+        limit = request.max_runs or 1000
+        rows = await self.store.run_tree(tenant, run_id, limit=limit + 1)
+        response = rs.GetRunTreeResponse(truncated=len(rows) > limit)
+        for row in rows[:limit]:
+            response.nodes.add(run=convert.run_to_proto(row), depth=row.depth or 0)
+        return response
 
     @rpc
     async def CancelRun(self, request: rs.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.Run:

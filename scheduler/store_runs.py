@@ -37,6 +37,7 @@ from scheduler.rows import (
 )
 from scheduler.states import LEASED, TERMINAL, Op, RunStatus, transition
 from scheduler.store_auth import run_state, write_audit
+from scheduler.store_children import ChildStore
 from scheduler.store_core import db_call, trace_params
 from scheduler.store_types import (
     HISTORY_PARTS,
@@ -156,29 +157,43 @@ class RunStore(Recovery):
     async def cancel_run(self, tenant_id: str, run_id: uuid.UUID, *, reason: str,
                          trace: Trace = NO_TRACE, audit: AuditEntry | None = None) -> RunRow:
         """Ends a run, or flags a leased one for its holder; audited when it changes the run
-        (a repeated cancel changes nothing and writes no audit row)."""
+        (a repeated cancel changes nothing and writes no audit row). Its unended descendants
+        (through children not spawned detached) are cancelled with it, in its transaction:
+        locked deepest first and the run last, the order in which a child that ends locks
+        itself and then its parent (migration 0014)."""
         async with self.pool.acquire() as conn, conn.transaction():
+            if await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id) is None:
+                raise NotFound(f"run {run_id} not found", run_id=run_id)
+            for descendant in await ChildStore.cancellable_descendants(conn, run_id):
+                child = await fetchrow(conn, Q.lock_run, run_id=descendant)
+                if child is not None and child["tenant_id"] == tenant_id:
+                    await self._cancel_locked(conn, child, f"parent {run_id} cancelled: {reason}", trace)
             run = await self._lock_tenant_run(conn, tenant_id, run_id)
-            status = RunStatus(run["status"])
-            if status in TERMINAL and run["cancel_requested_at"] is not None:
-                return RunRow.of(run)  # cancelled already: a retried cancel answers with the outcome
-            if status in LEASED:
-                if run["cancel_requested_at"] is not None:
-                    return RunRow.of(run)  # already flagged: cancelling twice is not an error
-                transition(status, Op.REQUEST_CANCEL)
-                updated = await fetchrow(conn, Q.request_cancel, run_id=run_id, reason=reason)
-                assert updated is not None
-                await self._event(conn, updated, "agent.cancel_requested", {"reason": reason}, trace)
-            else:
-                target = transition(status, Op.CANCEL)
-                updated = await fetchrow(conn, Q.end_run, run_id=run_id, status=target.value,
-                                         reason=f"cancelled: {reason}", cancel=True, cancel_reason=reason)
-                assert updated is not None
-                await self._event(conn, updated, "agent.run_cancelled",
-                                  {"reason": reason, "intents_in_doubt": updated["doubted_intents"]}, trace)
-            if audit is not None:
+            updated = await self._cancel_locked(conn, run, reason, trace)
+            if audit is not None and updated is not run:
                 await self._audit_run(conn, audit, "run.cancel", run, updated, trace)
             return RunRow.of(updated)
+
+    async def _cancel_locked(self, conn: asyncpg.Connection, run: Any, reason: str, trace: Trace) -> Any:
+        """Cancels the locked `run`: ends it, or flags it when leased; `run` itself when nothing changes."""
+        status = RunStatus(run["status"])
+        if status in TERMINAL and run["cancel_requested_at"] is not None:
+            return run  # cancelled already: a retried cancel answers with the outcome
+        if status in LEASED:
+            if run["cancel_requested_at"] is not None:
+                return run  # already flagged: cancelling twice is not an error
+            transition(status, Op.REQUEST_CANCEL)
+            updated = await fetchrow(conn, Q.request_cancel, run_id=run["id"], reason=reason)
+            assert updated is not None
+            await self._event(conn, updated, "agent.cancel_requested", {"reason": reason}, trace)
+            return updated
+        target = transition(status, Op.CANCEL)
+        updated = await fetchrow(conn, Q.end_run, run_id=run["id"], status=target.value,
+                                 reason=f"cancelled: {reason}", cancel=True, cancel_reason=reason)
+        assert updated is not None
+        await self._event(conn, updated, "agent.run_cancelled",
+                          {"reason": reason, "intents_in_doubt": updated["doubted_intents"]}, trace)
+        return updated
 
     @db_call
     async def signal_run(self, tenant_id: str, run_id: uuid.UUID, *, name: str, payload: Any,

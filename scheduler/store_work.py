@@ -229,11 +229,14 @@ class WorkStore(ToolWrites):
         self, lease: LeaseRef, *, expected_version: int, outcome: str, reason: str, result: Any,
         sleep_ms: int, pause_when_exhausted: bool, error_class: str, event_id: uuid.UUID,
         trace: Trace = NO_TRACE, wait_signal: str | None = None, signals_seen: int = 0,
+        wait_children: bool = False,
     ) -> Finished:
         """outcome: COMPLETED | FAILED | PAUSED_HUMAN | RETRY | SLEEP (with `wait_signal`: a signal wait)."""
         mode, target, op = _FINISH[outcome]
         s = self.settings
-        waits = {"wait_signal": wait_signal, "signals_seen": signals_seen} if wait_signal else {}
+        waits: dict[str, Any] = {"wait_signal": wait_signal, "signals_seen": signals_seen} if wait_signal else {}
+        if wait_children:
+            waits["wait_children"] = True
         binding = bind_write("FinishRun", lease, expected_version=expected_version, outcome=outcome,
                              reason=reason, result=sha256_of(result).hex(), sleep_ms=sleep_ms,
                              pause_when_exhausted=pause_when_exhausted, error_class=error_class, event_id=event_id,
@@ -245,7 +248,7 @@ class WorkStore(ToolWrites):
                 backoff_jitter_ms=s.backoff_jitter_ms,
                 exhausted_status="PAUSED_HUMAN" if pause_when_exhausted else "FAILED", result=result,
                 reason=reason, event_id=event_id, error_class=error_class, **trace_params(trace),
-                **binding_params(binding), wait_signal=wait_signal)
+                **binding_params(binding), wait_signal=wait_signal, wait_children=wait_children)
             if row is not None:
                 status = row["status"]
                 return Finished(status, row["next_attempt_at"] if status == "QUEUED" else None, False)

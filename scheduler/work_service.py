@@ -22,7 +22,7 @@ from scheduler.auth import WorkAuth
 from scheduler.config import SchedulerSettings
 from scheduler.metrics import SchedulerMetrics
 from scheduler.notifier import WorkNotifier
-from scheduler.registry import check_key_template
+from scheduler.registry import admit, check_key_template
 from scheduler.rpc import (
     DEFAULT_JOURNAL_PAGE_SIZE,
     DEFINITE_OUTCOME,
@@ -41,12 +41,13 @@ from scheduler.rpc import (
 from scheduler.store import (
     NO_JOURNAL,
     AgentSpec,
+    ChildSpec,
     Journal,
     RunEnd,
     Store,
     ToolIntent,
 )
-from shared.errors import AgentrtError, InvalidArgument, status_code_for
+from shared.errors import AgentNotRegistered, AgentrtError, InvalidArgument, status_code_for
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
@@ -391,11 +392,14 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             raise InvalidArgument("wait_signal", "is only allowed with SLEEP (sleep_ms is the wait's timeout)")
         if request.signals_seen < 0 or (request.signals_seen and wait_signal is None):
             raise InvalidArgument("signals_seen", "must not be negative, and is only allowed with wait_signal")
+        if request.wait_children and (outcome != "SLEEP" or wait_signal is not None):
+            raise InvalidArgument("wait_children", "is only allowed with SLEEP and without wait_signal")
         event_id = event_id_of(request.event_id)
         status, next_at, replayed = await self.store.finish_run(
             lease, expected_version=expected, outcome=outcome, reason=reason, result=result,
             sleep_ms=request.sleep_ms, pause_when_exhausted=request.pause_when_exhausted, error_class=error_class,
-            event_id=event_id, trace=current_trace(), wait_signal=wait_signal, signals_seen=request.signals_seen)
+            event_id=event_id, trace=current_trace(), wait_signal=wait_signal, signals_seen=request.signals_seen,
+            wait_children=request.wait_children)
         response = ws.FinishRunResponse(status=convert.RUN_STATUS[status], replayed=replayed)
         if next_at is not None:
             convert.set_time(response, "next_attempt_at", next_at)
@@ -422,6 +426,58 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                                       more=more)
 
     @rpc
+    async def SpawnChildren(self, request: ws.SpawnChildrenRequest,
+                            context: grpc.aio.ServicerContext) -> ws.SpawnChildrenResponse:
+        lease = lease_of(request)
+        spawn_key = v.require_step_key("spawn_key", request.spawn_key)
+        join = _JOIN_MODES.get(request.join)
+        if join is None:
+            raise InvalidArgument("join", "must be JOIN_MODE_ALL or JOIN_MODE_ANY")
+        if not 1 <= len(request.children) <= MAX_CHILDREN:
+            raise InvalidArgument("children", f"spawn 1 to {MAX_CHILDREN} children")
+        specs = [await self._child_spec(f"children[{i}]", child) for i, child in enumerate(request.children)]
+        spawned = await self.store.spawn_children(
+            lease, spawn_key=spawn_key, children=specs, join_mode=join, detach=request.detach,
+            max_attempts=self.settings.default_max_attempts, trace=current_trace())
+        if spawned.created and self.notifier is not None:
+            self.notifier.poke()
+        response = ws.SpawnChildrenResponse(created=spawned.created, join_met=spawned.join_met)
+        for row in spawned.children:
+            response.children.add(
+                index=row.spawn_index, run_id=str(row.id), agent_name=row.agent_name,
+                status=convert.RUN_STATUS[row.status],
+                result_json=convert.json_text(row.result) if row.status == "COMPLETED" else "",
+                error=(row.terminal_reason or "") if row.status in ("FAILED", "CANCELLED") else "",
+                cost_usd=row.cost_usd)
+        return response
+
+    async def _child_spec(self, field: str, child: ws.ChildSpec) -> ChildSpec:
+        """One child as SubmitRun would take it: its agent served (unless the scheduler queues
+        unregistered agents) and its input fitting that agent's schema."""
+        agent = v.require_name(f"{field}.agent_name", child.agent_name)
+        version = v.optional_text(f"{field}.agent_version", child.agent_version, max_len=100) or ""
+        payload = v.parse_json(f"{field}.input_json", child.input_json, self.limit, default={})
+        labels = dict(child.labels)
+        if len(labels) > 64 or any(len(k) > 100 or len(val) > 500 or "\x00" in k + val for k, val in labels.items()):
+            raise InvalidArgument(f"{field}.labels", "at most 64 labels, keys up to 100 and values up to 500 "
+                                                     "characters, no NUL")
+        budget = child.budget
+        if budget.max_steps < 0 or budget.max_tokens < 0:
+            raise InvalidArgument(f"{field}.budget", "max_steps and max_tokens must not be negative")
+        v.require_non_negative(f"{field}.budget.max_cost_usd", budget.max_cost_usd)
+        if budget.HasField("deadline"):
+            raise InvalidArgument(f"{field}.budget.deadline", "is not taken for a child run")
+        versions = await self.store.live_agent_versions(agent)
+        try:
+            admit(versions, agent, version, payload, allow_unregistered=not self.settings.require_registered_agents)
+        except AgentNotRegistered as exc:
+            raise InvalidArgument(f"{field}.agent_name", exc.message) from None
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{field}.input_json", exc.message) from None
+        return ChildSpec(agent_name=agent, agent_version=version, input=payload, labels=labels,
+                         max_steps=budget.max_steps, max_tokens=budget.max_tokens, max_cost_usd=budget.max_cost_usd)
+
+    @rpc
     async def GetToolResults(self, request: ws.GetToolResultsRequest,
                              context: grpc.aio.ServicerContext) -> ws.GetToolResultsResponse:
         lease = lease_of(request)
@@ -430,6 +486,10 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         step_keys = sorted({v.require_step_key("step_keys", key) for key in request.step_keys})
         rows = await self.store.tool_results(lease, step_keys, answer_bytes=4 * self.limit)
         return ws.GetToolResultsResponse(executions=[convert.execution_to_proto(row) for row in rows])
+
+
+MAX_CHILDREN = 100  # SpawnChildren
+_JOIN_MODES = {ws.JOIN_MODE_ALL: "ALL", ws.JOIN_MODE_ANY: "ANY"}
 
 
 def _agent_spec(field: str, item: ws.AgentRegistration, limit: int) -> AgentSpec:

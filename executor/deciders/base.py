@@ -18,13 +18,14 @@ from executor.decisions import (
     InvalidKind,
     Proposal,
     Sleep,
+    SpawnChildren,
     ToolCall,
     WaitForInput,
     WaitForSignal,
 )
 
 __all__ = ["Decider", "DeciderUnavailable", "Decision", "DecisionContext", "Fail", "Finish", "Invalid",
-           "InvalidKind", "Proposal", "Sleep", "ToolCall", "WaitForInput", "WaitForSignal"]
+           "InvalidKind", "Proposal", "Sleep", "SpawnChildren", "ToolCall", "WaitForInput", "WaitForSignal"]
 
 
 class Decider(Protocol):

@@ -23,6 +23,7 @@ from executor.decisions import (
     Invalid,
     Proposal,
     Sleep,
+    SpawnChildren,
     ToolCall,
     WaitForInput,
     WaitForSignal,
@@ -31,7 +32,7 @@ from executor.sdk import Context, Step
 from executor.tools.python import import_callable
 
 log = logging.getLogger(__name__)
-DECISIONS = (ToolCall, Finish, Fail, Sleep, WaitForInput, WaitForSignal)
+DECISIONS = (ToolCall, Finish, Fail, Sleep, WaitForInput, WaitForSignal, SpawnChildren)
 NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # as a plan node id; tool names may carry dots
 
 
@@ -61,7 +62,8 @@ class PythonDeciderImpl:
         decision = step.decision
         if not isinstance(decision, DECISIONS):
             return Proposal(Invalid("parse_failure", f"the decider returned {type(decision).__name__}, not a "
-                                                     "ToolCall, Finish, Fail, Sleep, WaitForInput or WaitForSignal"),
+                                                     "ToolCall, Finish, Fail, Sleep, WaitForInput, WaitForSignal or "
+                                                     "SpawnChildren"),
                             f"decide@{index}")
         explicit = decision.node if isinstance(decision, ToolCall) else step.node
         if explicit and not NODE.match(explicit):

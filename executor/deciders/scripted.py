@@ -13,7 +13,7 @@ import re
 from collections import OrderedDict
 from typing import Any
 
-from executor.agents import Condition, PlanNode, ScriptedDecider
+from executor.agents import Condition, PlanNode, ScriptedDecider, SpawnChild, SpawnNode
 from executor.checkpoint import HistoryEntry, State
 from executor.deciders.base import (
     Decision,
@@ -23,10 +23,12 @@ from executor.deciders.base import (
     Invalid,
     Proposal,
     Sleep,
+    SpawnChildren,
     ToolCall,
     WaitForInput,
     WaitForSignal,
 )
+from executor.decisions import Child
 
 _WHOLE = re.compile(r"^\$\{([^}]+)\}$")
 _PART = re.compile(r"\$\{([^}]+)\}")
@@ -164,9 +166,24 @@ class ScriptedDeciderImpl:
             return WaitForInput(str(render(node.wait_for_input, scope)))
         if node.wait_for_signal is not None:
             return WaitForSignal(str(render(node.wait_for_signal, scope)), node.timeout_ms)
+        if node.spawn is not None:
+            return self._spawn(node.spawn, node.timeout_ms, scope)
         if node.fail is not None:
             return Fail(str(render(node.fail, scope)))
         return Finish(render(node.finish, scope))
+
+    @staticmethod
+    def _spawn(spawn: SpawnNode, timeout_ms: int, scope: dict[str, Any]) -> SpawnChildren:
+        templates: list[tuple[SpawnChild, dict[str, Any]]] = [(c, scope) for c in spawn.children]
+        if spawn.for_each is not None and spawn.child is not None:
+            items = render(spawn.for_each, scope)
+            if not isinstance(items, list):
+                raise TemplateError(f"spawn for_each renders to {type(items).__name__}, not a list")
+            templates += [(spawn.child, {**scope, "item": item}) for item in items]
+        children = tuple(Child(agent=str(render(c.agent, s)), input=render(c.input, s), labels=render(c.labels, s),
+                               budget=dict(c.budget), version=c.version) for c, s in templates)
+        return SpawnChildren(children=children, join=spawn.join, timeout_ms=timeout_ms, detach=spawn.detach,
+                             share_budget=spawn.share_budget)
 
     def _following(self, node: PlanNode) -> PlanNode | None:
         if node.next is not None:

@@ -185,7 +185,7 @@ candidate AS (
       lease_expires_at = clock_timestamp() + make_interval(secs => :lease_ms::double precision / 1000),
       fencing_token = r.fencing_token + 1,
       attempt_count = CASE WHEN r.status = 'QUEUED' THEN r.attempt_count + 1 ELSE r.attempt_count END,
-      awaiting_signal = NULL, waiting_on = NULL,
+      awaiting_signal = NULL, waiting_on = NULL, awaiting_join = false,
       updated_at = clock_timestamp()
   FROM candidate AS c
   WHERE r.id = c.id
@@ -753,6 +753,10 @@ SELECT run.version, run.tenant_id,
        agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
 FROM run;
 
+-- fragment: join_met
+-- The join recorded on run `r` is met: ANY child of its group ended, or ALL of them.
+(r.join_key IS NOT NULL AND ((r.join_mode = 'ANY' AND r.join_done > 0) OR r.join_done >= r.join_total))
+
 -- name: finish_run
 -- Ends the holder's turn: COMPLETED / FAILED / PAUSED_HUMAN (:target), or back
 -- to QUEUED for a retry with backoff or a durable sleep. A retry at
@@ -764,7 +768,11 @@ FROM run;
 -- signal of that name is queued (one probe of run_signals_pending_idx under the
 -- row lock SignalRun also takes: one that came after the claim, or one past the
 -- claim's first 100), else parked with awaiting_signal set, which a SignalRun of
--- that name clears as it wakes the run. Other signals do not wake it.
+-- that name clears as it wakes the run. Other signals do not wake it. A sleep
+-- with :wait_children waits for the join SpawnChildren recorded on the row: due
+-- at once when it is met (join_met, on the row: a child that ended meanwhile
+-- counted itself there under this row's lock), else parked with awaiting_join
+-- set, which the child-ended trigger (migration 0014) clears as it wakes the run.
 WITH run AS (
   UPDATE agent_runs AS r
   SET status = CASE
@@ -776,6 +784,7 @@ WITH run AS (
         WHEN :mode = 'retry' THEN clock_timestamp()
           + make_interval(secs => agentrt_backoff_ms(r.id, r.attempt_count, :backoff_base_ms, :backoff_cap_ms,
                                                      :backoff_jitter_ms) / 1000)
+        WHEN :mode = 'sleep' AND :wait_children::boolean AND {join_met} THEN clock_timestamp()
         WHEN :mode = 'sleep' AND :wait_signal::text IS NOT NULL AND EXISTS (
             SELECT 1 FROM run_signals AS sg
             WHERE sg.run_id = r.id AND sg.consumed_at IS NULL AND sg.name = :wait_signal::text)
@@ -786,6 +795,7 @@ WITH run AS (
             SELECT 1 FROM run_signals AS sg
             WHERE sg.run_id = r.id AND sg.consumed_at IS NULL AND sg.name = :wait_signal::text)
           THEN :wait_signal ELSE NULL END,
+      awaiting_join = :mode = 'sleep' AND :wait_children::boolean AND NOT {join_met},
       -- A run back in the queue for later waits outside the claim index until due (claim_work wakes it).
       claim_ready = CASE WHEN :mode IN ('retry', 'sleep') THEN false ELSE r.claim_ready END,
       attempt_count = CASE WHEN :mode = 'sleep' THEN 0 ELSE r.attempt_count END,
@@ -808,7 +818,7 @@ WITH run AS (
       last_event_id = :event_id, updated_at = clock_timestamp()
   WHERE {fenced_cas}
   RETURNING r.id, r.tenant_id, r.version, r.fencing_token, r.status, r.next_attempt_at,
-            r.attempt_count, r.agent_name
+            r.attempt_count, r.agent_name, r.awaiting_join
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
                       traceparent, tracestate, write_op, write_hash)
@@ -820,7 +830,8 @@ WITH run AS (
          END,
          jsonb_build_object('status', status, 'reason', :reason::text, 'error_class', :error_class::text,
                             'next_attempt_at', CASE WHEN status = 'QUEUED' THEN next_attempt_at END,
-                            'attempt_count', attempt_count, 'awaiting_signal', :wait_signal::text),
+                            'attempt_count', attempt_count, 'awaiting_signal', :wait_signal::text,
+                            'awaiting_children', CASE WHEN :wait_children::boolean THEN awaiting_join END),
          fencing_token, version, :traceparent, :tracestate, :write_op, :write_hash::bytea
   FROM run
 )
@@ -1398,3 +1409,98 @@ SET next_fire_at = :next_fire_at, due_at = :due_at, buffered_fire_at = :buffered
     last_run_id = :last_run_id, last_fire_at = COALESCE(:last_fire_at::timestamptz, last_fire_at), fires = fires + :fired,
     skipped = skipped + :skipped, updated_at = clock_timestamp()
 WHERE id = :id;
+
+-- name: lock_spawning_parent
+-- SpawnChildren: the holder's RUNNING run, locked (a cancel flagged refuses it,
+-- as every fenced write). The children it spawns and its join are written
+-- under this lock; a child that ends later counts itself under it too.
+SELECT r.* FROM agent_runs AS r
+WHERE {fenced_guard}
+FOR UPDATE;
+
+-- name: spawn_child
+-- One child of a spawn group: id and client_request_id derived from (parent,
+-- group, index) by the caller, so a repeated spawn inserts nothing. The
+-- parent's tenant and priority; its fair-share pass as submit_run computes it;
+-- the spawn's trace context on its submitted event.
+WITH inserted AS (
+  INSERT INTO agent_runs (id, tenant_id, agent_name, agent_version, input, labels, max_attempts,
+                          budget_max_steps, budget_max_tokens, budget_max_cost_usd, deadline_at,
+                          client_request_id, submit_hash, next_attempt_at, priority, fair_pass,
+                          parent_run_id, spawn_key, spawn_index, detached)
+  VALUES (:run_id, :tenant_id, :agent_name, :agent_version, :input, :labels, :max_attempts, :max_steps,
+          :max_tokens, :max_cost_usd, NULL, :client_request_id, :submit_hash, clock_timestamp(),
+          :priority,
+          CASE WHEN :fair_step::float8 > 0 THEN greatest(
+            coalesce((SELECT q.fair_pass FROM agent_runs AS q
+                      WHERE q.tenant_id = :tenant_id AND q.priority = :priority AND q.status = 'QUEUED'
+                      ORDER BY q.fair_pass DESC LIMIT 1), 0) + :fair_step,
+            (SELECT h.fair_pass FROM agent_runs AS h
+             WHERE h.status = 'QUEUED' AND h.claim_ready AND h.priority = :priority
+             ORDER BY h.priority DESC, h.fair_pass, h.enqueued_at, h.id LIMIT 1)) ELSE 0 END,
+          :parent_run_id, :spawn_key, :spawn_index, :detached)
+  ON CONFLICT (tenant_id, client_request_id) WHERE client_request_id IS NOT NULL DO NOTHING
+  RETURNING *
+), event AS (
+  INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, traceparent, tracestate)
+  SELECT :event_id, id, tenant_id, 'agent.run_submitted',
+         jsonb_build_object('agent_name', agent_name, 'agent_version', agent_version,
+                            'client_request_id', client_request_id, 'parent_run_id', parent_run_id,
+                            'spawn_key', spawn_key, 'spawn_index', spawn_index),
+         :traceparent, :tracestate
+  FROM inserted
+)
+SELECT count(*) AS created FROM inserted;
+
+-- name: record_join
+-- The join the parent (locked by lock_spawning_parent, in an earlier statement
+-- of the transaction: this one's snapshot sees every child that ended before
+-- the lock was granted; one ending later waits for the lock and counts itself)
+-- waits on: its group, mode, size and how many of its children have ended.
+UPDATE agent_runs AS r
+SET join_key = :spawn_key, join_mode = :join_mode, join_total = :join_total,
+    join_done = (SELECT count(*) FROM agent_runs AS c
+                 WHERE c.parent_run_id = r.id AND c.spawn_key = :spawn_key
+                   AND c.status IN ('COMPLETED', 'FAILED', 'CANCELLED')),
+    updated_at = clock_timestamp()
+WHERE r.id = :run_id
+RETURNING r.join_done;
+
+-- name: spawn_group
+-- A parent's children of one group, by index (the join's answer), each with
+-- the cost its latest checkpoint records (a shared budget charges it to the parent).
+SELECT c.id, c.agent_name, c.status, c.result, c.terminal_reason, c.spawn_index, c.finished_at,
+       coalesce((SELECT (cp.state_json -> 'usage' ->> 'cost_usd')::float8 FROM agent_checkpoints AS cp
+                 WHERE cp.run_id = c.id AND cp.version = c.version), 0) AS cost_usd
+FROM agent_runs AS c
+WHERE c.parent_run_id = :parent_run_id AND c.spawn_key = :spawn_key
+ORDER BY c.spawn_index;
+
+-- name: run_tree
+-- A run and its descendants (GetRunTree), within the tenant, breadth first, at
+-- most :limit rows; each step one probe of agent_runs_parent_idx per run.
+WITH RECURSIVE tree AS (
+  SELECT r.id, 0 AS depth FROM agent_runs AS r WHERE r.id = :run_id AND r.tenant_id = :tenant_id
+  UNION ALL
+  SELECT c.id, tree.depth + 1 FROM tree JOIN agent_runs AS c ON c.parent_run_id = tree.id
+  WHERE tree.depth < 32
+)
+SELECT r.*, tree.depth FROM tree JOIN agent_runs AS r ON r.id = tree.id
+WHERE r.tenant_id = :tenant_id
+ORDER BY tree.depth, r.parent_run_id, r.spawn_key, r.spawn_index, r.id
+LIMIT :limit;
+
+-- name: cancellable_descendants
+-- What cancelling a run cancels with it: its descendants that have not ended,
+-- through children that were not detached (a detached child and its own
+-- descendants are left alone), deepest first: a cancel locks them in this order
+-- and its run last, as a child ending locks itself and then its parent.
+WITH RECURSIVE tree AS (
+  SELECT c.id, 1 AS depth FROM agent_runs AS c WHERE c.parent_run_id = :run_id AND NOT c.detached
+  UNION ALL
+  SELECT c.id, tree.depth + 1 FROM tree JOIN agent_runs AS c ON c.parent_run_id = tree.id
+  WHERE NOT c.detached AND tree.depth < 32
+)
+SELECT r.id, tree.depth FROM tree JOIN agent_runs AS r ON r.id = tree.id
+WHERE r.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
+ORDER BY tree.depth DESC, r.id;

@@ -25,7 +25,7 @@ import datetime as dt
 import json
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -107,6 +107,7 @@ class RunInfo:
     next_attempt_at: dt.datetime | None
     last_trace_id: str = ""  # GetRun: the trace of the run's last step (look it up in your tracing backend)
     priority: int = 0  # 1 (lowest) .. 9 (highest)
+    parent_run_id: str = ""  # a child run's parent (SpawnChildren); "" for a top-level run
 
     @property
     def terminal(self) -> bool:
@@ -124,7 +125,7 @@ class RunInfo:
             result=_json(run.result_json), human_input=_json(run.human_input_json),
             created_at=_time(run, "created_at"), updated_at=_time(run, "updated_at"),
             finished_at=_time(run, "finished_at"), next_attempt_at=_time(run, "next_attempt_at"),
-            last_trace_id=run.last_trace_id, priority=run.priority,
+            last_trace_id=run.last_trace_id, priority=run.priority, parent_run_id=run.parent_run_id,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -280,6 +281,11 @@ class AgentrtClient:
         note = rs.AuditNote(reason=reason, comment=comment, ticket_id=ticket_id)
         return RunInfo.from_proto(await self._call(self._stub.CancelRun,
                                                    rs.CancelRunRequest(run_id=run_id, reason=reason, note=note)))
+
+    async def tree(self, run_id: str, max_runs: int = 0) -> tuple[Sequence[tuple[int, RunInfo]], bool]:
+        """The run and its descendants, breadth first, each with its depth; and whether more were left out."""
+        reply = await self._call(self._stub.GetRunTree, rs.GetRunTreeRequest(run_id=run_id, max_runs=max_runs))
+        return [(node.depth, RunInfo.from_proto(node.run)) for node in reply.nodes], reply.truncated
 
     async def signal(self, run_id: str, name: str, payload: Any = None, *, request_id: str = "") -> SignalInfo:
         """Queues signal `name` for the run (woken at once if it waits for it). Safe to retry with a request_id."""

@@ -206,16 +206,24 @@ def base_request(rpc: str, w: World) -> Message:
         return ws.ReadJournalRequest(lease=w.running, after_seq=0, page_size=10)
     if rpc == "GetToolResults":
         return ws.GetToolResultsRequest(lease=w.waiting, step_keys=[S1, S2])
+    if rpc == "GetRunTree":
+        return rs.GetRunTreeRequest(run_id=w.queued, max_runs=10)
+    if rpc == "SpawnChildren":
+        return ws.SpawnChildrenRequest(lease=w.running, spawn_key="fan/attempt-1", join=ws.JOIN_MODE_ALL, children=[
+            ws.ChildSpec(agent_name="bi-child", agent_version="1", input_json='{"n": 1}', labels={"team": "a"},
+                         budget=pb.Budget(max_steps=5, max_tokens=100, max_cost_usd=0.5))])
     raise AssertionError(rpc)
 
 
 RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "SignalRun", "ResumeRun", "ResolveToolExecution",
             "GetRunHistory", "GetStats", "CreateSchedule", "UpdateSchedule", "PauseSchedule", "DeleteSchedule",
-            "ListSchedules", "ListAgents", "ListAuditEvents", "CreateApiKey", "ListApiKeys", "RevokeApiKey")
+            "ListSchedules", "ListAgents", "ListAuditEvents", "CreateApiKey", "ListApiKeys", "RevokeApiKey",
+            "GetRunTree")
 KEY_RPCS = ("CreateApiKey", "ListApiKeys", "RevokeApiKey")  # scoped by the credential's tenants, not by the header
 WORK_RPCS = ("ClaimWork", "Heartbeat", "SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "MarkToolInDoubt",
-             "FinishRun", "CompleteAndBeginToolCall", "WriteBatch", "ReadJournal", "GetToolResults", "RegisterAgents")
-WRITES = WORK_RPCS[1:-4]  # the fenced ones
+             "FinishRun", "CompleteAndBeginToolCall", "WriteBatch", "ReadJournal", "GetToolResults", "RegisterAgents",
+             "SpawnChildren")
+WRITES = WORK_RPCS[1:-5]  # the fenced ones
 HOLDER_READS = ("ReadJournal", "GetToolResults")  # reads for the live lease holder only
 # A fenced write's single call -> its WriteBatchItem field.
 ITEM_OPS = {method: op for op, method in WRITE_OPS.items()}
@@ -502,7 +510,7 @@ CASES: list[Bad] = [
     Bad("ClaimWork", "agent name with spaces", put(agents=["bi-queued", "my agent"]), "agents"),
     Bad("ClaimWork", "wait_ms negative", put(wait_ms=-1), "wait_ms"),
     # ---- every fenced write: the lease
-    *[case for rpc in WRITES + HOLDER_READS for case in [
+    *[case for rpc in (*WRITES, *HOLDER_READS, "SpawnChildren") for case in [
         Bad(rpc, "lease missing", put(lease=CLEAR), "lease.run_id"),
         *uuid_cases(rpc, "lease.run_id"),
         Bad(rpc, "lease.worker_id missing", put(lease__worker_id=CLEAR), "lease.worker_id"),
@@ -626,6 +634,32 @@ CASES: list[Bad] = [
     Bad("GetToolResults", "too many step_keys", put(step_keys=[f"s/{n}" for n in range(501)]), "step_keys"),
     Bad("GetToolResults", "step key with newline", put(step_keys=[S1, "a\nb"]), "step_keys"),
     Bad("GetToolResults", "step key empty", put(step_keys=[""]), "step_keys"),
+    # ---- GetRunTree
+    *uuid_cases("GetRunTree", "run_id"),
+    Bad("GetRunTree", "max_runs negative", put(max_runs=-1), "max_runs"),
+    Bad("GetRunTree", "max_runs too large", put(max_runs=10_001), "max_runs"),
+    # ---- SpawnChildren
+    Bad("SpawnChildren", "spawn_key missing", put(spawn_key=CLEAR), "spawn_key"),
+    Bad("SpawnChildren", "spawn_key with newline", put(spawn_key="a\nb"), "spawn_key"),
+    *enum_cases("SpawnChildren", "join"),
+    Bad("SpawnChildren", "children empty", put(children=[]), "children"),
+    Bad("SpawnChildren", "too many children", lambda r: r.children.extend([r.children[0]] * 100), "children"),
+    Bad("SpawnChildren", "child agent missing", lambda r: r.children[0].ClearField("agent_name"),
+        "children[0].agent_name"),
+    Bad("SpawnChildren", "child agent with spaces", lambda r: setattr(r.children[0], "agent_name", "my agent"),
+        "children[0].agent_name"),
+    Bad("SpawnChildren", "second child input not JSON",
+        lambda r: r.children.add(agent_name="bi-child", input_json="{"), "children[1].input_json"),
+    Bad("SpawnChildren", "child input an array", lambda r: setattr(r.children[0], "input_json", "[1]"),
+        "children[0].input_json"),
+    Bad("SpawnChildren", "child label with NUL", lambda r: r.children[0].labels.update({"k": "v\x00"}),
+        "children[0].labels"),
+    Bad("SpawnChildren", "child max_steps negative", lambda r: setattr(r.children[0].budget, "max_steps", -1),
+        "children[0].budget"),
+    Bad("SpawnChildren", "child max_cost_usd NaN", lambda r: setattr(r.children[0].budget, "max_cost_usd", math.nan),
+        "children[0].budget.max_cost_usd"),
+    Bad("SpawnChildren", "child deadline", lambda r: r.children[0].budget.deadline.FromSeconds(4_102_444_800),
+        "children[0].budget.deadline"),
     # ---- RegisterAgents
     Bad("RegisterAgents", "worker_id missing", put(worker_id=CLEAR), "worker_id"),
     Bad("RegisterAgents", "ttl_ms too short", put(ttl_ms=999), "ttl_ms"),

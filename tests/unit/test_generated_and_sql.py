@@ -102,7 +102,8 @@ def test_every_fenced_write_uses_the_one_guard():
     text = (SQL_DIR / "queries.sql").read_text()
     blocks = dict(block.partition("\n")[::2] for block in re.split(r"^-- name: ", text, flags=re.MULTILINE)[1:])
     fenced = ("heartbeat", "save_checkpoint", "begin_tool_call", "complete_tool_call", "complete_tool_call_and_end",
-              "complete_and_begin_tool_call", "tool_not_executed", "mark_tool_in_doubt", "finish_run")
+              "complete_and_begin_tool_call", "tool_not_executed", "mark_tool_in_doubt", "finish_run",
+              "lock_spawning_parent")
     for name in fenced:
         body = blocks[name]
         assert "{fenced_guard}" in body or "{fenced_cas}" in body, name

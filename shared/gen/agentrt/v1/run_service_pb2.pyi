@@ -175,6 +175,30 @@ class SignalRunResponse(_message.Message):
     run: _common_pb2.Run
     def __init__(self, signal: _Optional[_Union[_common_pb2.Signal, _Mapping]] = ..., created: _Optional[bool] = ..., run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ...) -> None: ...
 
+class GetRunTreeRequest(_message.Message):
+    __slots__ = ("run_id", "max_runs")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    max_runs: int
+    def __init__(self, run_id: _Optional[str] = ..., max_runs: _Optional[int] = ...) -> None: ...
+
+class RunTreeNode(_message.Message):
+    __slots__ = ("run", "depth")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    depth: int
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., depth: _Optional[int] = ...) -> None: ...
+
+class GetRunTreeResponse(_message.Message):
+    __slots__ = ("nodes", "truncated")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[RunTreeNode]
+    truncated: bool
+    def __init__(self, nodes: _Optional[_Iterable[_Union[RunTreeNode, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
 class ScheduleSpec(_message.Message):
     __slots__ = ("agent_name", "agent_version", "input_json", "labels", "interval_ms", "cron", "time_zone", "overlap", "catch_up_window_ms", "jitter_ms")
     class LabelsEntry(_message.Message):

@@ -65,6 +65,11 @@ class RunServiceStub:
                 request_serializer=agentrt_dot_v1_dot_run__service__pb2.SignalRunRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_run__service__pb2.SignalRunResponse.FromString,
                 _registered_method=True)
+        self.GetRunTree = channel.unary_unary(
+                '/agentrt.v1.RunService/GetRunTree',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.GetRunTreeRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.GetRunTreeResponse.FromString,
+                _registered_method=True)
         self.CreateSchedule = channel.unary_unary(
                 '/agentrt.v1.RunService/CreateSchedule',
                 request_serializer=agentrt_dot_v1_dot_run__service__pb2.CreateScheduleRequest.SerializeToString,
@@ -172,6 +177,13 @@ class RunServiceServicer:
     def SignalRun(self, request, context):
         """Queues a named signal for a run that has not ended; a run waiting for that
         name wakes at once. Idempotent by request_id (per run).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRunTree(self, request, context):
+        """A run and its descendants (child runs), breadth first, with their statuses.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -295,6 +307,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.SignalRun,
                     request_deserializer=agentrt_dot_v1_dot_run__service__pb2.SignalRunRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_run__service__pb2.SignalRunResponse.SerializeToString,
+            ),
+            'GetRunTree': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunTree,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.GetRunTreeRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.GetRunTreeResponse.SerializeToString,
             ),
             'CreateSchedule': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateSchedule,
@@ -507,6 +524,33 @@ class RunService:
             '/agentrt.v1.RunService/SignalRun',
             agentrt_dot_v1_dot_run__service__pb2.SignalRunRequest.SerializeToString,
             agentrt_dot_v1_dot_run__service__pb2.SignalRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunTree(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/GetRunTree',
+            agentrt_dot_v1_dot_run__service__pb2.GetRunTreeRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.GetRunTreeResponse.FromString,
             options,
             channel_credentials,
             insecure,

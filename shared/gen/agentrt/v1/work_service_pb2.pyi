@@ -26,6 +26,12 @@ class FinishOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_OUTCOME_PAUSED_HUMAN: _ClassVar[FinishOutcome]
     FINISH_OUTCOME_RETRY: _ClassVar[FinishOutcome]
     FINISH_OUTCOME_SLEEP: _ClassVar[FinishOutcome]
+
+class JoinMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOIN_MODE_UNSPECIFIED: _ClassVar[JoinMode]
+    JOIN_MODE_ALL: _ClassVar[JoinMode]
+    JOIN_MODE_ANY: _ClassVar[JoinMode]
 TOOL_OUTCOME_UNSPECIFIED: ToolOutcome
 TOOL_OUTCOME_SUCCEEDED: ToolOutcome
 TOOL_OUTCOME_FAILED: ToolOutcome
@@ -36,6 +42,9 @@ FINISH_OUTCOME_FAILED: FinishOutcome
 FINISH_OUTCOME_PAUSED_HUMAN: FinishOutcome
 FINISH_OUTCOME_RETRY: FinishOutcome
 FINISH_OUTCOME_SLEEP: FinishOutcome
+JOIN_MODE_UNSPECIFIED: JoinMode
+JOIN_MODE_ALL: JoinMode
+JOIN_MODE_ANY: JoinMode
 
 class LeaseRef(_message.Message):
     __slots__ = ("run_id", "worker_id", "fencing_token")
@@ -314,7 +323,7 @@ class MarkToolInDoubtResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class FinishRunRequest(_message.Message):
-    __slots__ = ("lease", "expected_version", "outcome", "reason", "result_json", "sleep_ms", "pause_when_exhausted", "event_id", "error_class", "wait_signal", "signals_seen")
+    __slots__ = ("lease", "expected_version", "outcome", "reason", "result_json", "sleep_ms", "pause_when_exhausted", "event_id", "error_class", "wait_signal", "signals_seen", "wait_children")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +335,7 @@ class FinishRunRequest(_message.Message):
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
     WAIT_SIGNAL_FIELD_NUMBER: _ClassVar[int]
     SIGNALS_SEEN_FIELD_NUMBER: _ClassVar[int]
+    WAIT_CHILDREN_FIELD_NUMBER: _ClassVar[int]
     lease: LeaseRef
     expected_version: int
     outcome: FinishOutcome
@@ -337,7 +347,71 @@ class FinishRunRequest(_message.Message):
     error_class: str
     wait_signal: str
     signals_seen: int
-    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., outcome: _Optional[_Union[FinishOutcome, str]] = ..., reason: _Optional[str] = ..., result_json: _Optional[str] = ..., sleep_ms: _Optional[int] = ..., pause_when_exhausted: _Optional[bool] = ..., event_id: _Optional[str] = ..., error_class: _Optional[str] = ..., wait_signal: _Optional[str] = ..., signals_seen: _Optional[int] = ...) -> None: ...
+    wait_children: bool
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., expected_version: _Optional[int] = ..., outcome: _Optional[_Union[FinishOutcome, str]] = ..., reason: _Optional[str] = ..., result_json: _Optional[str] = ..., sleep_ms: _Optional[int] = ..., pause_when_exhausted: _Optional[bool] = ..., event_id: _Optional[str] = ..., error_class: _Optional[str] = ..., wait_signal: _Optional[str] = ..., signals_seen: _Optional[int] = ..., wait_children: _Optional[bool] = ...) -> None: ...
+
+class ChildSpec(_message.Message):
+    __slots__ = ("agent_name", "agent_version", "input_json", "labels", "budget")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    agent_name: str
+    agent_version: str
+    input_json: str
+    labels: _containers.ScalarMap[str, str]
+    budget: _common_pb2.Budget
+    def __init__(self, agent_name: _Optional[str] = ..., agent_version: _Optional[str] = ..., input_json: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., budget: _Optional[_Union[_common_pb2.Budget, _Mapping]] = ...) -> None: ...
+
+class SpawnChildrenRequest(_message.Message):
+    __slots__ = ("lease", "spawn_key", "children", "join", "detach")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    SPAWN_KEY_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    JOIN_FIELD_NUMBER: _ClassVar[int]
+    DETACH_FIELD_NUMBER: _ClassVar[int]
+    lease: LeaseRef
+    spawn_key: str
+    children: _containers.RepeatedCompositeFieldContainer[ChildSpec]
+    join: JoinMode
+    detach: bool
+    def __init__(self, lease: _Optional[_Union[LeaseRef, _Mapping]] = ..., spawn_key: _Optional[str] = ..., children: _Optional[_Iterable[_Union[ChildSpec, _Mapping]]] = ..., join: _Optional[_Union[JoinMode, str]] = ..., detach: _Optional[bool] = ...) -> None: ...
+
+class ChildRun(_message.Message):
+    __slots__ = ("index", "run_id", "agent_name", "status", "result_json", "error", "cost_usd")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    COST_USD_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    run_id: str
+    agent_name: str
+    status: _common_pb2.RunStatus
+    result_json: str
+    error: str
+    cost_usd: float
+    def __init__(self, index: _Optional[int] = ..., run_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., result_json: _Optional[str] = ..., error: _Optional[str] = ..., cost_usd: _Optional[float] = ...) -> None: ...
+
+class SpawnChildrenResponse(_message.Message):
+    __slots__ = ("children", "created", "join_met")
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    JOIN_MET_FIELD_NUMBER: _ClassVar[int]
+    children: _containers.RepeatedCompositeFieldContainer[ChildRun]
+    created: int
+    join_met: bool
+    def __init__(self, children: _Optional[_Iterable[_Union[ChildRun, _Mapping]]] = ..., created: _Optional[int] = ..., join_met: _Optional[bool] = ...) -> None: ...
 
 class FinishRunResponse(_message.Message):
     __slots__ = ("status", "next_attempt_at", "replayed")

@@ -78,6 +78,11 @@ class WorkServiceStub:
                 request_serializer=agentrt_dot_v1_dot_work__service__pb2.FinishRunRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_work__service__pb2.FinishRunResponse.FromString,
                 _registered_method=True)
+        self.SpawnChildren = channel.unary_unary(
+                '/agentrt.v1.WorkService/SpawnChildren',
+                request_serializer=agentrt_dot_v1_dot_work__service__pb2.SpawnChildrenRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_work__service__pb2.SpawnChildrenResponse.FromString,
+                _registered_method=True)
         self.WriteBatch = channel.unary_unary(
                 '/agentrt.v1.WorkService/WriteBatch',
                 request_serializer=agentrt_dot_v1_dot_work__service__pb2.WriteBatchRequest.SerializeToString,
@@ -153,6 +158,16 @@ class WorkServiceServicer:
 
     def FinishRun(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SpawnChildren(self, request, context):
+        """Spawns the child runs of one step of the holder's RUNNING run (ids derived
+        from run, spawn_key and index: a repeated call spawns nothing new) and
+        records the join the run will wait on (FinishRun SLEEP wait_children).
+        Answers with the group's children as they are now.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -234,6 +249,11 @@ def add_WorkServiceServicer_to_server(servicer, server):
                     servicer.FinishRun,
                     request_deserializer=agentrt_dot_v1_dot_work__service__pb2.FinishRunRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_work__service__pb2.FinishRunResponse.SerializeToString,
+            ),
+            'SpawnChildren': grpc.unary_unary_rpc_method_handler(
+                    servicer.SpawnChildren,
+                    request_deserializer=agentrt_dot_v1_dot_work__service__pb2.SpawnChildrenRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_work__service__pb2.SpawnChildrenResponse.SerializeToString,
             ),
             'WriteBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.WriteBatch,
@@ -476,6 +496,33 @@ class WorkService:
             '/agentrt.v1.WorkService/FinishRun',
             agentrt_dot_v1_dot_work__service__pb2.FinishRunRequest.SerializeToString,
             agentrt_dot_v1_dot_work__service__pb2.FinishRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SpawnChildren(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.WorkService/SpawnChildren',
+            agentrt_dot_v1_dot_work__service__pb2.SpawnChildrenRequest.SerializeToString,
+            agentrt_dot_v1_dot_work__service__pb2.SpawnChildrenResponse.FromString,
             options,
             channel_credentials,
             insecure,

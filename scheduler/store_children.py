@@ -1,0 +1,103 @@
+"""Child runs (docs/design.md §child-runs): the spawn of a step's children with the join its run
+waits on, the tree of a run's descendants, and what a cancel cancels with its run.
+
+A child's id and client_request_id are derived from (parent, spawn key, index):
+a spawn repeated after a crash or a takeover inserts nothing and answers with
+the children it made. The join lives on the parent's row; a child counts its
+own end there in the transaction that ends it (the trigger of migration 0014).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from scheduler.queries import Q
+from scheduler.rows import ChildRow, RunRow, Spawned
+from scheduler.states import Op
+from scheduler.store_core import db_call, fence_params, trace_params
+from scheduler.store_types import LeaseRef
+from shared.canonical import sha256_of, uuid7
+from shared.db import fetch, fetchrow, fetchval
+from shared.errors import NotFound
+from shared.tracing import NO_TRACE, Trace
+
+# The namespace of child run ids: uuid5(CHILD_NAMESPACE, "<parent>/<spawn key>/<index>").
+CHILD_NAMESPACE = uuid.UUID("5f0c7a52-6a43-4c1e-9f0b-2f6b4c1d9e11")
+TERMINAL_STATUSES = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    agent_name: str
+    agent_version: str
+    input: dict[str, Any]
+    labels: dict[str, str]
+    max_steps: int = 0
+    max_tokens: int = 0
+    max_cost_usd: float = 0.0
+
+
+def child_id(parent: uuid.UUID, spawn_key: str, index: int) -> uuid.UUID:
+    return uuid.uuid5(CHILD_NAMESPACE, f"{parent}/{spawn_key}/{index}")
+
+
+def child_request_id(parent: uuid.UUID, spawn_key: str, index: int) -> str:
+    return f"child:{parent}:{index}:{sha256_of(spawn_key).hex()[:32]}"
+
+
+def join_met(mode: str, total: int, done: int) -> bool:
+    return done > 0 if mode == "ANY" else done >= total
+
+
+class ChildStore:
+    pool: asyncpg.Pool
+    settings: Any
+
+    @db_call
+    async def spawn_children(self, lease: LeaseRef, *, spawn_key: str, children: list[ChildSpec], join_mode: str,
+                             detach: bool, max_attempts: int, trace: Trace = NO_TRACE) -> Spawned:
+        """Spawns the children of step `spawn_key` of the holder's RUNNING run (those not spawned yet) and
+        records the join on the run; LEASE_LOST (or the cancel applied) when the caller is not the holder."""
+        async with self.pool.acquire() as conn:
+            async with conn.transaction():
+                parent = await fetchrow(conn, Q.lock_spawning_parent, **fence_params(lease, Op.SAVE_CHECKPOINT))
+                if parent is not None:
+                    created = 0
+                    for index, spec in enumerate(children):
+                        created += await fetchval(
+                            conn, Q.spawn_child, run_id=child_id(lease.run_id, spawn_key, index),
+                            tenant_id=parent["tenant_id"], agent_name=spec.agent_name,
+                            agent_version=spec.agent_version, input=spec.input, labels=spec.labels,
+                            max_attempts=max_attempts, max_steps=spec.max_steps, max_tokens=spec.max_tokens,
+                            max_cost_usd=spec.max_cost_usd,
+                            client_request_id=child_request_id(lease.run_id, spawn_key, index),
+                            submit_hash=sha256_of({"agent_name": spec.agent_name, "input": spec.input}),
+                            priority=parent["priority"], fair_step=self.settings.fair_step(parent["tenant_id"]),
+                            parent_run_id=lease.run_id, spawn_key=spawn_key, spawn_index=index, detached=detach,
+                            event_id=uuid7(), **trace_params(trace))
+                    done = await fetchval(conn, Q.record_join, run_id=lease.run_id, spawn_key=spawn_key,
+                                          join_mode=join_mode, join_total=len(children))
+                    rows = await fetch(conn, Q.spawn_group, parent_run_id=lease.run_id, spawn_key=spawn_key)
+                    return Spawned([ChildRow.of(r) for r in rows], created, join_met(join_mode, len(children), done))
+            raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, None)  # type: ignore[attr-defined]
+
+    @db_call
+    async def run_tree(self, tenant_id: str, run_id: uuid.UUID, *, limit: int) -> list[RunRow]:
+        """The run and its descendants within the tenant, breadth first; at most `limit` rows."""
+        async with self.pool.acquire() as conn:
+            rows = await fetch(conn, Q.run_tree, tenant_id=tenant_id, run_id=run_id, limit=limit)
+        if not rows:
+            raise NotFound(f"run {run_id} not found", run_id=run_id)
+        return [RunRow.of(row) for row in rows]
+
+    @staticmethod
+    async def cancellable_descendants(conn: asyncpg.Connection, run_id: uuid.UUID) -> list[uuid.UUID]:
+        """The run's unended, undetached descendants, deepest first (the cancel's lock order)."""
+        return [row["id"] for row in await fetch(conn, Q.cancellable_descendants, run_id=run_id)]
+
+
+__all__ = ["CHILD_NAMESPACE", "ChildSpec", "ChildStore", "child_id", "child_request_id", "join_met"]
