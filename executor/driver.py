@@ -276,6 +276,9 @@ class RunDriver:
         state, others = ended
         self.lease.consume.extend(s.seq for s in self.signals)
         advancer.delivered = tuple(signal_item(s) for s in others)
+        # Shown to the next decision like signals taken in before one: a wait it decides for one of them
+        # ends at once (wait_met), or that signal, consumed with this checkpoint, would never answer it.
+        self.taken = others
         self.signals = []
         return state
 
