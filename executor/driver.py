@@ -28,7 +28,7 @@ from executor.migrations import load_state
 from executor.runlease import RunLease, run_end
 from executor.services import Services
 from executor.shutdown import Stopped
-from executor.signals import answered, end_wait, signal_item, take_in
+from executor.signals import answered, end_wait, signal_item, take_in, unanswered
 from executor.steps import RunIds, initial_state, next_attempt
 from executor.toolcalls import ToolCalls
 from executor.wake import wake
@@ -67,10 +67,8 @@ class RunDriver:
         claimed_db = _ts(claim.lease_expires_at) - dt.timedelta(milliseconds=claim.lease_duration_ms)
         self._clock = (claimed_db, received_at)
         self.sleep_from: dt.datetime | None = None  # a re-issued sleep counts from its checkpoint
-        # Signals the claim delivered that the state has not taken in yet (executor/signals.py),
-        # and those taken in for the decision being made.
+        # Signals the claim delivered that the state has not taken in yet (executor/signals.py).
         self.signals: list[pb.Signal] = list(claim.signals)
-        self.taken: list[pb.Signal] = []
 
     # ------------------------------------------------------------------ clocks and reads
 
@@ -263,18 +261,19 @@ class RunDriver:
         consumed by the checkpoint that persists the decision (RunLease.consume)."""
         if not self.signals or state.finished or state.waiting or state.pending_tool or state.retry_tool:
             return state
-        self.taken, self.signals = self.signals, []
-        self.lease.consume.extend(s.seq for s in self.taken)
-        advancer.delivered = tuple(signal_item(s) for s in self.taken)
-        return take_in(state, self.taken)
+        taken, self.signals = self.signals, []
+        self.lease.consume.extend(s.seq for s in taken)
+        advancer.delivered = tuple(signal_item(s) for s in taken)
+        return take_in(state, taken)
 
     def wait_met(self, state: State, action: Action | None) -> tuple[State, Action | None]:
-        """A decision to wait for a signal that this very decision was shown: the wait ends at once,
-        answered by it (recorded in the same checkpoint), and the run decides again."""
-        taken, self.taken = self.taken, []
+        """A decision to wait for a signal already taken in (shown to this decision or an earlier one) that
+        no wait has answered: the wait ends at once, answered by the oldest such (recorded in the same
+        checkpoint), and the run decides again. Taken in means consumed: else it would never answer it."""
         if not (isinstance(action, Park) and action.waiting.kind == "signal"):
             return state, action
-        match = next((s for s in taken if s.name == action.waiting.signal), None)
+        assert action.waiting.signal
+        match = unanswered(state, action.waiting.signal)
         if match is None:
             return state, action
         return answered(state, match), DecideAgain()

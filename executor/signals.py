@@ -58,6 +58,22 @@ def end_wait(state: State, signals: Sequence[pb.Signal], now: dt.datetime,
     return take_in(answered(state, match), others), others
 
 
+def unanswered(state: State, name: str) -> pb.Signal | None:
+    """The oldest signal of `name` taken into the state (shown to a decision) that no signal wait has
+    answered yet. Several signals may come in one claim (a run that was not claimed for a while): the
+    next waits are answered by them in turn, from the state alone, so a takeover after the checkpoint
+    that consumed them answers the same way."""
+    used = {item.get("seq") for key, item in state.inputs.items()
+            if not key.startswith("signal/") and isinstance(item, dict) and "timed_out" in item}
+    taken = sorted((int(key.partition("/")[2]), item) for key, item in state.inputs.items()
+                   if key.startswith("signal/") and isinstance(item, dict) and item.get("name") == name)
+    for seq, item in taken:
+        if seq not in used:
+            payload = item.get("payload")
+            return pb.Signal(seq=seq, name=name, payload_json="" if payload is None else json.dumps(payload))
+    return None
+
+
 def answered(state: State, signal: pb.Signal | None) -> State:
     """The signal wait in `state` ended: by `signal`, or (None) by its timeout. Recorded as its answer."""
     waiting = state.waiting

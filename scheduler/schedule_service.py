@@ -11,11 +11,13 @@ from asyncpg import Record
 
 from scheduler import convert
 from scheduler import validate as v
+from scheduler.admin_service import audit_entry
 from scheduler.config import SchedulerSettings
 from scheduler.periodic import PeriodicTask
 from scheduler.rpc import principal, rpc
 from scheduler.store import ScheduleSpec, Store
 from scheduler.store_schedules import spec_of
+from scheduler.store_types import AuditEntry
 from shared.canonical import canonical_json
 from shared.errors import InvalidArgument
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
@@ -82,6 +84,11 @@ def schedule_to_proto(row: Record) -> rs.Schedule:
     return message
 
 
+def _audit(context: grpc.aio.ServicerContext) -> AuditEntry:
+    """Who changes a schedule (the admitted principal) and the request id (`x-request-id` when sent)."""
+    return audit_entry(context, rs.AuditNote())
+
+
 class ScheduleRpcs:
     store: Store
     limit: int
@@ -97,7 +104,7 @@ class ScheduleRpcs:
         tenant = self._schedule_tenant(context)
         name = v.require_name("name", request.name)
         spec = spec_from_proto(request.spec, self.limit)
-        row, created = await self.store.create_schedule(tenant, name, spec)
+        row, created = await self.store.create_schedule(tenant, name, spec, _audit(context))
         return rs.CreateScheduleResponse(schedule=schedule_to_proto(row), created=created)
 
     @rpc
@@ -105,19 +112,20 @@ class ScheduleRpcs:
         tenant = self._schedule_tenant(context)
         schedule_id = v.require_uuid("schedule_id", request.schedule_id)
         spec = spec_from_proto(request.spec, self.limit)
-        return schedule_to_proto(await self.store.update_schedule(tenant, schedule_id, spec))
+        return schedule_to_proto(await self.store.update_schedule(tenant, schedule_id, spec, _audit(context)))
 
     @rpc
     async def PauseSchedule(self, request: rs.PauseScheduleRequest, context: grpc.aio.ServicerContext) -> rs.Schedule:
         tenant = self._schedule_tenant(context)
         schedule_id = v.require_uuid("schedule_id", request.schedule_id)
-        return schedule_to_proto(await self.store.pause_schedule(tenant, schedule_id, request.paused))
+        return schedule_to_proto(await self.store.pause_schedule(tenant, schedule_id, request.paused,
+                                                                     _audit(context)))
 
     @rpc
     async def DeleteSchedule(self, request: rs.DeleteScheduleRequest, context: grpc.aio.ServicerContext) -> rs.Schedule:
         tenant = self._schedule_tenant(context)
         schedule_id = v.require_uuid("schedule_id", request.schedule_id)
-        return schedule_to_proto(await self.store.delete_schedule(tenant, schedule_id))
+        return schedule_to_proto(await self.store.delete_schedule(tenant, schedule_id, _audit(context)))
 
     @rpc
     async def ListSchedules(self, request: rs.ListSchedulesRequest,

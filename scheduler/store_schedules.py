@@ -21,8 +21,9 @@ from scheduler.queries import Q
 from scheduler.registry import LiveVersion, admit, render_key
 from scheduler.schedule_times import Timing, jitter_of, timing
 from scheduler.states import TERMINAL
+from scheduler.store_auth import write_audit
 from scheduler.store_core import StoreBase, db_call
-from scheduler.store_types import SubmitSpec
+from scheduler.store_types import AuditEntry, SubmitSpec
 from shared.canonical import sha256_of, uuid7
 from shared.db import execute, fetch, fetchrow, fetchval
 from shared.errors import AlreadyExists, InvalidArgument, NotFound
@@ -59,6 +60,22 @@ def spec_of(row: Record) -> ScheduleSpec:
     return ScheduleSpec(**{f.name: row[f.name] for f in dataclasses.fields(ScheduleSpec)})
 
 
+def schedule_state(row: Record) -> dict[str, Any]:
+    """What an audit row records of a schedule before and after an action: its timing and target, never
+    its input or labels (the audit event reaches Kafka, whose readers are wider than the audit's)."""
+    return {"schedule_id": str(row["id"]), "name": row["name"], "paused": row["paused"],
+            "agent_name": row["agent_name"], "agent_version": row["agent_version"],
+            "interval_ms": row["interval_ms"], "cron": row["cron"], "time_zone": row["time_zone"],
+            "overlap": row["overlap"], "catch_up_window_ms": row["catch_up_window_ms"],
+            "jitter_ms": row["jitter_ms"], "spec_sha256": bytes(row["spec_hash"]).hex()}
+
+
+async def _audit(conn: asyncpg.Connection, audit: AuditEntry, action: str, before: Record | None,
+                 after: Record) -> None:
+    await write_audit(conn, audit, tenant_id=after["tenant_id"], action=action, stream_id=after["id"],
+                      before=schedule_state(before) if before is not None else None, after=schedule_state(after))
+
+
 def fire_request_id(schedule_id: uuid.UUID, fire_at: dt.datetime) -> str:
     """Never change this format: it is what makes a fire time submit exactly one run."""
     return f"schedule:{schedule_id}:{fire_at.astimezone(dt.UTC).isoformat()}"
@@ -85,7 +102,9 @@ class ScheduleStore(StoreBase):
         return first, first + jitter_of(schedule_id, first, spec.jitter_ms)
 
     @db_call
-    async def create_schedule(self, tenant_id: str, name: str, spec: ScheduleSpec) -> tuple[Record, bool]:
+    async def create_schedule(self, tenant_id: str, name: str, spec: ScheduleSpec,
+                              audit: AuditEntry) -> tuple[Record, bool]:
+        """The new schedule (audited as `schedule.create`), or the one of that name and spec (nothing audited)."""
         schedule_id = uuid7()
         async with self.pool.acquire() as conn, conn.transaction():
             now = await fetchval(conn, Q.server_now)
@@ -93,6 +112,7 @@ class ScheduleStore(StoreBase):
             row = await fetchrow(conn, Q.insert_schedule, id=schedule_id, tenant_id=tenant_id, name=name,
                                  next_fire_at=first, due_at=due, **spec.params())
             if row is not None:
+                await _audit(conn, audit, "schedule.create", None, row)
                 return row, True
             existing = await fetchrow(conn, Q.schedule_by_name, tenant_id=tenant_id, name=name)
         assert existing is not None  # schedules are deleted only by DeleteSchedule, never by retention
@@ -108,17 +128,22 @@ class ScheduleStore(StoreBase):
         return row
 
     @db_call
-    async def update_schedule(self, tenant_id: str, schedule_id: uuid.UUID, spec: ScheduleSpec) -> Record:
+    async def update_schedule(self, tenant_id: str, schedule_id: uuid.UUID, spec: ScheduleSpec,
+                              audit: AuditEntry) -> Record:
         async with self.pool.acquire() as conn, conn.transaction():
             row = await self._locked(conn, tenant_id, schedule_id)
             first, due = self._first(spec, schedule_id, row["db_now"])
             updated = await fetchrow(conn, Q.update_schedule, id=schedule_id, next_fire_at=first, due_at=due,
                                      **spec.params())
-        assert updated is not None
+            assert updated is not None
+            await _audit(conn, audit, "schedule.update", row, updated)
         return updated
 
     @db_call
-    async def pause_schedule(self, tenant_id: str, schedule_id: uuid.UUID, paused: bool) -> Record:
+    async def pause_schedule(self, tenant_id: str, schedule_id: uuid.UUID, paused: bool,
+                             audit: AuditEntry) -> Record:
+        """Audited as `schedule.pause` / `schedule.resume`; pausing a paused schedule (or resuming a running
+        one) changes nothing and audits nothing."""
         async with self.pool.acquire() as conn, conn.transaction():
             row = await self._locked(conn, tenant_id, schedule_id)
             first = due = None
@@ -126,15 +151,19 @@ class ScheduleStore(StoreBase):
                 first, due = self._first(spec_of(row), schedule_id, row["db_now"])
             updated = await fetchrow(conn, Q.pause_schedule, id=schedule_id, paused=paused, next_fire_at=first,
                                      due_at=due)
-        assert updated is not None
+            assert updated is not None
+            if paused != row["paused"]:
+                await _audit(conn, audit, "schedule.pause" if paused else "schedule.resume", row, updated)
         return updated
 
     @db_call
-    async def delete_schedule(self, tenant_id: str, schedule_id: uuid.UUID) -> Record:
+    async def delete_schedule(self, tenant_id: str, schedule_id: uuid.UUID, audit: AuditEntry) -> Record:
         async with self.pool.acquire() as conn, conn.transaction():
-            await self._locked(conn, tenant_id, schedule_id)
+            row = await self._locked(conn, tenant_id, schedule_id)
             deleted = await fetchrow(conn, Q.delete_schedule, id=schedule_id)
-        assert deleted is not None
+            assert deleted is not None
+            await write_audit(conn, audit, tenant_id=row["tenant_id"], action="schedule.delete", stream_id=row["id"],
+                              before=schedule_state(row))
         return deleted
 
     @db_call
@@ -229,4 +258,4 @@ class ScheduleStore(StoreBase):
         return priority, key, served.concurrency_max if key and served else None
 
 
-__all__ = ["OVERLAPS", "ScheduleSpec", "ScheduleStore", "fire_request_id", "spec_of"]
+__all__ = ["OVERLAPS", "ScheduleSpec", "ScheduleStore", "fire_request_id", "schedule_state", "spec_of"]

@@ -154,3 +154,63 @@ async def test_other_signals_reach_the_next_decision_once(db_url, db, tmp_path):
         assert len(result["kept"]) == 2
         rows = await db.fetch("SELECT consumed_version FROM run_signals WHERE run_id = $1::uuid", run.run_id)
         assert len({r["consumed_version"] for r in rows}) == 1 and None not in {r["consumed_version"] for r in rows}
+
+
+async def test_the_next_wait_is_answered_by_a_signal_delivered_with_the_one_that_ended_the_last(db_url, db,
+                                                                                               tmp_path):
+    """The run parks on `first`; `first` and `second` are both queued before it is claimed again. The claim
+    ends the `first` wait and takes `second` in as a signal shown to the next decision (consuming it); that
+    decision waits for `second`: the wait ends at once with it. (It used to park for the whole timeout,
+    its signal consumed already: lost.)"""
+    plan = [{"id": "first", "wait_for_signal": "first", "timeout_ms": HOUR_MS},
+            {"id": "second", "wait_for_signal": "second", "timeout_ms": HOUR_MS},
+            {"id": "done", "finish": {"first": "${inputs.first}", "second": "${inputs.second}"}}]
+    async with scheduler_stack(db_url) as stack:
+        write_agent(tmp_path / "agents", scripted_agent("two-waits", plan, []))
+        run = await submit(stack, agent="two-waits")
+
+        async def parked_on_first() -> bool:
+            row = await db.fetchrow("SELECT status, awaiting_signal FROM agent_runs WHERE id = $1::uuid", run.run_id)
+            return bool(row["status"] == "QUEUED" and row["awaiting_signal"] == "first")
+
+        async with executor(stack, tmp_path / "agents"):
+            await wait_for(parked_on_first, 15, "the run to park on first")
+        sent = {}
+        for name in ("first", "second"):
+            sent[name] = (await stack.runs.SignalRun(rs.SignalRunRequest(
+                run_id=run.run_id, name=name, payload_json=json.dumps({"n": name})), metadata=stack.md())).signal.seq
+        async with executor(stack, tmp_path / "agents"):
+            done = await wait_status(stack, run.run_id, *END, within=15)
+        assert done.status == pb.RUN_STATUS_COMPLETED, done.terminal_reason
+        result = json.loads(done.result_json)
+        for name in ("first", "second"):
+            assert result[name] == {"name": name, "payload": {"n": name}, "seq": sent[name], "timed_out": False}
+        signals, events, answers = await consumption(db, run.run_id)
+        assert all(r["consumed_at"] is not None for r in signals) and len(signals) == 2
+        assert events.count("agent.signal_consumed") == 2
+        assert sorted(a["step_key"] for a in answers if not a["step_key"].startswith("signal/")) == [
+            "first/attempt-1", "second/attempt-1"]
+
+
+async def test_signals_queued_before_the_first_claim_answer_successive_waits_in_turn(db_url, db, tmp_path):
+    """Three waits (a, b, c) and all three signals queued before any executor ran (c first): one claim takes
+    them all in, and each wait is answered by its own signal in turn. (Only the first used to be: the
+    others were consumed with it and b slept to its timeout.)"""
+    plan = [*({"id": name, "wait_for_signal": name, "timeout_ms": HOUR_MS} for name in "abc"),
+            {"id": "done", "finish": {name: f"${{inputs.{name}}}" for name in "abc"}}]
+    async with scheduler_stack(db_url) as stack:
+        write_agent(tmp_path / "agents", scripted_agent("three-waits", plan, []))
+        run = await submit(stack, agent="three-waits")
+        seqs = {}
+        for name in "cab":
+            seqs[name] = (await stack.runs.SignalRun(rs.SignalRunRequest(
+                run_id=run.run_id, name=name, payload_json=json.dumps(name)), metadata=stack.md())).signal.seq
+        async with executor(stack, tmp_path / "agents"):
+            done = await wait_status(stack, run.run_id, *END, within=15)
+        assert done.status == pb.RUN_STATUS_COMPLETED, done.terminal_reason
+        result = json.loads(done.result_json)
+        assert {name: (result[name]["seq"], result[name]["payload"]) for name in "abc"} == {
+            name: (seqs[name], name) for name in "abc"}
+        signals, events, _ = await consumption(db, run.run_id)
+        assert len(signals) == 3 and all(r["consumed_at"] is not None for r in signals)
+        assert events.count("agent.signal_consumed") == 3
