@@ -87,7 +87,7 @@ class ScheduleStore(StoreBase):
     @db_call
     async def create_schedule(self, tenant_id: str, name: str, spec: ScheduleSpec) -> tuple[Record, bool]:
         schedule_id = uuid7()
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             now = await fetchval(conn, Q.server_now)
             first, due = self._first(spec, schedule_id, now)
             row = await fetchrow(conn, Q.insert_schedule, id=schedule_id, tenant_id=tenant_id, name=name,
@@ -109,7 +109,7 @@ class ScheduleStore(StoreBase):
 
     @db_call
     async def update_schedule(self, tenant_id: str, schedule_id: uuid.UUID, spec: ScheduleSpec) -> Record:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             row = await self._locked(conn, tenant_id, schedule_id)
             first, due = self._first(spec, schedule_id, row["db_now"])
             updated = await fetchrow(conn, Q.update_schedule, id=schedule_id, next_fire_at=first, due_at=due,
@@ -119,7 +119,7 @@ class ScheduleStore(StoreBase):
 
     @db_call
     async def pause_schedule(self, tenant_id: str, schedule_id: uuid.UUID, paused: bool) -> Record:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             row = await self._locked(conn, tenant_id, schedule_id)
             first = due = None
             if not paused and row["paused"]:
@@ -131,7 +131,7 @@ class ScheduleStore(StoreBase):
 
     @db_call
     async def delete_schedule(self, tenant_id: str, schedule_id: uuid.UUID) -> Record:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             await self._locked(conn, tenant_id, schedule_id)
             deleted = await fetchrow(conn, Q.delete_schedule, id=schedule_id)
         assert deleted is not None
@@ -139,7 +139,7 @@ class ScheduleStore(StoreBase):
 
     @db_call
     async def list_schedules(self, tenant_id: str) -> list[Record]:
-        async with self.pool.acquire() as conn:
+        async with self.tenant_tx(tenant_id) as conn:
             return list(await fetch(conn, Q.list_schedules, tenant_id=tenant_id))
 
     # ------------------------------------------------------------------ firing
@@ -148,7 +148,7 @@ class ScheduleStore(StoreBase):
     async def fire_due_schedule(self) -> bool:
         """Fires one due schedule (its missed fire times within the catch-up window, its overlap policy
         applied); False when none is due. One transaction, the schedule's row locked throughout."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.work_pool.acquire() as conn, conn.transaction():
             row = await fetchrow(conn, Q.lock_due_schedule)
             if row is None:
                 return False
