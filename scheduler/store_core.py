@@ -183,5 +183,5 @@ class StoreBase:
             write_op=bound[0] if bound else None, write_hash=bound[1] if bound else None)
 
 
-__all__ = ["ADMIN_SCOPE", "COMMIT_UNKNOWN_COUNTER", "WORK_SCOPE", "StoreBase", "binding_params", "connect_pool", "db_call", "fence_params",
-           "fenced_write", "log", "prefixed", "trace_params"]
+__all__ = ["ADMIN_SCOPE", "COMMIT_UNKNOWN_COUNTER", "WORK_SCOPE", "StoreBase", "binding_params", "connect_pool",
+           "db_call", "fence_params", "fenced_write", "log", "prefixed", "trace_params"]
