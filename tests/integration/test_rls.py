@@ -26,7 +26,7 @@ from test_db_roles import PREFIX, SETTINGS, as_role
 
 from scheduler.db_roles import apply_roles
 from scheduler.queries import Q
-from scheduler.store import Store, connect_pool
+from scheduler.store import connect_pool
 from scheduler.store_core import WORK_SCOPE
 from scheduler.store_schedules import ScheduleSpec
 from scheduler.store_types import AuditEntry
