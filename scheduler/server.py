@@ -26,7 +26,7 @@ from scheduler.retention import RunRetention
 from scheduler.schedule_service import ScheduleFirer
 from scheduler.service import RunServicer, WorkServicer
 from scheduler.store import Store, connect_pool
-from scheduler.store_core import WORK_SCOPE
+from scheduler.store_core import WORK_SCOPE, check_row_security
 from scheduler.wire import add_service
 from shared.db import trace_queries
 from shared.gen.agentrt.v1 import run_service_pb2, work_service_pb2
@@ -74,6 +74,7 @@ class SchedulerServer:
         try:
             async with pool.acquire() as conn:
                 await require_current_schema(conn)
+                await check_row_security(conn, s.require_row_security)
             # The work path's own pool, in the row-level security work scope (migration 0016).
             work_pool = await connect_pool(s.database_url, min_size=s.db_pool_min, max_size=s.db_pool_max,
                                            command_timeout=s.db_command_timeout_s, scope=WORK_SCOPE)

@@ -133,6 +133,20 @@ async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
     return pool
 
 
+async def check_row_security(conn: asyncpg.Connection, required: bool) -> None:
+    """Refuses (`required`) or warns about a database role that row-level security does not bind."""
+    state = await fetchrow(conn, Q.row_security_state)
+    assert state is not None
+    if not (state["bypasses"] or state["owns"]):
+        return
+    why = "bypasses row-level security (superuser or BYPASSRLS)" if state["bypasses"] else "owns the tables"
+    message = (f"the scheduler connects as {state['who']!r}, which {why}: tenant isolation rests on the "
+               "queries alone; connect as the scheduler role (`agentrt roles apply`)")
+    if required:
+        raise ValueError(message + " (require_row_security is true)")
+    log.warning(message)
+
+
 class StoreBase:
     """`pool`: RunService's connections, in no scope: a statement sees a tenant's rows only inside
     `tenant_tx` (or the audit trail inside `admin_tx`), and nothing otherwise (fail closed).
@@ -183,5 +197,5 @@ class StoreBase:
             write_op=bound[0] if bound else None, write_hash=bound[1] if bound else None)
 
 
-__all__ = ["ADMIN_SCOPE", "COMMIT_UNKNOWN_COUNTER", "WORK_SCOPE", "StoreBase", "binding_params", "connect_pool",
-           "db_call", "fence_params", "fenced_write", "log", "prefixed", "trace_params"]
+__all__ = ["ADMIN_SCOPE", "COMMIT_UNKNOWN_COUNTER", "WORK_SCOPE", "StoreBase", "binding_params", "check_row_security",
+           "connect_pool", "db_call", "fence_params", "fenced_write", "log", "prefixed", "trace_params"]

@@ -65,6 +65,15 @@ SELECT set_config('agentrt.tenant', :tenant_id, true);
 -- A row-level security scope for this transaction alone ('admin': the audit trail of every tenant).
 SELECT set_config('agentrt.scope', :scope, true);
 
+-- name: row_security_state
+-- At start: whether this connection's role escapes row-level security
+-- (0016_row_level_security.sql): a superuser or BYPASSRLS role skips the
+-- policies, the tables' owner (or a member of its role) may drop them.
+SELECT r.rolsuper OR r.rolbypassrls AS bypasses, pg_has_role(current_user, c.relowner, 'MEMBER') AS owns,
+       current_user AS who
+FROM pg_roles AS r, pg_class AS c
+WHERE r.rolname = current_user AND c.oid = 'agent_runs'::regclass;
+
 -- name: submit_run
 -- One statement: the run and its submitted event commit together. Its
 -- fair-share pass is its tenant's newest queued pass at its priority plus

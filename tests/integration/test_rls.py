@@ -24,8 +24,10 @@ import pytest
 from support import Stack, claim, eid, lease_ref, scheduler_stack, submit, tool_state
 from test_db_roles import PREFIX, SETTINGS, as_role
 
+from scheduler.config import SchedulerSettings
 from scheduler.db_roles import apply_roles
 from scheduler.queries import Q
+from scheduler.server import SchedulerServer
 from scheduler.store import connect_pool
 from scheduler.store_core import WORK_SCOPE
 from scheduler.store_schedules import ScheduleSpec
@@ -362,3 +364,16 @@ async def test_the_deployed_scheduler_connects_as_the_runtime_role_with_rls_in_f
     assert [r.run_id for r in listed.runs] == [str(b["a_run_id"])]
     fresh = await submit(stack, tenant=A)
     assert fresh.status == pb.RUN_STATUS_QUEUED
+
+
+async def test_require_row_security_refuses_a_role_that_escapes_it(db_url: str, stack: Stack) -> None:
+    """As deployed (the chart sets require_row_security with its roles), the owner or a superuser is
+    refused at start; the scheduler role (the `stack` fixture starts one) is not."""
+    settings = {"database_url": db_url, "listen_addr": "127.0.0.1:0", "auth_mode": "none",
+                "require_row_security": True}
+    server = SchedulerServer(SchedulerSettings(**settings))
+    with pytest.raises(ValueError, match="bypasses row-level security"):
+        await server.start()
+    await server.stop(0.1)
+    async with scheduler_stack(as_role(db_url, "scheduler"), require_row_security=True) as strict:
+        assert await strict.server.store.pool.fetchval("SELECT current_user") == f"{PREFIX}scheduler"
