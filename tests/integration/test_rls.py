@@ -337,7 +337,11 @@ async def test_rls_is_forced_on_every_tenant_table_and_functions_are_checked(db:
     assert {p["tablename"] for p in policies} == RLS_TABLES
     for policy in policies:
         for expression in (policy["qual"], policy["with_check"]):
-            assert "current_setting('agentrt.tenant'" in expression, policy
+            assert "current_setting('agentrt.tenant'" in expression or "agentrt_tenant_run(run_id)" in expression, \
+                policy
+    # The child tables' test: their run is the tenant's, the caller's rights (not SECURITY DEFINER).
+    body = await db.fetchval("SELECT prosrc FROM pg_proc WHERE proname = 'agentrt_tenant_run'")
+    assert "current_setting('agentrt.tenant', true)" in body
 
 
 async def test_the_deployed_scheduler_connects_as_the_runtime_role_with_rls_in_force(

@@ -54,29 +54,27 @@ CREATE POLICY audit_log_tenant ON audit_log
   WITH CHECK (current_setting('agentrt.scope', true) IN ('work', 'admin')
               OR tenant_id = current_setting('agentrt.tenant', true));
 
+-- Whether run_id is a run of the transaction's tenant: a function, not an EXISTS
+-- in the policies, so that the statements of the work path (which never get
+-- past the scope test) do not plan a subquery per child table they touch.
+-- Runs as its caller: agent_runs' own policy applies inside too.
+CREATE FUNCTION agentrt_tenant_run(of_run uuid) RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+  SELECT EXISTS (SELECT 1 FROM agent_runs AS r
+                 WHERE r.id = of_run AND r.tenant_id = current_setting('agentrt.tenant', true))
+$$;
+
 CREATE POLICY agent_checkpoints_tenant ON agent_checkpoints
-  USING (current_setting('agentrt.scope', true) = 'work'
-         OR EXISTS (SELECT 1 FROM agent_runs r WHERE r.id = agent_checkpoints.run_id
-                    AND r.tenant_id = current_setting('agentrt.tenant', true)))
-  WITH CHECK (current_setting('agentrt.scope', true) = 'work'
-              OR EXISTS (SELECT 1 FROM agent_runs r WHERE r.id = agent_checkpoints.run_id
-                         AND r.tenant_id = current_setting('agentrt.tenant', true)));
+  USING (current_setting('agentrt.scope', true) = 'work' OR agentrt_tenant_run(run_id))
+  WITH CHECK (current_setting('agentrt.scope', true) = 'work' OR agentrt_tenant_run(run_id));
 
 CREATE POLICY tool_executions_tenant ON tool_executions
-  USING (current_setting('agentrt.scope', true) = 'work'
-         OR EXISTS (SELECT 1 FROM agent_runs r WHERE r.id = tool_executions.run_id
-                    AND r.tenant_id = current_setting('agentrt.tenant', true)))
-  WITH CHECK (current_setting('agentrt.scope', true) = 'work'
-              OR EXISTS (SELECT 1 FROM agent_runs r WHERE r.id = tool_executions.run_id
-                         AND r.tenant_id = current_setting('agentrt.tenant', true)));
+  USING (current_setting('agentrt.scope', true) = 'work' OR agentrt_tenant_run(run_id))
+  WITH CHECK (current_setting('agentrt.scope', true) = 'work' OR agentrt_tenant_run(run_id));
 
 CREATE POLICY run_journal_tenant ON run_journal
-  USING (current_setting('agentrt.scope', true) = 'work'
-         OR EXISTS (SELECT 1 FROM agent_runs r WHERE r.id = run_journal.run_id
-                    AND r.tenant_id = current_setting('agentrt.tenant', true)))
-  WITH CHECK (current_setting('agentrt.scope', true) = 'work'
-              OR EXISTS (SELECT 1 FROM agent_runs r WHERE r.id = run_journal.run_id
-                         AND r.tenant_id = current_setting('agentrt.tenant', true)));
+  USING (current_setting('agentrt.scope', true) = 'work' OR agentrt_tenant_run(run_id))
+  WITH CHECK (current_setting('agentrt.scope', true) = 'work' OR agentrt_tenant_run(run_id));
 
 ALTER TABLE agent_runs ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 ALTER TABLE agent_checkpoints ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
