@@ -381,3 +381,11 @@ async def test_require_row_security_refuses_a_role_that_escapes_it(db_url: str, 
     await server.stop(0.1)
     async with scheduler_stack(as_role(db_url, "scheduler"), require_row_security=True) as strict:
         assert await strict.server.store.pool.fetchval("SELECT current_user") == f"{PREFIX}scheduler"
+
+
+async def test_the_smoke_run_passes_as_the_scheduler_role(db_url: str, db: asyncpg.Connection, stack: Stack) -> None:
+    """test_smoke's claim → checkpoint → tool → finish, against a scheduler connected as the role
+    (the `stack` fixture applied the roles)."""
+    import test_smoke
+
+    await test_smoke.test_claim_checkpoint_tool_finish(as_role(db_url, "scheduler"), db)
