@@ -389,3 +389,21 @@ async def test_the_smoke_run_passes_as_the_scheduler_role(db_url: str, db: async
     import test_smoke
 
     await test_smoke.test_claim_checkpoint_tool_finish(as_role(db_url, "scheduler"), db)
+
+
+async def test_forced_rls_binds_the_tables_owner_when_it_is_not_a_superuser(
+        stack: Stack, db: asyncpg.Connection) -> None:
+    """FORCE: the owner (not a superuser, as on a managed server) sees nothing without a setting too."""
+    await tenant_b_rows(stack, db)
+    owner = f"{PREFIX}owner"
+    try:
+        await db.execute(f"CREATE ROLE {owner} NOLOGIN")
+    except asyncpg.DuplicateObjectError:
+        pass  # another database of the cluster made it first
+    await db.execute(f"ALTER TABLE agent_runs OWNER TO {owner}")
+    async with db.transaction():
+        await db.execute(f"SET LOCAL ROLE {owner}")
+        assert await db.fetchval("SELECT count(*) FROM agent_runs") == 0
+        await db.execute("SELECT set_config('agentrt.tenant', $1, true)", B)
+        assert await db.fetchval("SELECT count(*) FROM agent_runs") == 1
+    await db.execute("ALTER TABLE agent_runs OWNER TO CURRENT_USER")
