@@ -67,8 +67,10 @@ class Lag:
 
 
 async def connect_pool(dsn: str, *, min_size: int, max_size: int, command_timeout: float) -> asyncpg.Pool:
+    # The relay reads and marks every tenant's events: its sessions are in the row-level security
+    # work scope (scheduler migration 0016).
     pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init_connection,
-                                     command_timeout=command_timeout)
+                                     command_timeout=command_timeout, server_settings={"agentrt.scope": "work"})
     assert pool is not None
     return pool
 

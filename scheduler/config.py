@@ -193,6 +193,10 @@ class SchedulerSettings(ComponentSettings):
     # With authentication on, the scheduler refuses to start with WorkService open (no token, no
     # identities): it hands out every tenant's runs. true = open on purpose (a closed network).
     work_service_open: bool = False
+    # Row-level security (migration 0016) holds only for a role that neither owns the tables nor
+    # bypasses RLS (superuser, BYPASSRLS). true: the scheduler refuses to start connected as such a
+    # role (the Helm chart sets it with database.roles.enabled); false: a warning at start.
+    require_row_security: bool = False
     # How RunService callers authenticate: api_key, jwt, api_key,jwt, or none (every caller may act
     # for any tenant named in x-tenant-id: development only, logged as a warning at start).
     auth_mode: str = "api_key"

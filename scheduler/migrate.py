@@ -54,6 +54,9 @@ async def migrate(conn: asyncpg.Connection, migrations: list[Migration] | None =
     applied_now: list[int] = []
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
+        # Row-level security is FORCEd on the tenant tables (0016): an owner that is not a superuser
+        # obeys it too, so a migration's backfill runs in the work scope (every tenant's rows).
+        await conn.execute("SELECT set_config('agentrt.scope', 'work', true)")
         await conn.execute(
             """CREATE TABLE IF NOT EXISTS schema_migrations (
                  version integer PRIMARY KEY,

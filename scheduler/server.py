@@ -26,6 +26,7 @@ from scheduler.retention import RunRetention
 from scheduler.schedule_service import ScheduleFirer
 from scheduler.service import RunServicer, WorkServicer
 from scheduler.store import Store, connect_pool
+from scheduler.store_core import WORK_SCOPE, check_row_security
 from scheduler.wire import add_service
 from shared.db import trace_queries
 from shared.gen.agentrt.v1 import run_service_pb2, work_service_pb2
@@ -73,14 +74,18 @@ class SchedulerServer:
         try:
             async with pool.acquire() as conn:
                 await require_current_schema(conn)
+                await check_row_security(conn, s.require_row_security)
+            # The work path's own pool, in the row-level security work scope (migration 0016).
+            work_pool = await connect_pool(s.database_url, min_size=s.db_pool_min, max_size=s.db_pool_max,
+                                           command_timeout=s.db_command_timeout_s, scope=WORK_SCOPE)
         except BaseException:
             await pool.close()
             raise
         # A span per named statement (shared/db.py), where spans are recorded at all.
         trace_queries(provider.get_tracer("agentrt.sql") if s.trace_sql and records_spans(provider) else None)
-        self.store = Store(pool, s)
+        self.store = Store(pool, s, work_pool)
         self._notifier = WorkNotifier(s.database_url)
-        await self._notifier.start(pool)
+        await self._notifier.start(work_pool)
         limit = max_receive_bytes(s)
         metered = s.metrics_addr or s.otel_metrics_exporter == "otlp"
         self.metrics = SchedulerMetrics(s.claim_wait_tenant_labels) if metered else None
@@ -154,6 +159,8 @@ class SchedulerServer:
             await self._notifier.stop()
         if self.store is not None:
             await self.store.pool.close()
+            if self.store.work_pool is not self.store.pool:
+                await self.store.work_pool.close()
         if self.settings.trace_sql:
             trace_queries(None)
         log.info("scheduler stopped")

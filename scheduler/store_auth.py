@@ -94,7 +94,7 @@ class AuthStore(StoreBase):
     async def create_api_key(self, *, key_id: uuid.UUID, name: str, tenants: list[str], role: str,
                              secret_hash: bytes, expires_in_s: int, audit: AuditEntry,
                              trace: Trace = NO_TRACE) -> ApiKeyRow:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.admin_tx("CreateApiKey") as conn:
             row = await fetchrow(conn, Q.insert_api_key, id=key_id, name=name, tenants=tenants, role=role,
                                  secret_hash=secret_hash, created_by=audit.principal, expires_in_s=expires_in_s)
             assert row is not None
@@ -106,7 +106,7 @@ class AuthStore(StoreBase):
     @db_call
     async def revoke_api_key(self, key_id: uuid.UUID, *, within: tuple[str, ...], audit: AuditEntry,
                              trace: Trace = NO_TRACE) -> ApiKeyRow:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.admin_tx("RevokeApiKey") as conn:
             before = await fetchrow(conn, Q.api_key_by_id, id=key_id, tenants=list(within))
             if before is None:
                 raise NotFound(f"API key {key_id} not found", key_id=key_id)
@@ -145,7 +145,7 @@ class AuthStore(StoreBase):
     async def list_audit(self, *, tenant_id: str | None, run_id: uuid.UUID | None, principal: str | None,
                          action: str | None, since: dt.datetime | None, until: dt.datetime | None,
                          before_id: int | None, limit: int) -> list[Record]:
-        async with self.pool.acquire() as conn:
+        async with self.admin_tx("ListAudit") as conn:
             return await fetch(conn, Q.list_audit, tenant_id=tenant_id, run_id=run_id, principal=principal,
                                action=action, since=since, until=until, before_id=before_id, limit=limit)
 

@@ -54,7 +54,8 @@ def join_met(mode: str, total: int, done: int) -> bool:
 
 
 class ChildStore:
-    pool: asyncpg.Pool
+    pool: asyncpg.Pool  # RunService's (tenant_tx): run_tree
+    work_pool: asyncpg.Pool  # the work path's (work scope): spawn_children
     settings: Any
 
     @db_call
@@ -62,7 +63,7 @@ class ChildStore:
                              detach: bool, max_attempts: int, trace: Trace = NO_TRACE) -> Spawned:
         """Spawns the children of step `spawn_key` of the holder's RUNNING run (those not spawned yet) and
         records the join on the run; LEASE_LOST (or the cancel applied) when the caller is not the holder."""
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             async with conn.transaction():
                 parent = await fetchrow(conn, Q.lock_spawning_parent, **fence_params(lease, Op.SAVE_CHECKPOINT))
                 if parent is not None:
@@ -88,7 +89,7 @@ class ChildStore:
     @db_call
     async def run_tree(self, tenant_id: str, run_id: uuid.UUID, *, limit: int) -> list[RunRow]:
         """The run and its descendants within the tenant, breadth first; at most `limit` rows."""
-        async with self.pool.acquire() as conn:
+        async with self.tenant_tx(tenant_id, readonly=True) as conn:  # type: ignore[attr-defined]
             rows = await fetch(conn, Q.run_tree, tenant_id=tenant_id, run_id=run_id, limit=limit)
         if not rows:
             raise NotFound(f"run {run_id} not found", run_id=run_id)

@@ -8,10 +8,11 @@ name (`shared.db.fetchrow(conn, Q.x, name=...)`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
@@ -115,18 +116,67 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
+# The row-level security scopes (migration 0016): the work path's connections hold WORK_SCOPE for
+# their whole session; ADMIN_SCOPE is set per transaction by admin_tx only.
+WORK_SCOPE = "work"
+ADMIN_SCOPE = "admin"
+
+
 async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
-                       command_timeout: float = 30.0) -> asyncpg.Pool:
+                       command_timeout: float = 30.0, scope: str | None = None) -> asyncpg.Pool:
+    """A pool; with `scope`, each of its sessions starts in that row-level security scope
+    (`agentrt.scope`, sent in the startup packet: no round trip per call)."""
     pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init_connection,
-                                     command_timeout=command_timeout, reset=_keep_session)
+                                     command_timeout=command_timeout, reset=_keep_session,
+                                     server_settings={"agentrt.scope": scope} if scope else None)
     assert pool is not None
     return pool
 
 
+async def check_row_security(conn: asyncpg.Connection, required: bool) -> None:
+    """Refuses (`required`) or warns about a database role that row-level security does not bind."""
+    state = await fetchrow(conn, Q.row_security_state)
+    assert state is not None
+    if not (state["bypasses"] or state["owns"]):
+        return
+    why = "bypasses row-level security (superuser or BYPASSRLS)" if state["bypasses"] else "owns the tables"
+    message = (f"the scheduler connects as {state['who']!r}, which {why}: tenant isolation rests on the "
+               "queries alone; connect as the scheduler role (`agentrt roles apply`)")
+    if required:
+        raise ValueError(message + " (require_row_security is true)")
+    log.warning(message)
+
+
 class StoreBase:
-    def __init__(self, pool: asyncpg.Pool, settings: SchedulerSettings) -> None:
+    """`pool`: RunService's connections, in no scope: a statement sees a tenant's rows only inside
+    `tenant_tx` (or the audit trail inside `admin_tx`), and nothing otherwise (fail closed).
+    `work_pool`: the work path's and the background tasks' connections, in the work scope
+    (every tenant). Without one, `pool` serves both (a superuser or an owner without RLS: tools, tests)."""
+
+    def __init__(self, pool: asyncpg.Pool, settings: SchedulerSettings,
+                 work_pool: asyncpg.Pool | None = None) -> None:
         self.pool = pool
+        self.work_pool = work_pool or pool
         self.settings = settings
+
+    @contextlib.asynccontextmanager
+    async def tenant_tx(self, tenant_id: str, *, isolation: str | None = None,
+                        readonly: bool = False) -> AsyncIterator[asyncpg.Connection]:
+        """A transaction on RunService's pool that sees and writes `tenant_id`'s rows only
+        (`agentrt.tenant`, set for this transaction alone)."""
+        async with self.pool.acquire() as conn, conn.transaction(isolation=isolation, readonly=readonly):
+            await execute(conn, Q.set_tenant, tenant_id=tenant_id)
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def admin_tx(self, reason: str) -> AsyncIterator[asyncpg.Connection]:
+        """A transaction in the admin scope: the audit trail of every tenant (and only that), for an
+        admin's audit query or key management. Logged with its reason; the caller's own audit row
+        (key.create, key.revoke) is written in it."""
+        log.info("row-level security: admin scope for %s", reason)
+        async with self.pool.acquire() as conn, conn.transaction():
+            await execute(conn, Q.set_scope, scope=ADMIN_SCOPE)
+            yield conn
 
     @staticmethod
     async def _lock_tenant_run(conn: asyncpg.Connection, tenant_id: str, run_id: uuid.UUID) -> Record:
@@ -147,5 +197,5 @@ class StoreBase:
             write_op=bound[0] if bound else None, write_hash=bound[1] if bound else None)
 
 
-__all__ = ["COMMIT_UNKNOWN_COUNTER", "StoreBase", "binding_params", "connect_pool", "db_call", "fence_params",
-           "fenced_write", "log", "prefixed", "trace_params"]
+__all__ = ["ADMIN_SCOPE", "COMMIT_UNKNOWN_COUNTER", "WORK_SCOPE", "StoreBase", "binding_params", "check_row_security",
+           "connect_pool", "db_call", "fence_params", "fenced_write", "log", "prefixed", "trace_params"]

@@ -73,23 +73,22 @@ class RunStore(Recovery):
         (settings.submit_quota): QuotaExceeded, and nothing is written."""
         digest = spec.submit_hash() if spec.client_request_id else None
         quota = self.settings.submit_quota(tenant_id)
-        async with self.pool.acquire() as conn:
+        async with self.tenant_tx(tenant_id) as conn:
             if not quota.active:
                 row = await self._insert_run(conn, tenant_id, spec, digest, trace)
                 existing = None if row is not None else await fetchrow(
                     conn, Q.get_run_by_client_request, tenant_id=tenant_id, client_request_id=spec.client_request_id)
             else:
-                async with conn.transaction():
-                    await execute(conn, Q.lock_tenant_submits, tenant_id=tenant_id)
-                    # A retried submit is answered before any quota: it creates nothing.
-                    existing = None if spec.client_request_id is None else await fetchrow(
-                        conn, Q.get_run_by_client_request, tenant_id=tenant_id,
-                        client_request_id=spec.client_request_id)
-                    row = None
-                    if existing is None:
-                        await self._check_quota(conn, tenant_id, quota)
-                        row = await self._insert_run(conn, tenant_id, spec, digest, trace)
-                        assert row is not None, "the tenant's lock admits one submit of an id at a time"
+                await execute(conn, Q.lock_tenant_submits, tenant_id=tenant_id)
+                # A retried submit is answered before any quota: it creates nothing.
+                existing = None if spec.client_request_id is None else await fetchrow(
+                    conn, Q.get_run_by_client_request, tenant_id=tenant_id,
+                    client_request_id=spec.client_request_id)
+                row = None
+                if existing is None:
+                    await self._check_quota(conn, tenant_id, quota)
+                    row = await self._insert_run(conn, tenant_id, spec, digest, trace)
+                    assert row is not None, "the tenant's lock admits one submit of an id at a time"
             if row is not None:
                 return Submitted(RunRow.of(row), True)
         if existing is None:  # deleted between the two statements: retention never deletes runs
@@ -131,14 +130,14 @@ class RunStore(Recovery):
     @db_call
     async def run_for_request(self, tenant_id: str, client_request_id: str) -> RunRow | None:
         """The tenant's run submitted with `client_request_id`, if any."""
-        async with self.pool.acquire() as conn:
+        async with self.tenant_tx(tenant_id) as conn:
             row = await fetchrow(conn, Q.get_run_by_client_request, tenant_id=tenant_id,
                                  client_request_id=client_request_id)
         return RunRow.of(row) if row is not None else None
 
     @db_call
     async def get_run(self, tenant_id: str, run_id: uuid.UUID) -> RunRow:
-        async with self.pool.acquire() as conn:
+        async with self.tenant_tx(tenant_id) as conn:
             row = await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id)
         if row is None:
             raise NotFound(f"run {run_id} not found", run_id=run_id)
@@ -147,7 +146,7 @@ class RunStore(Recovery):
     @db_call
     async def list_runs(self, tenant_id: str, *, statuses: list[str] | None, agent_name: str | None,
                         after: tuple[dt.datetime, uuid.UUID] | None, limit: int) -> list[RunRow]:
-        async with self.pool.acquire() as conn:
+        async with self.tenant_tx(tenant_id) as conn:
             rows = await fetch(conn, Q.list_runs, tenant_id=tenant_id, statuses=statuses, agent_name=agent_name,
                                after_created_at=after[0] if after else None, after_id=after[1] if after else None,
                                limit=limit)
@@ -161,7 +160,7 @@ class RunStore(Recovery):
         (through children not spawned detached) are cancelled with it, in its transaction:
         locked deepest first and the run last, the order in which a child that ends locks
         itself and then its parent (migration 0014)."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             if await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id) is None:
                 raise NotFound(f"run {run_id} not found", run_id=run_id)
             for descendant in await ChildStore.cancellable_descendants(conn, run_id):
@@ -208,7 +207,7 @@ class RunStore(Recovery):
         signal_id = uuid7()
         request_id = request_id or str(signal_id)
         digest = sha256_of({"name": name, "payload": payload})
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             run = await self._lock_tenant_run(conn, tenant_id, run_id)
             existing = await fetchrow(conn, Q.signal_by_request, run_id=run_id, request_id=request_id)
             if existing is not None:
@@ -245,7 +244,7 @@ class RunStore(Recovery):
     @db_call
     async def resume_run(self, tenant_id: str, run_id: uuid.UUID, *, human_input: dict[str, Any],
                          trace: Trace = NO_TRACE, audit: AuditEntry | None = None) -> RunRow:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             run = await self._lock_tenant_run(conn, tenant_id, run_id)
             transition(run["status"], Op.RESUME)
             updated = await fetchrow(conn, Q.resume_run, run_id=run_id, human_input=human_input)
@@ -284,7 +283,7 @@ class RunStore(Recovery):
         binding = sha256_of({"run_id": str(run_id), "step_key": step_key, "outcome": outcome, "result": result,
                              "remote_resource_id": remote_resource_id, "evidence": evidence,
                              "resolved_by": resolved_by})
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             previous = await fetchrow(conn, Q.event_by_id, event_id=event_id)
             if previous is not None:
                 if previous["run_id"] != run_id or previous["event_type"] != "agent.tool_resolved":
@@ -366,7 +365,7 @@ class RunStore(Recovery):
     async def record_export(self, tenant_id: str, run_id: uuid.UUID, *, parts: frozenset[str], audit: AuditEntry,
                             trace: Trace = NO_TRACE) -> None:
         """The audit row (and event) of an export of the run's history, before any of it is read."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             run = await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id)
             if run is None:
                 raise NotFound(f"run {run_id} not found", run_id=run_id)
@@ -385,7 +384,7 @@ class RunStore(Recovery):
         every page moves on). Returns the page and the cursor of the next one
         (`exhausted` when nothing is left). One snapshot for the whole page.
         """
-        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        async with self.tenant_tx(tenant_id, isolation="repeatable_read", readonly=True) as conn:
             run = await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id)
             if run is None:
                 raise NotFound(f"run {run_id} not found", run_id=run_id)
@@ -444,7 +443,7 @@ class RunStore(Recovery):
 
     @db_call
     async def global_stats(self) -> GlobalStats:
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             row = await fetchrow(conn, Q.global_stats)
         assert row is not None
         return GlobalStats.of(row)
@@ -453,7 +452,7 @@ class RunStore(Recovery):
     async def db_health(self, *, slow_ms: float, top: int) -> DbHealth:
         """Database health for operators, in read-only transactions; pg_stat_statements only where it
         is installed and loaded (a server without it in shared_preload_libraries refuses to read it)."""
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             async with conn.transaction(readonly=True):
                 server = await fetchrow(conn, Q.db_health_server)
                 tables = await fetch(conn, Q.db_health_tables)
@@ -473,7 +472,7 @@ class RunStore(Recovery):
 
     @db_call
     async def tenant_stats(self, tenant_id: str) -> TenantStats:
-        async with self.pool.acquire() as conn:
+        async with self.tenant_tx(tenant_id) as conn:
             row = await fetchrow(conn, Q.tenant_stats, tenant_id=tenant_id)
         assert row is not None
         return TenantStats.of(row)
@@ -485,7 +484,7 @@ class RunStore(Recovery):
 
         `behind` counts runs with more to prune than this statement took.
         """
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             row = await fetchrow(conn, Q.prune_checkpoints, after_id=after, batch_runs=batch_runs,
                                  keep_last=keep_last, max_versions=max_versions_per_run)
         assert row is not None
@@ -495,7 +494,7 @@ class RunStore(Recovery):
     async def retention_purge(self, *, max_runs: int, dry_run: bool, after_finished: dt.datetime | None,
                               after_id: uuid.UUID | None) -> Purged:
         """One retention batch (migration 0012's agentrt_retention_purge: one short transaction)."""
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             row = await fetchrow(conn, Q.retention_purge, max_runs=max_runs, dry_run=dry_run,
                                  after_finished=after_finished, after_id=after_id)
         assert row is not None
@@ -503,24 +502,24 @@ class RunStore(Recovery):
 
     @db_call
     async def retention_policies(self) -> list[Record]:
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             return await fetch(conn, Q.list_retention_policies)
 
     @db_call
     async def set_retention_policy(self, tenant_id: str, keep_days: int) -> Record:
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             row = await fetchrow(conn, Q.set_retention_policy, tenant_id=tenant_id, keep_days=keep_days)
         assert row is not None
         return row
 
     @db_call
     async def clear_retention_policy(self, tenant_id: str) -> bool:
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             return await fetchval(conn, Q.clear_retention_policy, tenant_id=tenant_id) is not None
 
     @db_call
     async def counter(self, name: str) -> int:
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             value = await fetchval(conn, Q.get_counter, name=name)
         return int(value or 0)
 

@@ -106,7 +106,7 @@ class ScheduleStore(StoreBase):
                               audit: AuditEntry) -> tuple[Record, bool]:
         """The new schedule (audited as `schedule.create`), or the one of that name and spec (nothing audited)."""
         schedule_id = uuid7()
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             now = await fetchval(conn, Q.server_now)
             first, due = self._first(spec, schedule_id, now)
             row = await fetchrow(conn, Q.insert_schedule, id=schedule_id, tenant_id=tenant_id, name=name,
@@ -130,7 +130,7 @@ class ScheduleStore(StoreBase):
     @db_call
     async def update_schedule(self, tenant_id: str, schedule_id: uuid.UUID, spec: ScheduleSpec,
                               audit: AuditEntry) -> Record:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             row = await self._locked(conn, tenant_id, schedule_id)
             first, due = self._first(spec, schedule_id, row["db_now"])
             updated = await fetchrow(conn, Q.update_schedule, id=schedule_id, next_fire_at=first, due_at=due,
@@ -144,7 +144,7 @@ class ScheduleStore(StoreBase):
                              audit: AuditEntry) -> Record:
         """Audited as `schedule.pause` / `schedule.resume`; pausing a paused schedule (or resuming a running
         one) changes nothing and audits nothing."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             row = await self._locked(conn, tenant_id, schedule_id)
             first = due = None
             if not paused and row["paused"]:
@@ -158,7 +158,7 @@ class ScheduleStore(StoreBase):
 
     @db_call
     async def delete_schedule(self, tenant_id: str, schedule_id: uuid.UUID, audit: AuditEntry) -> Record:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.tenant_tx(tenant_id) as conn:
             row = await self._locked(conn, tenant_id, schedule_id)
             deleted = await fetchrow(conn, Q.delete_schedule, id=schedule_id)
             assert deleted is not None
@@ -168,7 +168,7 @@ class ScheduleStore(StoreBase):
 
     @db_call
     async def list_schedules(self, tenant_id: str) -> list[Record]:
-        async with self.pool.acquire() as conn:
+        async with self.tenant_tx(tenant_id) as conn:
             return list(await fetch(conn, Q.list_schedules, tenant_id=tenant_id))
 
     # ------------------------------------------------------------------ firing
@@ -177,7 +177,7 @@ class ScheduleStore(StoreBase):
     async def fire_due_schedule(self) -> bool:
         """Fires one due schedule (its missed fire times within the catch-up window, its overlap policy
         applied); False when none is due. One transaction, the schedule's row locked throughout."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.work_pool.acquire() as conn, conn.transaction():
             row = await fetchrow(conn, Q.lock_due_schedule)
             if row is None:
                 return False

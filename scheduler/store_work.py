@@ -60,7 +60,7 @@ class WorkStore(ToolWrites):
     @db_call
     async def claim(self, worker_id: str, agents: list[str], trace: Trace = NO_TRACE) -> Claimed | None:
         lease_ms = self.settings.lease_duration_ms
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             for _ in range(16):  # bounded: each pass ends one cancelled/expired run or returns
                 row = await self._claim_within_limits(conn, worker_id, agents)
                 if row is None:
@@ -137,7 +137,7 @@ class WorkStore(ToolWrites):
 
     @db_call
     async def heartbeat(self, lease: LeaseRef) -> dt.datetime:
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             row = await fetchrow(conn, Q.heartbeat, **fence_params(lease, Op.HEARTBEAT),
                                  lease_ms=self.settings.lease_duration_ms)
             if row is not None:
@@ -164,7 +164,7 @@ class WorkStore(ToolWrites):
                              schema_version=schema_version, step_key=step_key, event_id=event_id,
                              event_type=event_type, event_payload=event_payload, **journal.binding_fields(),
                              **consumed)
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             written = await fenced_write(
                 conn, Q.save_checkpoint, **fence_params(lease, Op.SAVE_CHECKPOINT), expected_version=expected_version,
                 schema_version=schema_version, state=stored, step_key=step_key, state_hash=state_hash,
@@ -202,7 +202,7 @@ class WorkStore(ToolWrites):
                       remote_resource_id=remote_resource_id, error_code=error_code, evidence=evidence,
                       state_hash=state_hash, event_id=event_id, **trace_params(trace), **binding_params(binding),
                       **journal.params)
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             if end is None:
                 written = await fenced_write(conn, Q.complete_tool_call, **params)
                 if written is not None:
@@ -241,7 +241,7 @@ class WorkStore(ToolWrites):
                              reason=reason, result=sha256_of(result).hex(), sleep_ms=sleep_ms,
                              pause_when_exhausted=pause_when_exhausted, error_class=error_class, event_id=event_id,
                              **waits)
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             row = await fenced_write(
                 conn, Q.finish_run, **fence_params(lease, op), expected_version=expected_version, target=target,
                 mode=mode, sleep_ms=sleep_ms, backoff_base_ms=s.backoff_base_ms, backoff_cap_ms=s.backoff_cap_ms,
@@ -263,7 +263,7 @@ class WorkStore(ToolWrites):
     async def read_journal_compact(self, lease: LeaseRef, *, after_seq: int, page_size: int,
                                    page_bytes: int) -> CompactJournalPage:
         """As read_journal, the page as one JSON array text built by PostgreSQL."""
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             row = await fetchrow(conn, Q.read_journal_compact, run_id=lease.run_id, worker_id=lease.worker_id,
                                  fencing_token=lease.fencing_token, after_seq=after_seq, page_size=page_size,
                                  page_bytes=page_bytes)
@@ -279,7 +279,7 @@ class WorkStore(ToolWrites):
         Up to `page_size` entries and `page_bytes` of detail JSON (one entry at
         least). Not the live holder → LEASE_LOST (or NOT_FOUND), nothing written.
         """
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             rows = await fetch(conn, Q.read_journal, run_id=lease.run_id, worker_id=lease.worker_id,
                                fencing_token=lease.fencing_token, after_seq=after_seq, limit=page_size + 1)
             if not rows and not await self._holds_lease(conn, lease):
@@ -300,7 +300,7 @@ class WorkStore(ToolWrites):
         More than `answer_bytes` of JSON in more than one row is refused (ask for
         fewer steps): an answer never silently leaves a row out.
         """
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             rows = await fetch(conn, Q.tool_results_for_steps, run_id=lease.run_id, worker_id=lease.worker_id,
                                fencing_token=lease.fencing_token, step_keys=step_keys)
             if not rows and not await self._holds_lease(conn, lease):

@@ -73,7 +73,7 @@ class ToolWrites(Recovery):
         binding = bind_write("BeginToolCall", lease, expected_version=expected_version, step_key=step_key,
                              tool_name=tool_name, idempotency_key=idempotency_key, request=digest,
                              execution_id=execution_id, event_id=event_id)
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             row = await self._within_tool_limits(conn, lease, tool_name, lambda: fenced_write(
                 conn, Q.begin_tool_call, **fence_params(lease, Op.BEGIN_TOOL_CALL), expected_version=expected_version,
                 step_key=step_key, tool_name=tool_name, idempotency_key=idempotency_key, request=request,
@@ -133,7 +133,7 @@ class ToolWrites(Recovery):
             remote_resource_id=remote_resource_id, error_code=error_code, evidence=evidence, event_id=event_id,
             next=[intent.step_key, intent.tool_name, intent.idempotency_key, digest.hex(),
                   str(intent.execution_id), str(intent.event_id)], **journal.binding_fields())
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             row = await self._within_tool_limits(conn, lease, intent.tool_name, lambda: fenced_write(
                 conn, Q.complete_and_begin_tool_call, **fence_params(lease, Op.COMPLETE_AND_BEGIN_TOOL_CALL),
                 expected_version=expected_version, step_key=step_key, outcome=outcome, state=stored,
@@ -193,7 +193,7 @@ class ToolWrites(Recovery):
         s = self.settings
         binding = bind_write("CompleteToolCall.NOT_EXECUTED", lease, expected_version=expected_version,
                              step_key=step_key, error_code=error_code, evidence=evidence, event_id=event_id)
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             row = await fenced_write(
                 conn, Q.tool_not_executed, **fence_params(lease, Op.TOOL_NOT_EXECUTED),
                 expected_version=expected_version, step_key=step_key, backoff_base_ms=s.backoff_base_ms,
@@ -215,7 +215,7 @@ class ToolWrites(Recovery):
         """Freeze on an unknown outcome (docs/design.md §in-doubt). Returns replayed."""
         binding = bind_write("MarkToolInDoubt", lease, step_key=step_key, error_code=error_code, detail=detail,
                              event_id=event_id)
-        async with self.pool.acquire() as conn:
+        async with self.work_pool.acquire() as conn:
             row = await fenced_write(
                 conn, Q.mark_tool_in_doubt, **fence_params(lease, Op.MARK_TOOL_IN_DOUBT), step_key=step_key,
                 error_code=error_code, event_id=event_id, detail=detail, **trace_params(trace),

@@ -56,6 +56,24 @@ journal AS (
 -- The database clock, for callers that must report time (never the worker's clock).
 SELECT clock_timestamp() AS now;
 
+-- name: set_tenant
+-- Row-level security (0016_row_level_security.sql): this transaction sees and
+-- writes :tenant_id's rows alone (is_local: gone at COMMIT or ROLLBACK).
+SELECT set_config('agentrt.tenant', :tenant_id, true);
+
+-- name: set_scope
+-- A row-level security scope for this transaction alone ('admin': the audit trail of every tenant).
+SELECT set_config('agentrt.scope', :scope, true);
+
+-- name: row_security_state
+-- At start: whether this connection's role escapes row-level security
+-- (0016_row_level_security.sql): a superuser or BYPASSRLS role skips the
+-- policies, the tables' owner (or a member of its role) may drop them.
+SELECT r.rolsuper OR r.rolbypassrls AS bypasses, pg_has_role(current_user, c.relowner, 'MEMBER') AS owns,
+       current_user AS who
+FROM pg_roles AS r, pg_class AS c
+WHERE r.rolname = current_user AND c.oid = 'agent_runs'::regclass;
+
 -- name: submit_run
 -- One statement: the run and its submitted event commit together. Its
 -- fair-share pass is its tenant's newest queued pass at its priority plus
@@ -78,9 +96,8 @@ WITH inserted AS (
             coalesce((SELECT q.fair_pass FROM agent_runs AS q
                       WHERE q.tenant_id = :tenant_id AND q.priority = :priority AND q.status = 'QUEUED'
                       ORDER BY q.fair_pass DESC LIMIT 1), 0) + :fair_step,
-            (SELECT h.fair_pass FROM agent_runs AS h
-             WHERE h.status = 'QUEUED' AND h.claim_ready AND h.priority = :priority
-             ORDER BY h.priority DESC, h.fair_pass, h.enqueued_at, h.id LIMIT 1)) ELSE 0 END)
+            -- Every tenant's head: read in the work scope by the function (0016_row_level_security.sql).
+            agentrt_fair_head(:priority)) ELSE 0 END)
   ON CONFLICT (tenant_id, client_request_id) WHERE client_request_id IS NOT NULL DO NOTHING
   RETURNING *
 ), keyed AS (

@@ -421,6 +421,11 @@ def test_each_service_connects_with_its_own_role_secret(chart: helm.Chart) -> No
 
     assert url_ref("scheduler") == ("db-scheduler", "url")
     assert url_ref("relay") == ("db-relay", "dsn")
+    # Row-level security binds the scheduler's role: it refuses to start as one it would not bind.
+    (scheduler,) = deployments["scheduler"]["spec"]["template"]["spec"]["containers"]
+    assert env_of(scheduler)["AGENTRT_REQUIRE_ROW_SECURITY"]["value"] == "true"
+    (relay,) = deployments["relay"]["spec"]["template"]["spec"]["containers"]
+    assert "AGENTRT_REQUIRE_ROW_SECURITY" not in env_of(relay)
     (executor,) = deployments["executor"]["spec"]["template"]["spec"]["containers"]
     assert "AGENTRT_DATABASE_URL" not in env_of(executor)
     (job,) = migrate_jobs(r)

@@ -24,6 +24,7 @@ from executor_support import executor, http_tool, mock_tool, scripted_agent, wai
 from support import scheduler_stack, submit
 
 from relay.store import RelayStore
+from relay.store import connect_pool as relay_pool
 from scheduler.db_roles import (
     RETENTION_FUNCTION,
     SERVICES,
@@ -206,7 +207,8 @@ async def test_the_relay_store_works_as_the_relay_role(roles, db):
     run_id = uuid.uuid4()
     await db.execute("INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload) "
                      "VALUES (gen_random_uuid(), $1, 't', 'agent.run_submitted', '{}')", run_id)
-    pool = await asyncpg.create_pool(as_role(roles, "relay"), min_size=1, max_size=2, init=init_connection)
+    # The relay's own pool: its sessions are in the row-level security work scope.
+    pool = await relay_pool(as_role(roles, "relay"), min_size=1, max_size=2, command_timeout=10)
     try:
         store = RelayStore(pool)
         await store.ensure_shards(1)

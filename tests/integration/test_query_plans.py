@@ -209,8 +209,16 @@ async def test_a_submits_fair_share_pass_is_two_index_probes(db_url):
         plan = json.loads(plan) if isinstance(plan, str) else plan  # (the connection's json codec decodes it)
         probes = {(child["Node Type"], child.get("Index Name")): parent["Node Type"] for parent, child in edges(plan)
                   if child.get("Relation Name") == "agent_runs" and child["Node Type"] != "ModifyTable"}
+        # The priority's ready head is every tenant's: read by agentrt_fair_head in the row-level
+        # security work scope (migration 0016); its statement is planned on its own.
+        body = await db.fetchval("SELECT prosrc FROM pg_proc WHERE proname = 'agentrt_fair_head'")
+        head = await db.fetchval("EXPLAIN (FORMAT JSON) " + body.replace("at_priority", "$1::integer"), 5)
+        head = json.loads(head) if isinstance(head, str) else head
+        probes.update({(child["Node Type"], child.get("Index Name")): parent["Node Type"]
+                       for parent, child in edges(head) if child.get("Relation Name") == "agent_runs"})
         assert {index for _, index in probes} == {"agent_queued_pass_idx", "agent_claim_ready_idx"}, probes
         assert {kind for kind, _ in probes} <= {"Index Scan", "Index Only Scan"}, probes
         assert set(probes.values()) == {"Limit"}, probes
+        assert "agentrt_fair_head($" in Q["submit_run"]
     finally:
         await db.close()

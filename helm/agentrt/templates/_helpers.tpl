@@ -268,6 +268,11 @@ else the owner's (database.existingSecret). */}}
     secretKeyRef:
       name: {{ required (printf "database.roles.%s.existingSecret: name the existing Secret with the %s role's URL and password" $component $component) $role.existingSecret }}
       key: {{ $role.urlKey }}
+{{- if eq $component "scheduler" }}
+{{- /* Its own role: row-level security binds it, and the scheduler refuses to start otherwise. */}}
+- name: AGENTRT_REQUIRE_ROW_SECURITY
+  value: "true"
+{{- end }}
 {{- else -}}
 {{- include "agentrt.databaseEnv" $root -}}
 {{- end -}}
