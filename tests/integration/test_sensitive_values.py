@@ -1,0 +1,140 @@
+"""Sensitive values: what an agent marks "x-agentrt-sensitive" is stored sealed (AES-256-GCM under a
+per-run data key wrapped by a KEK), reaches the lease holder in the clear, is redacted by GetRun and
+GetRunHistory unless revealed (runs.reveal, audited), and survives a KEK rotation."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+import grpc
+import pytest
+from support import TENANT, claim, eid, lease_ref, reason_of, rpc_error, scheduler_stack, tool_state
+
+from shared.gen.agentrt.v1 import run_service_pb2 as rs
+from shared.gen.agentrt.v1 import work_service_pb2 as ws
+
+pytestmark = pytest.mark.integration
+
+SECRET = "4111-1111-SECRET-card-7c1e"
+TOKEN = "tok-OUTPUT-secret-93ab"
+SENSITIVE = {"input": [["card"]], "tools": {"pay.charge": {"input": [["card"]], "output": [["token"]]}}}
+SCHEMA = {"type": "object", "properties": {"card": {"type": "string", "x-agentrt-sensitive": True},
+                                           "amount": {"type": "integer"}}}
+
+
+def keyring(current: str, **keys: bytes) -> str:
+    return json.dumps({"current": current, "keys": {k: base64.b64encode(v).decode() for k, v in keys.items()}})
+
+
+K1, K2 = os.urandom(32), os.urandom(32)
+
+
+async def register(stack) -> None:
+    await stack.work.RegisterAgents(ws.RegisterAgentsRequest(worker_id="w1", ttl_ms=60_000, agents=[
+        ws.AgentRegistration(name="payer", version="1", tool_names=["pay.charge"], input_schema_json=json.dumps(SCHEMA),
+                             sensitive_json=json.dumps(SENSITIVE))]))
+
+
+async def submit(stack, **payload) -> str:
+    reply = await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="payer", input_json=json.dumps(payload)),
+                                       metadata=stack.md())
+    return reply.run.run_id
+
+
+async def raw_tables(db) -> str:
+    """Every row of every table, as PostgreSQL prints it."""
+    names = await db.fetch("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+    parts = []
+    for row in names:
+        parts.append(await db.fetchval(f'SELECT coalesce(string_agg(t::text, E"\\n"), \'\') FROM "{row[0]}" t'
+                                       .replace('E"\\n"', "E'\\n'")))
+    return "\n".join(parts)
+
+
+async def test_marked_values_are_sealed_in_the_database_plain_for_the_executor_and_redacted_unless_revealed(
+        db_url, db):
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1)) as stack:
+        await register(stack)
+        run_id = await submit(stack, card=SECRET, amount=12)
+        key = await db.fetchrow("SELECT key_id, length(wrapped_key) AS n FROM run_data_keys WHERE run_id = $1::uuid",
+                                run_id)
+        assert key["key_id"] == "k1" and key["n"] == 12 + 32 + 16
+        stored = json.loads(await db.fetchval("SELECT input::text FROM agent_runs WHERE id = $1::uuid", run_id))
+        assert stored["amount"] == 12 and set(stored["card"]) == {"$sealed"}
+
+        shown = await stack.runs.GetRun(rs.GetRunRequest(run_id=run_id), metadata=stack.md())
+        assert json.loads(shown.input_json) == {"amount": 12, "card": "[redacted]"}
+
+        lease = await claim(stack, agents=("payer",))
+        assert json.loads(lease.run.input_json) == {"amount": 12, "card": SECRET}  # the executor's copy is plain
+        ref = lease_ref(lease)
+        request = {"card": SECRET, "amount": 12, "note": f"charge {SECRET} now"}
+        state = tool_state("s1", "pay.charge", request, raw={"args": request})
+        await stack.work.SaveCheckpoint(ws.SaveCheckpointRequest(
+            lease=ref, expected_version=0, state_json=json.dumps(state), schema_version=1, step_key="s1",
+            event_id=eid()))
+        await stack.work.BeginToolCall(ws.BeginToolCallRequest(
+            lease=ref, expected_version=1, step_key="s1", tool_name="pay.charge", idempotency_key=f"k-{run_id}",
+            request_json=json.dumps(request), execution_id=eid(), event_id=eid()))
+        await stack.work.CompleteToolCall(ws.CompleteToolCallRequest(
+            lease=ref, expected_version=1, step_key="s1", outcome=ws.TOOL_OUTCOME_SUCCEEDED,
+            response_json=json.dumps({"token": TOKEN, "ok": True}), state_json='{"cursor": "done"}',
+            schema_version=1, event_id=eid()))
+        answer = await stack.work.GetToolResults(ws.GetToolResultsRequest(lease=ref, step_keys=["s1"]))
+        assert json.loads(answer.executions[0].request_json) == request
+        assert json.loads(answer.executions[0].response_json) == {"token": TOKEN, "ok": True}
+
+        everything = await raw_tables(db)
+        assert SECRET not in everything and TOKEN not in everything
+        assert "$sealed" in everything
+
+        history = await stack.runs.GetRunHistory(rs.GetRunHistoryRequest(run_id=run_id), metadata=stack.md())
+        text = str(history)
+        assert SECRET not in text and TOKEN not in text and "[redacted]" in text
+        revealed = await stack.runs.GetRunHistory(rs.GetRunHistoryRequest(run_id=run_id, reveal=True),
+                                                  metadata=stack.md())
+        execution = revealed.tool_executions[0]
+        assert json.loads(execution.request_json) == request
+        assert json.loads(execution.response_json)["token"] == TOKEN
+        assert json.loads(revealed.run.input_json)["card"] == SECRET
+        one = await stack.runs.GetRun(rs.GetRunRequest(run_id=run_id, reveal=True), metadata=stack.md())
+        assert json.loads(one.input_json)["card"] == SECRET
+        audits = await db.fetch("SELECT action, evidence FROM audit_log WHERE run_id = $1::uuid ORDER BY id",
+                                run_id)
+        assert [(a["action"], a["evidence"]["rpc"]) for a in audits] == [
+            ("run.reveal", "GetRunHistory"), ("run.reveal", "GetRun")]
+
+
+async def test_a_marked_agent_without_keys_is_refused_and_nothing_is_written(db_url, db):
+    async with scheduler_stack(db_url) as stack:
+        await register(stack)
+        error = await rpc_error(submit(stack, card=SECRET))
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and reason_of(error) == "ENCRYPTION_KEY_MISSING"
+        assert await db.fetchval("SELECT count(*) FROM agent_runs") == 0
+
+
+async def test_rotation_rewraps_every_data_key_and_then_the_new_kek_alone_reads(db_url, db):
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1)) as stack:
+        await register(stack)
+        runs = [await submit(stack, card=f"{SECRET}-{i}") for i in range(7)]
+    # Rotation, online: a scheduler with the new KEK current and the old one kept for reading serves
+    # reads and submits while the keys are re-wrapped in batches.
+    async with scheduler_stack(db_url, encryption_keys=keyring("k2", k1=K1, k2=K2), rotate_batch=3) as stack:
+        await register(stack)
+        runs.append(await submit(stack, card=f"{SECRET}-new"))
+        first = await stack.server.store.rotate_keys(max_batches=1)
+        assert first.rewrapped == 3 and first.remaining == {"k1": 4, "k2": 4}
+        mid = await stack.runs.GetRun(rs.GetRunRequest(run_id=runs[-2], reveal=True), metadata=stack.md())
+        assert json.loads(mid.input_json)["card"] == f"{SECRET}-6"
+        rest = await stack.server.store.rotate_keys()
+        assert rest.rewrapped == 4 and rest.remaining == {"k2": 8}
+    async with scheduler_stack(db_url, encryption_keys=keyring("k2", k2=K2)) as stack:
+        for i, run_id in enumerate(runs):
+            shown = await stack.runs.GetRun(rs.GetRunRequest(run_id=run_id, reveal=True), metadata=stack.md())
+            assert json.loads(shown.input_json)["card"] == (f"{SECRET}-{i}" if i < 7 else f"{SECRET}-new")
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1)) as stack:
+        error = await rpc_error(stack.runs.GetRun(rs.GetRunRequest(run_id=runs[0], reveal=True), metadata=stack.md()))
+        assert reason_of(error) == "ENCRYPTION_KEY_MISSING"
+    assert TENANT
