@@ -28,10 +28,8 @@ from typing import Any, Protocol
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from shared.canonical import canonical_json
-from shared.sensitive import MARK, marked_paths  # noqa: F401  (re-exported)
+from shared.sensitive import MARK, REDACTED, SEALED, marked_paths  # noqa: F401  (re-exported)
 
-SEALED = "$sealed"
-REDACTED = "[redacted]"
 _NONCE = 12
 
 Path_ = tuple[str, ...]

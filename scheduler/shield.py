@@ -93,6 +93,11 @@ class Shield:
         key = await self.store.run_key(run_id)
         return value if key is None else key.seal_strings(value, key.secrets)
 
+    async def text(self, run_id: uuid.UUID, text: str) -> str:
+        """A free text (an error's detail, a reason): "[redacted]" when it holds a known marked value."""
+        key = await self.store.run_key(run_id)
+        return REDACTED if key is not None and any(s in text for s in key.secrets if s) else text
+
     async def state(self, run_id: uuid.UUID, state: Any, text: CanonicalJson) -> tuple[Any, CanonicalJson]:
         key = await self.store.run_key(run_id)
         if key is None or not any(s in text for s in key.secrets if s):

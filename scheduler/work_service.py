@@ -381,7 +381,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         lease = lease_of(request)
         step_key = v.require_step_key("step_key", request.step_key)
         error_code = v.require_text("error_code", request.error_code)
-        detail = v.optional_text("detail", request.detail, max_len=4000) or ""
+        detail = await self.shield.text(
+            lease.run_id, v.optional_text("detail", request.detail, max_len=4000) or "")
         event_id = event_id_of(request.event_id)
         annotate(step_key=step_key)
         replayed = await self.store.mark_tool_in_doubt(lease, step_key=step_key, error_code=error_code, detail=detail,
@@ -409,6 +410,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             raise InvalidArgument("signals_seen", "must not be negative, and is only allowed with wait_signal")
         event_id = event_id_of(request.event_id)
         result = await self.shield.value(lease.run_id, result)
+        reason = await self.shield.text(lease.run_id, reason)
         status, next_at, replayed = await self.store.finish_run(
             lease, expected_version=expected, outcome=outcome, reason=reason, result=result,
             sleep_ms=request.sleep_ms, pause_when_exhausted=request.pause_when_exhausted, error_class=error_class,

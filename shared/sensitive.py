@@ -6,9 +6,12 @@ scheduler seals those values (scheduler/sealing.py).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 MARK = "x-agentrt-sensitive"
+SEALED = "$sealed"  # {"$sealed": "<base64 of nonce + ciphertext>"}: a value the scheduler sealed
+REDACTED = "[redacted]"
 
 
 def marked_paths(schema: Any) -> list[list[str]]:
@@ -38,3 +41,23 @@ def sensitivity_of(input_schema: Any, tools: list[tuple[str, Any, Any]]) -> dict
         if marks["input"] or marks["output"]:
             spec["tools"][name] = marks
     return spec
+
+
+def redact_sealed(value: Any) -> Any:
+    """`value` with every sealed object shown as "[redacted]"."""
+    if isinstance(value, list):
+        return [redact_sealed(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {SEALED} and isinstance(value[SEALED], str):
+            return REDACTED
+        return {k: redact_sealed(v) for k, v in value.items()}
+    return value
+
+
+def redact_sealed_text(text: str) -> str:
+    """A JSON text with its sealed values as "[redacted]" (the same text when it holds none). Kafka
+    events leave the relay this way: their readers hold no keys, and a sealed value is of no use to them."""
+    if f'"{SEALED}"' not in text:
+        return text
+    return json.dumps(redact_sealed(json.loads(text)), separators=(",", ":"), sort_keys=True,
+                      ensure_ascii=False)

@@ -4,6 +4,7 @@ GetRunHistory unless revealed (runs.reveal, audited), and survives a KEK rotatio
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -138,3 +139,22 @@ async def test_rotation_rewraps_every_data_key_and_then_the_new_kek_alone_reads(
         error = await rpc_error(stack.runs.GetRun(rs.GetRunRequest(run_id=runs[0], reveal=True), metadata=stack.md()))
         assert reason_of(error) == "ENCRYPTION_KEY_MISSING"
     assert TENANT
+
+
+async def test_cli_rotate_and_status(db_url, db, monkeypatch, capsys):
+    from devstack.cli import main
+
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1)) as stack:
+        await register(stack)
+        runs = [await submit(stack, card=f"{SECRET}-{i}") for i in range(3)]
+    monkeypatch.setenv("AGENTRT_ENCRYPTION_KEYS", keyring("k2", k1=K1, k2=K2))
+    assert await asyncio.to_thread(main, ["encryption", "status", "--database-url", db_url]) == 0
+    assert json.loads(capsys.readouterr().out) == {"current_key_id": "k2", "keys_by_kek": {"k1": 3}}
+    assert await asyncio.to_thread(main, ["encryption", "rotate", "--batch", "2", "--database-url", db_url]) == 0
+    assert json.loads(capsys.readouterr().out) == {"current_key_id": "k2", "keys_by_kek": {"k2": 3}, "rewrapped": 3}
+    assert await asyncio.to_thread(main, ["encryption", "rotate", "--batch", "0", "--database-url", db_url]) == 1
+    assert capsys.readouterr().err.strip() == "agentrt encryption: error: --batch: must be between 1 and 10000"
+    monkeypatch.setenv("AGENTRT_ENCRYPTION_KEYS", keyring("k2", k2=K2))
+    async with scheduler_stack(db_url) as stack:  # the keyring from the environment: k2 alone
+        shown = await stack.runs.GetRun(rs.GetRunRequest(run_id=runs[2], reveal=True), metadata=stack.md())
+        assert json.loads(shown.input_json)["card"] == f"{SECRET}-2"
