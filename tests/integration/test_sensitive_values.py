@@ -158,3 +158,16 @@ async def test_cli_rotate_and_status(db_url, db, monkeypatch, capsys):
     async with scheduler_stack(db_url) as stack:  # the keyring from the environment: k2 alone
         shown = await stack.runs.GetRun(rs.GetRunRequest(run_id=runs[2], reveal=True), metadata=stack.md())
         assert json.loads(shown.input_json)["card"] == f"{SECRET}-2"
+
+
+async def test_retention_deletes_a_runs_data_key_with_the_run(db_url, db):
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1)) as stack:
+        await register(stack)
+        old, young = await submit(stack, card=SECRET), await submit(stack, card=SECRET)
+        await db.execute("UPDATE agent_runs SET status = 'COMPLETED', finished_at = clock_timestamp() - "
+                         "interval '40 days' WHERE id = $1::uuid", old)
+        await db.execute("UPDATE outbox SET published_at = clock_timestamp() WHERE run_id = $1::uuid", old)
+        purged = await stack.server.store.retention_purge(max_runs=100, dry_run=False, after_finished=None,
+                                                          after_id=None)
+        assert purged.runs == 1
+        assert [str(r[0]) for r in await db.fetch("SELECT run_id FROM run_data_keys")] == [young]
