@@ -171,3 +171,23 @@ async def test_retention_deletes_a_runs_data_key_with_the_run(db_url, db):
                                                           after_id=None)
         assert purged.runs == 1
         assert [str(r[0]) for r in await db.fetch("SELECT run_id FROM run_data_keys")] == [young]
+
+
+async def test_a_scheduled_run_of_a_marked_agent_is_sealed_like_a_submitted_one(db_url, db):
+    from executor_support import wait_for
+
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1), schedule_poll_interval_ms=100) as stack:
+        await register(stack)
+        await stack.runs.CreateSchedule(rs.CreateScheduleRequest(name="nightly-charge", spec=rs.ScheduleSpec(
+            agent_name="payer", input_json=json.dumps({"card": SECRET}), interval_ms=1000)), metadata=stack.md())
+
+        async def fired() -> str | None:
+            return await db.fetchval("SELECT id::text FROM agent_runs WHERE labels->>'agentrt.schedule' = "
+                                     "'nightly-charge' LIMIT 1")
+
+        run_id = await wait_for(fired, 20, "a fire")
+        stored = await db.fetchval("SELECT input::text FROM agent_runs WHERE id = $1::uuid", run_id)
+        assert SECRET not in stored and "$sealed" in stored
+        assert await db.fetchval("SELECT key_id FROM run_data_keys WHERE run_id = $1::uuid", run_id) == "k1"
+        lease = await claim(stack, agents=("payer",))
+        assert json.loads(lease.run.input_json)["card"] == SECRET
