@@ -191,3 +191,39 @@ async def test_a_scheduled_run_of_a_marked_agent_is_sealed_like_a_submitted_one(
         assert await db.fetchval("SELECT key_id FROM run_data_keys WHERE run_id = $1::uuid", run_id) == "k1"
         lease = await claim(stack, agents=("payer",))
         assert json.loads(lease.run.input_json)["card"] == SECRET
+
+
+async def test_a_reveal_needs_runs_reveal_and_a_bad_mark_list_is_refused(db_url, db):
+    from auth_support import make_key
+
+    operator_id, operator = await make_key(db_url, role="operator", tenants=[TENANT])
+    _, viewer = await make_key(db_url, role="viewer", tenants=[TENANT])
+    settings = {"auth_mode": "api_key", "api_key_cache_ttl_ms": 0, "work_token": "w-secret"}
+    work_md = [("authorization", "Bearer w-secret")]
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1), **settings) as stack:
+        bad = await rpc_error(stack.work.RegisterAgents(ws.RegisterAgentsRequest(
+            worker_id="w1", ttl_ms=60_000, agents=[ws.AgentRegistration(
+                name="payer", version="1", sensitive_json=json.dumps({"input": "card"}))]), metadata=work_md))
+        assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert bad.details().startswith("agents[0].sensitive_json: input must be a list of paths")
+        await stack.work.RegisterAgents(ws.RegisterAgentsRequest(worker_id="w1", ttl_ms=60_000, agents=[
+            ws.AgentRegistration(name="payer", version="1", input_schema_json=json.dumps(SCHEMA),
+                                 sensitive_json=json.dumps(SENSITIVE))]), metadata=work_md)
+        run = await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="payer", input_json=json.dumps(
+            {"card": SECRET})), metadata=[("authorization", f"Bearer {operator}")])
+        assert json.loads(run.run.input_json)["card"] == "[redacted]"  # the submitter's answer too
+        run_id = run.run.run_id
+        for call in (stack.runs.GetRun(rs.GetRunRequest(run_id=run_id, reveal=True),
+                                       metadata=[("authorization", f"Bearer {viewer}")]),
+                     stack.runs.GetRunHistory(rs.GetRunHistoryRequest(run_id=run_id, reveal=True),
+                                              metadata=[("authorization", f"Bearer {viewer}")])):
+            refused = await rpc_error(call)
+            assert refused.code() == grpc.StatusCode.PERMISSION_DENIED and "runs.reveal" in refused.details()
+        assert await db.fetchval("SELECT count(*) FROM audit_log WHERE action = 'run.reveal'") == 0
+        shown = await stack.runs.GetRun(rs.GetRunRequest(run_id=run_id, reveal=True, note=rs.AuditNote(
+            reason="chargeback", ticket_id="CB-9")), metadata=[("authorization", f"Bearer {operator}")])
+        assert json.loads(shown.input_json)["card"] == SECRET
+        row = await db.fetchrow("SELECT principal, reason, ticket_id FROM audit_log WHERE action = 'run.reveal'")
+        assert tuple(row) == (f"key:{operator_id}", "chargeback", "CB-9")
+        # The reveal's Kafka event names who and why, never the value.
+        assert SECRET not in await raw_tables(db)
