@@ -14,12 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.queries import Q
-from scheduler.sealing import KeyError_, Keyring, RunKey, Sensitivity, load_keyring, plain_values
+from scheduler.sealing import KeyError_, Keyring, RunKey, Sensitivity, load_keyring, transform
 from scheduler.store_core import StoreBase, db_call
+from shared.canonical import canonical_json
 from shared.db import execute, fetch, fetchrow
 from shared.errors import EncryptionKeyMissing
 
 _NO_KEY = object()
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else canonical_json(value)
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class KeyStore(StoreBase):
             return cache[run_id]
         async with self.pool.acquire() as conn:
             row = await fetchrow(conn, Q.run_data_key, run_id=run_id)
+            ledger = await fetch(conn, Q.run_sealed_ledger, run_id=run_id) if row is not None else []
         key = None
         if row is not None:
             try:
@@ -82,7 +88,9 @@ class KeyStore(StoreBase):
             except KeyError_ as exc:
                 raise EncryptionKeyMissing(f"run {run_id}: {exc}") from None
             key = RunKey(run_id, plain, Sensitivity.of_json(row["sensitive"]))
-            key.secrets.update(plain_values(key.unseal(row["input"]), key.sensitivity.input))
+            # Every marked value the run holds: a string that contains one is sealed wherever it goes.
+            for value in (row["input"], *(r["request_json"] for r in ledger), *(r["response_json"] for r in ledger)):
+                transform(value, lambda text, k=key: k.secrets.add(_as_text(k.open(text))))
         self._remember(run_id, key)
         return key
 

@@ -1412,6 +1412,12 @@ SELECT k.key_id, k.wrapped_key, k.sensitive, r.input
 FROM run_data_keys k JOIN agent_runs r ON r.id = k.run_id
 WHERE k.run_id = :run_id;
 
+-- name: run_sealed_ledger
+-- A run's ledger payloads that hold sealed values: a scheduler that did not see them sealed learns
+-- the run's marked tool values from them (scheduler/store_keys.py).
+SELECT request_json, response_json FROM tool_executions
+WHERE run_id = :run_id AND (request_json::text LIKE '%"$sealed"%' OR response_json::text LIKE '%"$sealed"%');
+
 -- name: data_keys_to_rotate
 -- The next batch of data keys wrapped by another KEK than the current one, in run order after
 -- :after, locked so a concurrent rotation skips them (a submit or a read never waits: reads take

@@ -106,6 +106,20 @@ async def test_marked_values_are_sealed_in_the_database_plain_for_the_executor_a
                                 run_id)
         assert [(a["action"], a["evidence"]["rpc"]) for a in audits] == [
             ("run.reveal", "GetRunHistory"), ("run.reveal", "GetRun")]
+    # Another scheduler process (nothing cached) learns the run's marked values from its input and
+    # ledger: the lease holder's next checkpoint, which copies the tool's marked answer, is sealed too.
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1)) as stack:
+        saved = await stack.work.SaveCheckpoint(ws.SaveCheckpointRequest(
+            lease=ref, expected_version=2, state_json=json.dumps({"cursor": "x", "seen": f"token {TOKEN}"}),
+            schema_version=1, event_id=eid()))
+        assert saved.version == 3
+        again = await latest_state(db, run_id)
+        assert TOKEN not in again and "$sealed" in again
+
+
+async def latest_state(db, run_id: str) -> str:
+    return await db.fetchval("SELECT state_json::text FROM agent_checkpoints WHERE run_id = $1::uuid "
+                             "ORDER BY version DESC LIMIT 1", run_id)
 
 
 async def test_a_marked_agent_without_keys_is_refused_and_nothing_is_written(db_url, db):
