@@ -54,6 +54,9 @@ class _ToolBase(_Strict):
     name: str = Field(pattern=_NAME)
     description: str = ""
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    # Only read for its sensitive marks ("x-agentrt-sensitive": true on a property): the answer's
+    # marked fields are stored sealed (README: Security).
+    output_schema: dict[str, Any] | None = None
     contract: ToolContract = Field(default_factory=ToolContract)
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
 

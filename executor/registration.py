@@ -15,12 +15,13 @@ import asyncio
 import contextlib
 import logging
 
-from executor.agents import AgentCatalog
+from executor.agents import AgentCatalog, AgentDefinition
 from executor.client import WorkClient
 from executor.shutdown import Shutdown, Stopped
 from shared.canonical import canonical_json
 from shared.errors import AgentrtError
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
+from shared.sensitive import sensitivity_of
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,14 @@ def registrations(catalog: AgentCatalog) -> list[ws.AgentRegistration]:
                                  input_schema_json=canonical_json(a.input_schema) if a.input_schema else "",
                                  default_priority=a.priority or 0,
                                  concurrency_key=a.concurrency.key if a.concurrency else "",
-                                 concurrency_max=a.concurrency.max if a.concurrency else 0)
+                                 concurrency_max=a.concurrency.max if a.concurrency else 0,
+                                 sensitive_json=_sensitive(a))
             for a in sorted(catalog.all(), key=lambda a: (a.name, a.version))]
+
+
+def _sensitive(agent: AgentDefinition) -> str:
+    spec = sensitivity_of(agent.input_schema, [(t.name, t.input_schema, t.output_schema) for t in agent.tools])
+    return canonical_json(spec) if spec["input"] or spec["tools"] else ""
 
 
 class Registration:

@@ -40,6 +40,7 @@ from relay.store import OutboxRow
 from shared.cloudevents import encode_headers
 from shared.errors import Unavailable
 from shared.kafka_client import is_permanent_record_error
+from shared.sensitive import redact_sealed_text
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +216,7 @@ class Publisher:
                 hashed = hashes[row.run_id] = key_hash(key)
             topic_partitions = partitions[topic]
             tp = (topic, topic_partitions[hashed % len(topic_partitions)])
-            value = row.payload_json.encode()
+            value = redact_sealed_text(row.payload_json).encode()  # never a sealed value on Kafka
             traceparent, tracestate = row.traceparent, row.tracestate
             if spans is not None:
                 traceparent, tracestate = spans.start(row, tp[0], tp[1])

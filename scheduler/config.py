@@ -199,6 +199,15 @@ class SchedulerSettings(ComponentSettings):
     require_row_security: bool = False
     # How RunService callers authenticate: api_key, jwt, api_key,jwt, or none (every caller may act
     # for any tenant named in x-tenant-id: development only, logged as a warning at start).
+    # Sensitive values (README: Security): the KEK keyring, {"current": id, "keys": {id: base64 of 32
+    # bytes}}, from this file or from AGENTRT_ENCRYPTION_KEYS. Unset: agents that mark sensitive fields
+    # are refused at submit (FAILED_PRECONDITION), nothing is stored in the clear by mistake.
+    encryption_keys_file: str | None = None
+    encryption_keys: SecretStr | None = None
+    # Data keys kept unwrapped in memory (runs being served); each is re-read from run_data_keys after.
+    data_key_cache_size: int = Field(10_000, ge=0, le=1_000_000)
+    # Data keys re-wrapped per statement by `agentrt encryption rotate`.
+    rotate_batch: int = Field(500, ge=1, le=10_000)
     auth_mode: str = "api_key"
     # A revoked key stops working on every replica within this time (lookups are cached).
     api_key_cache_ttl_ms: int = Field(2_000, ge=0, le=60_000)

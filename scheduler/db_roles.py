@@ -73,6 +73,9 @@ TABLE_PRIVILEGES: dict[str, dict[str, tuple[str, ...]]] = {
         "run_signals": _SIU,
         # Schedules: created, changed, fired and deleted through RunService.
         "agent_schedules": _ALL,
+        # Wrapped data keys: written at submit, re-wrapped by `agentrt encryption rotate`; never deleted
+        # by it (a run's key goes with the run, inside agentrt_retention_purge).
+        "run_data_keys": _SIU,
     },
     "relay": {
         "schema_migrations": _S,
@@ -97,7 +100,7 @@ TABLE_PRIVILEGES: dict[str, dict[str, tuple[str, ...]]] = {
             "outbox_parked", "consumed_events", "runtime_counters", "relay_config", "relay_shards",
             "relay_members", "agent_registry", "audit_log", "retention_policies", "run_signals",
             "agent_schedules")
-        # Not api_keys: the hashes of key secrets are for the scheduler alone.
+        # Not api_keys (hashes of key secrets) nor run_data_keys (wrapped data keys): the scheduler's alone.
     },
 }
 

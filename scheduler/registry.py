@@ -29,6 +29,7 @@ class LiveVersion(NamedTuple):
     default_priority: int | None = None  # None: the scheduler's default_priority
     concurrency_key: str | None = None  # the key template, e.g. "${input.customer_id}"
     concurrency_max: int | None = None
+    sensitive: dict[str, Any] | None = None  # the marked paths (shared/sensitive.py); None: nothing marked
 
 
 _PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")

@@ -24,6 +24,7 @@ VERBS = MappingProxyType({
     "runs.resume": "approve, reject or answer a run paused for a human",
     "tools.resolve": "resolve IN_DOUBT tool executions with evidence",
     "runs.export": "export a run's whole history (GetRunHistory with export; audited)",
+    "runs.reveal": "see the values an agent marks sensitive (GetRun, GetRunHistory with reveal; audited)",
     "keys.manage": "create, list and revoke API keys",
     "audit.read": "read the audit trail",
     "tenants.several": "hold a credential for several tenants and choose one with x-tenant-id",
@@ -32,7 +33,7 @@ VERBS = MappingProxyType({
 _OWN = {
     "viewer": ("runs.read", "stats.read", "agents.read"),
     "submitter": ("runs.submit", "runs.cancel", "runs.signal", "schedules.manage"),
-    "operator": ("runs.resume", "tools.resolve", "runs.export"),
+    "operator": ("runs.resume", "tools.resolve", "runs.export", "runs.reveal"),
     "admin": ("keys.manage", "audit.read", "tenants.several"),
 }
 

@@ -24,6 +24,7 @@ from scheduler.notifier import WorkNotifier
 from scheduler.registry import LiveVersion, admit, render_key
 from scheduler.rpc import HISTORY_PART, MAX_PAGE_SIZE, RESOLVE, RESUME, STATUS_FILTER, principal, rpc
 from scheduler.schedule_service import ScheduleRpcs
+from scheduler.shield import M, Shield, redact_message
 from scheduler.store import (
     HISTORY_PARTS,
     HistoryCursor,
@@ -51,6 +52,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         self.auth = auth
         self.keys = auth.keys
         self.guard = auth.admit  # scheduler/rpc.py: every call is admitted before its handler runs
+        self.shield = Shield(store)
 
     def _tenant(self, context: grpc.aio.ServicerContext) -> str:
         """The call's tenant: the credential's, or the one x-tenant-id names among its tenants."""
@@ -96,21 +98,24 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
             key = render_key(served.concurrency_key, payload)
         spec = dataclasses.replace(
             spec, priority=requested_priority or default or self.settings.default_priority,
-            concurrency_key=key, concurrency_max=served.concurrency_max if key and served else None)
+            concurrency_key=key, concurrency_max=served.concurrency_max if key and served else None,
+            sealed=self.shield.seal_submit(served.sensitive, payload) if served is not None else None)
         row, created = await self.store.submit_run(tenant, spec, current_trace())
         if created and self.notifier is not None:
             self.notifier.poke()
         annotate(run_id=str(row.id), run_version=row.version, fencing_token=row.fencing_token)
-        return rs.SubmitRunResponse(run=convert.run_to_proto(row), created=created)
+        return redact_message(rs.SubmitRunResponse(run=convert.run_to_proto(row), created=created))
 
     @rpc
     async def GetRun(self, request: rs.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.Run:
         tenant = self._tenant(context)
         run_id = v.require_uuid("run_id", request.run_id)
         annotate(run_id=str(run_id))
+        if request.reveal:
+            await self._reveal(context, tenant, run_id, request.note, "GetRun")
         row = await self.store.get_run(tenant, run_id)
         annotate(fencing_token=row.fencing_token, run_version=row.version)
-        return convert.run_to_proto(row)
+        return await self._shown(run_id, convert.run_to_proto(row), request.reveal)
 
     @rpc
     async def ListRuns(self, request: rs.ListRunsRequest, context: grpc.aio.ServicerContext) -> rs.ListRunsResponse:
@@ -127,7 +132,8 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         if len(rows) > size:
             rows = rows[:size]
             token = _encode_page_token(rows[-1].created_at, rows[-1].id, filter_key)
-        return rs.ListRunsResponse(runs=[convert.run_to_proto(r) for r in rows], next_page_token=token)
+        return redact_message(rs.ListRunsResponse(runs=[convert.run_to_proto(r) for r in rows],
+                                                  next_page_token=token))
 
     @rpc
     async def GetRunTree(self, request: rs.GetRunTreeRequest,
@@ -153,7 +159,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
             or "cancelled by request"
         audit = audit_entry(context, request.note, reason=reason)
         row = await self.store.cancel_run(tenant, run_id, reason=reason, trace=current_trace(), audit=audit)
-        return convert.run_to_proto(row)
+        return redact_message(convert.run_to_proto(row))
 
     @rpc
     async def SignalRun(self, request: rs.SignalRunRequest, context: grpc.aio.ServicerContext) -> rs.SignalRunResponse:
@@ -167,8 +173,8 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
                                                                  request_id=request_id, trace=current_trace())
         if woke and self.notifier is not None:
             self.notifier.poke()
-        return rs.SignalRunResponse(signal=convert.signal_to_proto(signal), created=created,
-                                    run=convert.run_to_proto(row))
+        return redact_message(rs.SignalRunResponse(signal=convert.signal_to_proto(signal), created=created,
+                                                   run=convert.run_to_proto(row)))
 
     @rpc
     async def ResumeRun(self, request: rs.ResumeRunRequest, context: grpc.aio.ServicerContext) -> pb.Run:
@@ -187,7 +193,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         audit = audit_entry(context, request.note, comment=" | ".join(p for p in (said, comment) if p) or None)
         row = await self.store.resume_run(tenant, run_id, human_input=human_input, trace=current_trace(),
                                           audit=audit)
-        return convert.run_to_proto(row)
+        return redact_message(convert.run_to_proto(row))
 
     @rpc
     async def ResolveToolExecution(self, request: rs.ResolveToolExecutionRequest,
@@ -215,8 +221,8 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
             tenant, run_id, step_key=step_key, outcome=cast(ResolveOutcome, outcome), result=result,
             remote_resource_id=remote_id, evidence=evidence, resolved_by=resolved_by, event_id=event_id,
             trace=current_trace(), audit=audit)
-        return rs.ResolveToolExecutionResponse(run=convert.run_to_proto(run),
-                                               execution=convert.execution_to_proto(execution))
+        return redact_message(rs.ResolveToolExecutionResponse(run=convert.run_to_proto(run),
+                                                              execution=convert.execution_to_proto(execution)))
 
     @rpc
     async def GetRunHistory(self, request: rs.GetRunHistoryRequest, context: grpc.aio.ServicerContext) -> rs.RunHistory:
@@ -235,16 +241,39 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
             if not request.page_token:  # one audit row per export, at its first page
                 await self.store.record_export(tenant, run_id, parts=parts, audit=audit_entry(context, request.note),
                                                trace=current_trace())
+        if request.reveal and not request.page_token:  # one audit row per revealed read, at its first page
+            await self._reveal(context, tenant, run_id, request.note, "GetRunHistory")
+        elif request.reveal:
+            self._may_reveal()
         history, following = await self.store.history(tenant, run_id, parts=parts, cursor=cursor,
                                                       page_size=request.page_size or 100, page_bytes=4 * self.limit)
-        return rs.RunHistory(
+        return await self._shown(run_id, rs.RunHistory(
             run=convert.run_to_proto(history.run),
             checkpoints=[convert.checkpoint_to_proto(c) for c in history.checkpoints],
             tool_executions=[convert.execution_to_proto(e) for e in history.executions],
             events=[convert.event_to_proto(e) for e in history.events],
             journal=[convert.journal_to_proto(j) for j in history.journal],
             next_page_token="" if following.exhausted else _encode_history_token(following, run_id, parts),
-        )
+        ), request.reveal)
+
+    @staticmethod
+    def _may_reveal() -> None:
+        if not principal().may("runs.reveal"):
+            raise PermissionDenied(f"role {','.join(principal().roles)} may not runs.reveal",
+                                   verb="runs.reveal", principal=principal().id)
+
+    async def _reveal(self, context: grpc.aio.ServicerContext, tenant: str, run_id: uuid.UUID,
+                      note: rs.AuditNote, rpc_name: str) -> None:
+        """A reveal is allowed (runs.reveal) and audited before anything is read."""
+        self._may_reveal()
+        await self.store.record_reveal(tenant, run_id, rpc=rpc_name, audit=audit_entry(context, note),
+                                       trace=current_trace())
+
+    async def _shown(self, run_id: uuid.UUID, message: M, reveal: bool) -> M:
+        """The answer with its sensitive values redacted, or opened for a reveal."""
+        if reveal:
+            return await self.shield.opened(run_id, message)
+        return redact_message(message)
 
 
     async def _admit(self, tenant: str, spec: SubmitSpec, payload: Any,

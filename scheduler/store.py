@@ -40,6 +40,7 @@ from scheduler.states import TERMINAL
 from scheduler.store_auth import ApiKeyRow, AuthStore, KeyForAuth
 from scheduler.store_children import ChildSpec, ChildStore
 from scheduler.store_core import COMMIT_UNKNOWN_COUNTER, connect_pool, db_call
+from scheduler.store_keys import KeyStore
 from scheduler.store_registry import AgentSpec, RegistryStore
 from scheduler.store_runs import RunStore
 from scheduler.store_schedules import ScheduleSpec, ScheduleStore
@@ -67,7 +68,7 @@ from shared.db import init_connection
 from shared.tracing import Trace
 
 
-class Store(RunStore, WorkStore, ChildStore, RegistryStore, AuthStore, ScheduleStore):
+class Store(RunStore, WorkStore, ChildStore, RegistryStore, AuthStore, ScheduleStore, KeyStore):
     """Every read and write of run state: RunService's side (`RunStore`), WorkService's (`WorkStore`)
     the agent registry (`RegistryStore`), API keys and the audit trail (`AuthStore`), schedules
     (`ScheduleStore`)."""

@@ -17,6 +17,7 @@ import asyncpg
 
 from scheduler.queries import Q
 from scheduler.rows import ChildRow, RunRow, Spawned
+from scheduler.sealing import Sensitivity
 from scheduler.states import Op
 from scheduler.store_core import db_call, fence_params, trace_params
 from scheduler.store_types import LeaseRef
@@ -39,6 +40,7 @@ class ChildSpec:
     max_steps: int = 0
     max_tokens: int = 0
     max_cost_usd: float = 0.0
+    sensitive: dict[str, Any] | None = None  # the serving version's marks: its input is sealed as SubmitRun's
 
 
 def child_id(parent: uuid.UUID, spawn_key: str, index: int) -> uuid.UUID:
@@ -68,11 +70,25 @@ class ChildStore:
                 parent = await fetchrow(conn, Q.lock_spawning_parent, **fence_params(lease, Op.SAVE_CHECKPOINT))
                 if parent is not None:
                     created = 0
+                    # Under the parent's lock: the children a repeated spawn made already are not
+                    # sealed again (a new data key would be cached for a child that keeps its first).
+                    made = {r["spawn_index"] for r in await fetch(conn, Q.spawn_group, parent_run_id=lease.run_id,
+                                                                  spawn_key=spawn_key)}
                     for index, spec in enumerate(children):
+                        if index in made:
+                            continue
+                        run_id, stored, sealed = child_id(lease.run_id, spawn_key, index), spec.input, None
+                        marks = Sensitivity.of_json(spec.sensitive)
+                        if marks.any:
+                            sealed = self.new_run_key(run_id, marks)  # type: ignore[attr-defined]
+                            stored = sealed.key.seal_paths(spec.input, marks.input)
                         created += await fetchval(
-                            conn, Q.spawn_child, run_id=child_id(lease.run_id, spawn_key, index),
+                            conn, Q.spawn_child, run_id=run_id,
                             tenant_id=parent["tenant_id"], agent_name=spec.agent_name,
-                            agent_version=spec.agent_version, input=spec.input, labels=spec.labels,
+                            agent_version=spec.agent_version, input=stored, labels=spec.labels,
+                            key_id=sealed.key_id if sealed else None,
+                            wrapped_key=sealed.wrapped if sealed else None,
+                            sensitive=marks.to_json() if sealed else None,
                             max_attempts=max_attempts, max_steps=spec.max_steps, max_tokens=spec.max_tokens,
                             max_cost_usd=spec.max_cost_usd,
                             client_request_id=child_request_id(lease.run_id, spawn_key, index),

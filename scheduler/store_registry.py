@@ -30,6 +30,7 @@ class AgentSpec:
     default_priority: int | None = None
     concurrency_key: str | None = None
     concurrency_max: int | None = None
+    sensitive: dict[str, Any] | None = None
 
 
 class RegistryStore(StoreBase):
@@ -44,7 +45,8 @@ class RegistryStore(StoreBase):
                 tools=[json.dumps(list(a.tool_names)) for a in agents],
                 priorities=[a.default_priority for a in agents],
                 concurrency_keys=[a.concurrency_key for a in agents],
-                concurrency_maxes=[a.concurrency_max for a in agents])
+                concurrency_maxes=[a.concurrency_max for a in agents],
+                sensitives=[canonical_json(a.sensitive) if a.sensitive else "" for a in agents])
         return expires
 
     @db_call
@@ -54,7 +56,7 @@ class RegistryStore(StoreBase):
         async with self.pool.acquire() as conn:
             rows = await fetch(conn, Q.live_versions, agent_name=agent_name)
         return {row["agent_version"]: LiveVersion(row["input_schema"], row["default_priority"], row["concurrency_key"],
-                                                  row["concurrency_max"]) for row in rows}
+                                                  row["concurrency_max"], row["sensitive"]) for row in rows}
 
     @db_call
     async def registered_agents(self) -> list[RegisteredAgentRow]:

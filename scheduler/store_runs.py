@@ -102,9 +102,13 @@ class RunStore(Recovery):
 
     async def _insert_run(self, conn: asyncpg.Connection, tenant_id: str, spec: SubmitSpec, digest: bytes | None,
                           trace: Trace) -> Record | None:
+        sealed = spec.sealed
         return await fetchrow(
-            conn, Q.submit_run, run_id=uuid7(), tenant_id=tenant_id, agent_name=spec.agent_name,
-            agent_version=spec.agent_version, input=spec.input, labels=spec.labels,
+            conn, Q.submit_run, run_id=sealed.run_id if sealed else uuid7(), tenant_id=tenant_id,
+            agent_name=spec.agent_name, agent_version=spec.agent_version,
+            input=sealed.input if sealed else spec.input, labels=spec.labels,
+            key_id=sealed.key_id if sealed else None, wrapped_key=sealed.wrapped_key if sealed else None,
+            sensitive=sealed.sensitive if sealed else None,
             max_attempts=spec.max_attempts, max_steps=spec.max_steps, max_tokens=spec.max_tokens,
             max_cost_usd=spec.max_cost_usd, deadline_at=spec.deadline_at,
             client_request_id=spec.client_request_id, submit_hash=digest, event_id=uuid7(),
@@ -365,13 +369,23 @@ class RunStore(Recovery):
     async def record_export(self, tenant_id: str, run_id: uuid.UUID, *, parts: frozenset[str], audit: AuditEntry,
                             trace: Trace = NO_TRACE) -> None:
         """The audit row (and event) of an export of the run's history, before any of it is read."""
+        await self._record_read(tenant_id, run_id, "run.export", {"parts": sorted(parts)}, audit, trace)
+
+    @db_call
+    async def record_reveal(self, tenant_id: str, run_id: uuid.UUID, *, rpc: str, audit: AuditEntry,
+                            trace: Trace = NO_TRACE) -> None:
+        """The audit row (and event) of a read that shows the run's sensitive values, before the read."""
+        await self._record_read(tenant_id, run_id, "run.reveal", {"rpc": rpc}, audit, trace)
+
+    async def _record_read(self, tenant_id: str, run_id: uuid.UUID, action: str, evidence: dict[str, Any],
+                           audit: AuditEntry, trace: Trace) -> None:
         async with self.tenant_tx(tenant_id) as conn:
             run = await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id)
             if run is None:
                 raise NotFound(f"run {run_id} not found", run_id=run_id)
             state = run_state(run)
-            await write_audit(conn, audit, tenant_id=tenant_id, action="run.export", run_id=run_id, before=state,
-                              after=state, evidence={"parts": sorted(parts)}, trace=trace,
+            await write_audit(conn, audit, tenant_id=tenant_id, action=action, run_id=run_id, before=state,
+                              after=state, evidence=evidence, trace=trace,
                               run_version=run["version"], fencing_token=run["fencing_token"])
 
     @db_call

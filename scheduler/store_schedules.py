@@ -20,9 +20,11 @@ from asyncpg import Record
 from scheduler.queries import Q
 from scheduler.registry import LiveVersion, admit, render_key
 from scheduler.schedule_times import Timing, jitter_of, timing
+from scheduler.sealing import Sensitivity
 from scheduler.states import TERMINAL
 from scheduler.store_auth import write_audit
-from scheduler.store_core import StoreBase, db_call
+from scheduler.store_core import db_call
+from scheduler.store_keys import KeyStore
 from scheduler.store_types import AuditEntry, SubmitSpec
 from shared.canonical import sha256_of, uuid7
 from shared.db import execute, fetch, fetchrow, fetchval
@@ -95,7 +97,7 @@ class _Fire:
     last_fire_at: dt.datetime | None = None
 
 
-class ScheduleStore(StoreBase):
+class ScheduleStore(KeyStore):
     def _first(self, spec: ScheduleSpec, schedule_id: uuid.UUID, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
         """The first nominal fire time after `now`, and when it is due (with its jitter)."""
         first = spec.timing().next_after(now)
@@ -226,10 +228,17 @@ class ScheduleStore(StoreBase):
         run = SubmitSpec(agent_name=spec.agent_name, agent_version=spec.agent_version, input=spec.input,
                          client_request_id=request_id, max_attempts=self.settings.default_max_attempts,
                          labels={**spec.labels, "agentrt.schedule": row["name"]})
-        priority, key, key_max = await self._flow_of(conn, spec)
+        priority, key, key_max, sensitive = await self._flow_of(conn, spec)
+        run_id, stored, sealed = uuid7(), run.input, None
+        marks = Sensitivity.of_json(sensitive)
+        if marks.any:  # sealed as SubmitRun seals (scheduler/shield.py); no keyring: the fire fails, nothing in clear
+            sealed = self.new_run_key(run_id, marks)
+            stored = sealed.key.seal_paths(run.input, marks.input)
         submitted = await fetchrow(
-            conn, Q.submit_run, run_id=uuid7(), tenant_id=row["tenant_id"], agent_name=run.agent_name,
-            agent_version=run.agent_version, input=run.input, labels=run.labels, max_attempts=run.max_attempts,
+            conn, Q.submit_run, run_id=run_id, tenant_id=row["tenant_id"], agent_name=run.agent_name,
+            agent_version=run.agent_version, input=stored, labels=run.labels, max_attempts=run.max_attempts,
+            key_id=sealed.key_id if sealed else None, wrapped_key=sealed.wrapped if sealed else None,
+            sensitive=marks.to_json() if sealed else None,
             max_steps=0, max_tokens=0, max_cost_usd=0.0, deadline_at=None, client_request_id=request_id,
             submit_hash=run.submit_hash(), event_id=uuid7(), traceparent=None, tracestate=None,
             priority=priority, concurrency_key=key, concurrency_max=key_max,
@@ -243,19 +252,20 @@ class ScheduleStore(StoreBase):
             fire.fired += 1
         fire.last_run_id, fire.active, fire.last_fire_at = submitted["id"], True, fire_at
 
-    async def _flow_of(self, conn: asyncpg.Connection, spec: ScheduleSpec) -> tuple[int, str | None, int | None]:
-        """A fired run's priority and concurrency key, as SubmitRun gives them: from the registration of the
-        version that will serve it (none live, or an input it no longer takes: the defaults)."""
+    async def _flow_of(self, conn: asyncpg.Connection, spec: ScheduleSpec,
+                       ) -> tuple[int, str | None, int | None, dict[str, Any] | None]:
+        """A fired run's priority, concurrency key and sensitive marks, as SubmitRun gives them: from the
+        registration of the version that will serve it (none live, or an input it no longer takes: the defaults)."""
         rows = await fetch(conn, Q.live_versions, agent_name=spec.agent_name)
         versions = {r["agent_version"]: LiveVersion(r["input_schema"], r["default_priority"], r["concurrency_key"],
-                                                    r["concurrency_max"]) for r in rows}
+                                                    r["concurrency_max"], r["sensitive"]) for r in rows}
         try:
             served = admit(versions, spec.agent_name, spec.agent_version, spec.input, allow_unregistered=True)
             key = render_key(served.concurrency_key, spec.input) if served and served.concurrency_key else None
         except InvalidArgument:
             served, key = None, None
         priority = (served.default_priority if served else None) or self.settings.default_priority
-        return priority, key, served.concurrency_max if key and served else None
+        return priority, key, served.concurrency_max if key and served else None, served.sensitive if served else None
 
 
 __all__ = ["OVERLAPS", "ScheduleSpec", "ScheduleStore", "fire_request_id", "schedule_state", "spec_of"]

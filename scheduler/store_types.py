@@ -60,6 +60,7 @@ class ToolIntent:
     request: Any
     execution_id: uuid.UUID
     event_id: uuid.UUID
+    stored_request: Any = None  # the request as stored (its sensitive fields sealed); None: `request`
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,15 @@ def tx2_binding(lease: LeaseRef, *, expected_version: int, step_key: str, outcom
 
 
 @dataclass(frozen=True)
+class SealedSubmit:
+    run_id: uuid.UUID
+    input: dict[str, Any]
+    key_id: str
+    wrapped_key: bytes
+    sensitive: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class SubmitSpec:
     agent_name: str
     agent_version: str
@@ -149,6 +159,9 @@ class SubmitSpec:
     requested_priority: int = 0  # as submitted (0 = the agent's default): what a retried submit must repeat
     concurrency_key: str | None = None  # rendered from the input by the agent's key template
     concurrency_max: int | None = None
+    # Set when the agent marks sensitive fields: the run's id, its input with those sealed, and its
+    # wrapped data key (stored together by the submit statement). The hash is over the plain input.
+    sealed: SealedSubmit | None = None
 
     def submit_hash(self) -> bytes:
         # The requested priority counts only when set, so the hashes of submits made before it existed hold.

@@ -67,8 +67,10 @@ class ToolWrites(Recovery):
     async def begin_tool_call(
         self, lease: LeaseRef, *, expected_version: int, step_key: str, tool_name: str, idempotency_key: str,
         request: Any, execution_id: uuid.UUID, event_id: uuid.UUID, trace: Trace = NO_TRACE,
+        stored_request: Any = None,
     ) -> Began:
-        """Tx1. `existing` is never a licence to resend."""
+        """Tx1. `existing` is never a licence to resend. The request hash is over the plain `request`;
+        `stored_request` (its sensitive fields sealed), when given, is what the ledger keeps."""
         digest = request_hash(tool_name, request)
         binding = bind_write("BeginToolCall", lease, expected_version=expected_version, step_key=step_key,
                              tool_name=tool_name, idempotency_key=idempotency_key, request=digest,
@@ -76,8 +78,9 @@ class ToolWrites(Recovery):
         async with self.work_pool.acquire() as conn:
             row = await self._within_tool_limits(conn, lease, tool_name, lambda: fenced_write(
                 conn, Q.begin_tool_call, **fence_params(lease, Op.BEGIN_TOOL_CALL), expected_version=expected_version,
-                step_key=step_key, tool_name=tool_name, idempotency_key=idempotency_key, request=request,
-                request_hash=digest, execution_id=execution_id, event_id=event_id, **trace_params(trace),
+                step_key=step_key, tool_name=tool_name, idempotency_key=idempotency_key,
+                request=request if stored_request is None else stored_request, request_hash=digest,
+                execution_id=execution_id, event_id=event_id, **trace_params(trace),
                 **binding_params(binding)))
             if row is not None:
                 return Began(ExecutionRow.of(row), False, False)
@@ -140,7 +143,8 @@ class ToolWrites(Recovery):
                 schema_version=schema_version, response=response, remote_resource_id=remote_resource_id,
                 error_code=error_code, evidence=evidence, state_hash=state_hash, next_step_key=intent.step_key,
                 next_tool_name=intent.tool_name, next_idempotency_key=intent.idempotency_key,
-                next_request_hash=digest, next_execution_id=intent.execution_id, next_request=intent.request,
+                next_request_hash=digest, next_execution_id=intent.execution_id,
+                next_request=intent.request if intent.stored_request is None else intent.stored_request,
                 event_id=event_id, next_event_id=intent.event_id, **trace_params(trace), **binding_params(binding),
                 **journal.params))
             if row is not None:

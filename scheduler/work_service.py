@@ -6,6 +6,7 @@ shared wrapper).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -38,6 +39,8 @@ from scheduler.rpc import (
     log,
     rpc,
 )
+from scheduler.sealing import check_sensitivity
+from scheduler.shield import Shield
 from scheduler.store import (
     NO_JOURNAL,
     AgentSpec,
@@ -68,6 +71,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         self._observe = observe
         self._recording = recording  # False: no spans of our own, only the caller's context carried on
         self._metrics = metrics
+        self.shield = Shield(store)
         # Called by the rpc wrapper (scheduler/rpc.py) and by WriteBatch items with each typed refusal.
         self.refused: Callable[[str, str], None] | None = metrics.refused if metrics is not None else None
         token = settings.work_token.get_secret_value() if settings.work_token else None
@@ -179,6 +183,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             lease.current_step_execution.CopyFrom(execution)
             if run.status == "WAITING_TOOL" and claimed.step_execution.status == "OUTBOUND_INTENT":
                 lease.pending_tool.CopyFrom(execution)
+        await self.shield.opened(run.id, lease)  # tools get the plain values
         return ws.ClaimWorkResponse(lease=lease)
 
     @rpc
@@ -220,7 +225,9 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         event_id = event_id_of(request.event_id)
         event_type = v.require_name("event_type", request.event_type) if request.event_type else "agent.checkpoint"
         payload = v.parse_json("event_payload_json", request.event_payload_json, self.limit, default={})
-        journal = self._journal(request.journal)
+        journal = await self.shield.journal(lease.run_id, self._journal(request.journal))
+        state, state_text = await self.shield.state(lease.run_id, state, state_text)
+        payload = await self.shield.value(lease.run_id, payload)
         consumed = tuple(request.consume_signal_seqs)
         if len(consumed) > 100 or len(set(consumed)) != len(consumed) or any(seq <= 0 for seq in consumed):
             raise InvalidArgument("consume_signal_seqs", "at most 100 distinct positive signal seqs")
@@ -243,11 +250,13 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         execution_id = v.require_uuid("execution_id", request.execution_id)
         event_id = event_id_of(request.event_id)
         annotate(step_key=step_key, tool=tool)
+        stored = await self.shield.tool_request(lease.run_id, tool, payload)
         row, existing, replayed = await self.store.begin_tool_call(
             lease, expected_version=expected, step_key=step_key, tool_name=tool, idempotency_key=key,
-            request=payload, execution_id=execution_id, event_id=event_id, trace=current_trace())
-        return ws.BeginToolCallResponse(execution=convert.execution_to_proto(row), existing=existing,
-                                        replayed=replayed)
+            request=payload, execution_id=execution_id, event_id=event_id, trace=current_trace(),
+            stored_request=stored)
+        execution = await self.shield.opened(lease.run_id, convert.execution_to_proto(row))
+        return ws.BeginToolCallResponse(execution=execution, existing=existing, replayed=replayed)
 
     @rpc
     async def CompleteToolCall(self, request: ws.CompleteToolCallRequest,
@@ -272,13 +281,16 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                 event_id=event_id, trace=current_trace())
             return ws.CompleteToolCallResponse(version=version, status=convert.RUN_STATUS[status],
                                                replayed=replayed)
-        response = self._tool_response(request.response_json)
-        state, state_text = self._state(request.state_json)
+        response = await self.shield.tool_response(lease.run_id, self._tool_response(request.response_json))
+        state, state_text = await self.shield.state(lease.run_id, *self._state(request.state_json))
         schema_version = v.require_positive("schema_version", request.schema_version)
         next_step = v.require_step_key("next_step_key", request.next_step_key) if request.next_step_key else None
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
         end = self._run_end(request.end, event_id) if request.HasField("end") else None
-        journal = self._journal(request.journal)
+        if end is not None:
+            end = dataclasses.replace(end, result=await self.shield.value(lease.run_id, end.result))
+        journal = await self.shield.journal(lease.run_id, self._journal(request.journal))
+        evidence = await self.shield.value(lease.run_id, evidence)
         version, status, replayed = await self.store.complete_tool_call(
             lease, expected_version=expected, step_key=step_key, succeeded=outcome == "SUCCEEDED", response=response,
             remote_resource_id=remote_id, error_code=error_code, state=state, schema_version=schema_version,
@@ -331,8 +343,9 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         event_id = event_id_of(request.event_id)
         error_code = v.optional_text("error_code", request.error_code, max_len=200)
         evidence = v.parse_json("evidence_json", request.evidence_json, self.limit, default=None)
-        response = self._tool_response(request.response_json)
-        state, state_text = self._state(request.state_json)
+        response = await self.shield.tool_response(lease.run_id, self._tool_response(request.response_json))
+        state, state_text = await self.shield.state(lease.run_id, *self._state(request.state_json))
+        evidence = await self.shield.value(lease.run_id, evidence)
         schema_version = v.require_positive("schema_version", request.schema_version)
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
         nxt = request.next
@@ -349,7 +362,9 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         )
         if intent.event_id == event_id:
             raise InvalidArgument("next.event_id", "must differ from event_id (each half has its own event)")
-        journal = self._journal(request.journal)
+        intent = dataclasses.replace(intent, stored_request=await self.shield.tool_request(
+            lease.run_id, intent.tool_name, intent.request))
+        journal = await self.shield.journal(lease.run_id, self._journal(request.journal))
         annotate(step_key=step_key, tool=intent.tool_name)
         version, row, replayed = await self.store.complete_and_begin_tool_call(
             lease, expected_version=expected, step_key=step_key, succeeded=outcome == "SUCCEEDED", response=response,
@@ -357,8 +372,9 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             evidence=evidence, event_id=event_id, intent=intent, trace=current_trace(), state_text=state_text,
             journal=journal)
         annotate(run_version=version, replayed=replayed)
+        execution = await self.shield.opened(lease.run_id, convert.execution_to_proto(row))
         return ws.CompleteAndBeginToolCallResponse(version=version, status=pb.RUN_STATUS_WAITING_TOOL,
-                                                   execution=convert.execution_to_proto(row), replayed=replayed)
+                                                   execution=execution, replayed=replayed)
 
     @rpc
     async def MarkToolInDoubt(self, request: ws.MarkToolInDoubtRequest,
@@ -366,7 +382,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         lease = lease_of(request)
         step_key = v.require_step_key("step_key", request.step_key)
         error_code = v.require_text("error_code", request.error_code)
-        detail = v.optional_text("detail", request.detail, max_len=4000) or ""
+        detail = await self.shield.text(
+            lease.run_id, v.optional_text("detail", request.detail, max_len=4000) or "")
         event_id = event_id_of(request.event_id)
         annotate(step_key=step_key)
         replayed = await self.store.mark_tool_in_doubt(lease, step_key=step_key, error_code=error_code, detail=detail,
@@ -395,6 +412,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if request.wait_children and (outcome != "SLEEP" or wait_signal is not None):
             raise InvalidArgument("wait_children", "is only allowed with SLEEP and without wait_signal")
         event_id = event_id_of(request.event_id)
+        result = await self.shield.value(lease.run_id, result)
+        reason = await self.shield.text(lease.run_id, reason)
         status, next_at, replayed = await self.store.finish_run(
             lease, expected_version=expected, outcome=outcome, reason=reason, result=result,
             sleep_ms=request.sleep_ms, pause_when_exhausted=request.pause_when_exhausted, error_class=error_class,
@@ -422,8 +441,9 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         rows, more = await self.store.read_journal(lease, after_seq=request.after_seq,
                                                    page_size=request.page_size or DEFAULT_JOURNAL_PAGE_SIZE,
                                                    page_bytes=4 * self.limit)
-        return ws.ReadJournalResponse(entries=[convert.journal_to_proto(row, with_time=False) for row in rows],
-                                      more=more)
+        answer = ws.ReadJournalResponse(entries=[convert.journal_to_proto(row, with_time=False) for row in rows],
+                                        more=more)
+        return await self.shield.opened(lease.run_id, answer)
 
     @rpc
     async def SpawnChildren(self, request: ws.SpawnChildrenRequest,
@@ -469,13 +489,15 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             raise InvalidArgument(f"{field}.budget.deadline", "is not taken for a child run")
         versions = await self.store.live_agent_versions(agent)
         try:
-            admit(versions, agent, version, payload, allow_unregistered=not self.settings.require_registered_agents)
+            served = admit(versions, agent, version, payload,
+                           allow_unregistered=not self.settings.require_registered_agents)
         except AgentNotRegistered as exc:
             raise InvalidArgument(f"{field}.agent_name", exc.message) from None
         except InvalidArgument as exc:
             raise InvalidArgument(f"{field}.input_json", exc.message) from None
         return ChildSpec(agent_name=agent, agent_version=version, input=payload, labels=labels,
-                         max_steps=budget.max_steps, max_tokens=budget.max_tokens, max_cost_usd=budget.max_cost_usd)
+                         max_steps=budget.max_steps, max_tokens=budget.max_tokens, max_cost_usd=budget.max_cost_usd,
+                         sensitive=served.sensitive if served is not None else None)
 
     @rpc
     async def GetToolResults(self, request: ws.GetToolResultsRequest,
@@ -485,7 +507,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             raise InvalidArgument("step_keys", f"name 1 to {MAX_TOOL_RESULT_STEPS} step keys")
         step_keys = sorted({v.require_step_key("step_keys", key) for key in request.step_keys})
         rows = await self.store.tool_results(lease, step_keys, answer_bytes=4 * self.limit)
-        return ws.GetToolResultsResponse(executions=[convert.execution_to_proto(row) for row in rows])
+        answer = ws.GetToolResultsResponse(executions=[convert.execution_to_proto(row) for row in rows])
+        return await self.shield.opened(lease.run_id, answer)
 
 
 MAX_CHILDREN = 100  # SpawnChildren
@@ -517,5 +540,10 @@ def _agent_spec(field: str, item: ws.AgentRegistration, limit: int) -> AgentSpec
             raise InvalidArgument(f"{field}.concurrency_max", "must be at least 1 with a concurrency_key")
     elif item.concurrency_max:
         raise InvalidArgument(f"{field}.concurrency_max", "needs a concurrency_key")
+    sensitive = v.parse_json(f"{field}.sensitive_json", item.sensitive_json, limit) if item.sensitive_json \
+        else None
+    if sensitive is not None and (problem := check_sensitivity(sensitive)) is not None:
+        raise InvalidArgument(f"{field}.sensitive_json", problem)
     return AgentSpec(name=name, version=version, input_schema=schema, tool_names=tools, default_priority=priority,
-                     concurrency_key=key, concurrency_max=item.concurrency_max if key else None)
+                     concurrency_key=key, concurrency_max=item.concurrency_max if key else None,
+                     sensitive=sensitive or None)

@@ -132,6 +132,12 @@ class SchemaMismatch(AgentrtError):
     reason = "SCHEMA_MISMATCH"
 
 
+class EncryptionKeyMissing(AgentrtError):
+    """Sensitive values cannot be sealed or opened: no keyring, or it lacks the KEK a data key names."""
+
+    reason = "ENCRYPTION_KEY_MISSING"
+
+
 class Unavailable(AgentrtError):
     reason = "UNAVAILABLE"
     retryable = True
@@ -182,6 +188,7 @@ STATUS_CODES: dict[type[AgentrtError], grpc.StatusCode] = {
     DecisionNotCheckpointed: grpc.StatusCode.FAILED_PRECONDITION,
     RunFrozen: grpc.StatusCode.FAILED_PRECONDITION,
     SchemaMismatch: grpc.StatusCode.FAILED_PRECONDITION,
+    EncryptionKeyMissing: grpc.StatusCode.FAILED_PRECONDITION,
     AgentNotRegistered: grpc.StatusCode.FAILED_PRECONDITION,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -105,6 +105,10 @@ WITH inserted AS (
   INSERT INTO runtime_counters (name, value)
   SELECT 'concurrency_keys_used', 1 FROM inserted WHERE inserted.concurrency_key IS NOT NULL LIMIT 1
   ON CONFLICT (name) DO NOTHING
+), sealed AS (
+  -- The run's wrapped data key, when its agent marks sensitive fields (0017_sensitive_values.sql).
+  INSERT INTO run_data_keys (run_id, tenant_id, key_id, wrapped_key, sensitive)
+  SELECT id, tenant_id, :key_id, :wrapped_key, :sensitive FROM inserted WHERE :key_id::text IS NOT NULL
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, traceparent, tracestate)
   SELECT :event_id, id, tenant_id, 'agent.run_submitted',
@@ -1238,10 +1242,11 @@ SELECT
 -- concurrency key template and limit (NULL: none).
 WITH listed AS (
   SELECT l.name, l.version, nullif(l.input_schema, '')::jsonb AS input_schema,
-         ARRAY(SELECT jsonb_array_elements_text(l.tools::jsonb)) AS tool_names, l.priority, l.key, l.key_max
+         ARRAY(SELECT jsonb_array_elements_text(l.tools::jsonb)) AS tool_names, l.priority, l.key, l.key_max,
+         nullif(l.sensitive, '')::jsonb AS sensitive
   FROM unnest(:names::text[], :versions::text[], :schemas::text[], :tools::text[], :priorities::smallint[],
-              :concurrency_keys::text[], :concurrency_maxes::int[])
-       AS l(name, version, input_schema, tools, priority, key, key_max)
+              :concurrency_keys::text[], :concurrency_maxes::int[], :sensitives::text[])
+       AS l(name, version, input_schema, tools, priority, key, key_max, sensitive)
 ), gone AS (
   DELETE FROM agent_registry AS r
   WHERE (r.worker_id = :worker_id
@@ -1249,14 +1254,15 @@ WITH listed AS (
      OR (r.worker_id <> :worker_id AND r.expires_at < clock_timestamp() - interval '1 day')
 ), written AS (
   INSERT INTO agent_registry (agent_name, agent_version, worker_id, input_schema, tool_names, registered_at,
-                              expires_at, default_priority, concurrency_key, concurrency_max)
+                              expires_at, default_priority, concurrency_key, concurrency_max, sensitive)
   SELECT name, version, :worker_id, input_schema, tool_names, clock_timestamp(),
-         clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000), priority, key, key_max
+         clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000), priority, key, key_max,
+         sensitive
   FROM listed
   ON CONFLICT (agent_name, agent_version, worker_id) DO UPDATE
   SET input_schema = EXCLUDED.input_schema, tool_names = EXCLUDED.tool_names,
       default_priority = EXCLUDED.default_priority, concurrency_key = EXCLUDED.concurrency_key,
-      concurrency_max = EXCLUDED.concurrency_max,
+      concurrency_max = EXCLUDED.concurrency_max, sensitive = EXCLUDED.sensitive,
       registered_at = EXCLUDED.registered_at, expires_at = EXCLUDED.expires_at
 )
 SELECT clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 1000) AS expires_at;
@@ -1264,7 +1270,8 @@ SELECT clock_timestamp() + make_interval(secs => :ttl_ms::double precision / 100
 -- name: live_versions
 -- The versions of one agent that a live executor serves, each with the input
 -- schema, default priority and concurrency key of its latest registration.
-SELECT DISTINCT ON (agent_version) agent_version, input_schema, default_priority, concurrency_key, concurrency_max
+SELECT DISTINCT ON (agent_version) agent_version, input_schema, default_priority, concurrency_key, concurrency_max,
+       sensitive
 FROM agent_registry
 WHERE agent_name = :agent_name AND expires_at > clock_timestamp()
 ORDER BY agent_version, registered_at DESC;
@@ -1458,6 +1465,10 @@ WITH inserted AS (
           :parent_run_id, :spawn_key, :spawn_index, :detached)
   ON CONFLICT (tenant_id, client_request_id) WHERE client_request_id IS NOT NULL DO NOTHING
   RETURNING *
+), sealed AS (
+  -- The child's wrapped data key, when its agent marks sensitive fields (as submit_run).
+  INSERT INTO run_data_keys (run_id, tenant_id, key_id, wrapped_key, sensitive)
+  SELECT id, tenant_id, :key_id, :wrapped_key, :sensitive FROM inserted WHERE :key_id::text IS NOT NULL
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, traceparent, tracestate)
   SELECT :event_id, id, tenant_id, 'agent.run_submitted',
@@ -1521,3 +1532,37 @@ WITH RECURSIVE tree AS (
 SELECT r.id, tree.depth FROM tree JOIN agent_runs AS r ON r.id = tree.id
 WHERE r.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
 ORDER BY tree.depth DESC, r.id;
+
+-- name: run_data_key
+-- A run's wrapped data key and what its agent marked (no row: the run holds no sealed values).
+SELECT k.key_id, k.wrapped_key, k.sensitive, r.input
+FROM run_data_keys k JOIN agent_runs r ON r.id = k.run_id
+WHERE k.run_id = :run_id;
+
+-- name: run_sealed_ledger
+-- A run's ledger payloads that hold sealed values: a scheduler that did not see them sealed learns
+-- the run's marked tool values from them (scheduler/store_keys.py).
+SELECT request_json, response_json FROM tool_executions
+WHERE run_id = :run_id AND (request_json::text LIKE '%"$sealed"%' OR response_json::text LIKE '%"$sealed"%');
+
+-- name: data_keys_to_rotate
+-- The next batch of data keys wrapped by another KEK than the current one, in run order after
+-- :after, locked so a concurrent rotation skips them (a submit or a read never waits: reads take
+-- no lock, and new keys are wrapped by the current KEK already).
+SELECT run_id, key_id, wrapped_key FROM run_data_keys
+WHERE key_id <> :current_key_id AND run_id > :after
+ORDER BY run_id
+LIMIT :batch
+FOR UPDATE SKIP LOCKED;
+
+-- name: rewrap_data_keys
+-- One batch re-wrapped under the current KEK (parallel arrays), each only while still wrapped by
+-- the KEK it was read under.
+UPDATE run_data_keys AS k
+SET key_id = :current_key_id, wrapped_key = n.wrapped_key, rotated_at = clock_timestamp()
+FROM unnest(:run_ids::uuid[], :old_key_ids::text[], :wrapped_keys::bytea[]) AS n(run_id, old_key_id, wrapped_key)
+WHERE k.run_id = n.run_id AND k.key_id = n.old_key_id;
+
+-- name: data_key_counts
+-- Data keys per KEK id (agentrt encryption status).
+SELECT key_id, count(*) AS keys FROM run_data_keys GROUP BY key_id ORDER BY key_id;

@@ -429,6 +429,9 @@ CASES: list[Bad] = [
     # ---- GetRun, GetRunHistory, CancelRun: the run id
     *uuid_cases("GetRun", "run_id"),
     *uuid_cases("GetRunHistory", "run_id"),
+    Bad("GetRun", "reveal with a note.reason too long", put(reveal=True, note__reason="r" * 1001), "note.reason"),
+    Bad("GetRunHistory", "reveal with a note.ticket_id too long", put(reveal=True, note__ticket_id="t" * 201),
+        "note.ticket_id"),
     *uuid_cases("CancelRun", "run_id"),
     Bad("CancelRun", "reason too long", put(reason="r" * 1001), "reason"),
     nul_case("CancelRun", "reason"),

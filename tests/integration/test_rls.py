@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 A, B = "tenant-a", "tenant-b"
 STEP, TOOL, REQUEST = "label.create/attempt-1", "shipping.create_label", {"order": 17}
 RLS_TABLES = {"agent_runs", "agent_checkpoints", "tool_executions", "run_journal", "outbox", "outbox_parked",
-              "run_signals", "agent_schedules", "audit_log"}
+              "run_signals", "agent_schedules", "audit_log", "run_data_keys"}
 # Tables without a tenant's rows: the schema's, the relay's shard bookkeeping, counters, the
 # registry (every tenant's agents), retention policies (operator settings), consumer dedupe ids
 # and API keys (looked up before a call has a tenant; their hashes are the scheduler's alone).
@@ -154,7 +154,7 @@ def b_params(b: dict[str, Any], query: Query) -> dict[str, Any]:
         "tracestate": None, "event_type": "agent.evil", "write_op": None, "write_hash": None,
         "interval_ms": 1000, "cron": None, "time_zone": "UTC", "overlap": "SKIP", "catch_up_window_ms": 0,
         "jitter_ms": 0, "spec_hash": zero, "audit_id": uuid.uuid4(), "principal": "x",
-        "principal_kind": "local", "action": "run.cancel", "comment": None, "ticket_id": None,
+        "principal_kind": "local", "key_id": None, "wrapped_key": None, "sensitive": None, "action": "run.cancel", "comment": None, "ticket_id": None,
         "state_before": None, "state_after": None, "since": None, "until": None, "before_id": None,
     }
     if query.name == "history_events":

@@ -118,10 +118,14 @@ class SubmitRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class GetRunRequest(_message.Message):
-    __slots__ = ("run_id",)
+    __slots__ = ("run_id", "reveal", "note")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REVEAL_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
-    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+    reveal: bool
+    note: AuditNote
+    def __init__(self, run_id: _Optional[str] = ..., reveal: _Optional[bool] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
     __slots__ = ("statuses", "agent_name", "page_size", "page_token")
@@ -353,20 +357,22 @@ class ResolveToolExecutionResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., execution: _Optional[_Union[_common_pb2.ToolExecution, _Mapping]] = ...) -> None: ...
 
 class GetRunHistoryRequest(_message.Message):
-    __slots__ = ("run_id", "page_size", "page_token", "include", "export", "note")
+    __slots__ = ("run_id", "page_size", "page_token", "include", "export", "note", "reveal")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_FIELD_NUMBER: _ClassVar[int]
     EXPORT_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    REVEAL_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     page_size: int
     page_token: str
     include: _containers.RepeatedScalarFieldContainer[HistoryPart]
     export: bool
     note: AuditNote
-    def __init__(self, run_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include: _Optional[_Iterable[_Union[HistoryPart, str]]] = ..., export: _Optional[bool] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+    reveal: bool
+    def __init__(self, run_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include: _Optional[_Iterable[_Union[HistoryPart, str]]] = ..., export: _Optional[bool] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ..., reveal: _Optional[bool] = ...) -> None: ...
 
 class RunHistory(_message.Message):
     __slots__ = ("run", "checkpoints", "tool_executions", "events", "next_page_token", "journal")

@@ -533,7 +533,7 @@ class GetToolResultsResponse(_message.Message):
     def __init__(self, executions: _Optional[_Iterable[_Union[_common_pb2.ToolExecution, _Mapping]]] = ...) -> None: ...
 
 class AgentRegistration(_message.Message):
-    __slots__ = ("name", "version", "input_schema_json", "tool_names", "default_priority", "concurrency_key", "concurrency_max")
+    __slots__ = ("name", "version", "input_schema_json", "tool_names", "default_priority", "concurrency_key", "concurrency_max", "sensitive_json")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -541,6 +541,7 @@ class AgentRegistration(_message.Message):
     DEFAULT_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_MAX_FIELD_NUMBER: _ClassVar[int]
+    SENSITIVE_JSON_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     input_schema_json: str
@@ -548,7 +549,8 @@ class AgentRegistration(_message.Message):
     default_priority: int
     concurrency_key: str
     concurrency_max: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., tool_names: _Optional[_Iterable[str]] = ..., default_priority: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., concurrency_max: _Optional[int] = ...) -> None: ...
+    sensitive_json: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., tool_names: _Optional[_Iterable[str]] = ..., default_priority: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., concurrency_max: _Optional[int] = ..., sensitive_json: _Optional[str] = ...) -> None: ...
 
 class RegisterAgentsRequest(_message.Message):
     __slots__ = ("worker_id", "agents", "ttl_ms")

@@ -1,0 +1,134 @@
+"""Data keys of runs with sensitive values (scheduler/sealing.py): create, unwrap (cached), rotate.
+
+A data key is unwrapped with the keyring once per scheduler process and run (bounded cache);
+rotation re-wraps keys in batches under FOR UPDATE SKIP LOCKED, one short transaction each,
+so submits, claims and reads go on meanwhile (they never lock a key row).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.queries import Q
+from scheduler.sealing import KeyError_, Keyring, RunKey, Sensitivity, load_keyring, transform
+from scheduler.store_core import WORK_SCOPE, StoreBase, db_call
+from shared.canonical import canonical_json
+from shared.db import execute, fetch, fetchrow
+from shared.errors import EncryptionKeyMissing
+
+_NO_KEY = object()
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else canonical_json(value)
+
+
+@dataclass(frozen=True)
+class NewKey:
+    """A fresh run data key: plain (to seal the input with) and wrapped (to store)."""
+
+    key: RunKey
+    key_id: str
+    wrapped: bytes
+
+
+@dataclass(frozen=True)
+class Rotated:
+    rewrapped: int
+    remaining: dict[str, int]  # keys per KEK id after the pass
+
+
+class KeyStore(StoreBase):
+    _keyring: Keyring | object | None = _NO_KEY
+    _keys: OrderedDict[uuid.UUID, RunKey | None]
+
+    def keyring(self) -> Keyring:
+        if self._keyring is _NO_KEY:
+            secret = self.settings.encryption_keys
+            self._keyring = load_keyring(self.settings.encryption_keys_file,
+                                         secret.get_secret_value() if secret is not None else None)
+        if not isinstance(self._keyring, Keyring):
+            raise EncryptionKeyMissing(
+                "the agent marks sensitive fields but the scheduler has no encryption keys "
+                "(set encryption_keys_file or AGENTRT_ENCRYPTION_KEYS)")
+        return self._keyring
+
+    def new_run_key(self, run_id: uuid.UUID, sensitivity: Sensitivity) -> NewKey:
+        data_key = os.urandom(32)
+        key_id, wrapped = self.keyring().wrap(data_key)
+        key = RunKey(run_id, data_key, sensitivity)
+        self._remember(run_id, key)
+        return NewKey(key, key_id, wrapped)
+
+    def _remember(self, run_id: uuid.UUID, key: RunKey | None) -> None:
+        cache = self.__dict__.setdefault("_keys", OrderedDict())
+        cache[run_id] = key
+        cache.move_to_end(run_id)
+        while len(cache) > self.settings.data_key_cache_size:
+            cache.popitem(last=False)
+
+    @db_call
+    async def run_key(self, run_id: uuid.UUID) -> RunKey | None:
+        """The run's plain data key; None: it holds no sealed values."""
+        cache = self.__dict__.setdefault("_keys", OrderedDict())
+        if run_id in cache:
+            cache.move_to_end(run_id)
+            return cache[run_id]
+        # The work pool: the caller has already checked the run's tenant (RunService) or holds its lease.
+        async with self.work_pool.acquire() as conn:
+            row = await fetchrow(conn, Q.run_data_key, run_id=run_id)
+            ledger = await fetch(conn, Q.run_sealed_ledger, run_id=run_id) if row is not None else []
+        key = None
+        if row is not None:
+            try:
+                plain = self.keyring().unwrap(row["key_id"], bytes(row["wrapped_key"]))
+            except KeyError_ as exc:
+                raise EncryptionKeyMissing(f"run {run_id}: {exc}") from None
+            key = RunKey(run_id, plain, Sensitivity.of_json(row["sensitive"]))
+            # Every marked value the run holds: a string that contains one is sealed wherever it goes.
+            for value in (row["input"], *(r["request_json"] for r in ledger), *(r["response_json"] for r in ledger)):
+                transform(value, lambda text, k=key: k.secrets.add(_as_text(k.open(text))))
+        self._remember(run_id, key)
+        return key
+
+    @db_call
+    async def rotate_keys(self, *, after: uuid.UUID | None = None, max_batches: int | None = None) -> Rotated:
+        """Re-wraps every data key wrapped by another KEK than the keyring's current one."""
+        ring = self.keyring()
+        current = ring.current_key_id()
+        position = after or uuid.UUID(int=0)
+        rewrapped = batches = 0
+        while max_batches is None or batches < max_batches:
+            async with self.work_pool.acquire() as conn, conn.transaction():
+                await execute(conn, Q.set_scope, scope=WORK_SCOPE)  # every tenant's keys (a CLI's pool has no scope)
+                rows = await fetch(conn, Q.data_keys_to_rotate, current_key_id=current, after=position,
+                                   batch=self.settings.rotate_batch)
+                if not rows:
+                    break
+                wrapped: list[bytes] = []
+                for row in rows:
+                    try:
+                        plain = ring.unwrap(row["key_id"], bytes(row["wrapped_key"]))
+                    except KeyError_ as exc:
+                        raise EncryptionKeyMissing(f"run {row['run_id']}: {exc}; keep that key in the keyring "
+                                                 "until rotation has finished") from None
+                    wrapped.append(ring.wrap(plain)[1])
+                await execute(conn, Q.rewrap_data_keys, current_key_id=current,
+                              run_ids=[r["run_id"] for r in rows], old_key_ids=[r["key_id"] for r in rows],
+                              wrapped_keys=wrapped)
+            rewrapped += len(rows)
+            batches += 1
+            position = rows[-1]["run_id"]
+        self.__dict__.setdefault("_keys", OrderedDict()).clear()
+        return Rotated(rewrapped, await self.data_key_counts())
+
+    @db_call
+    async def data_key_counts(self) -> dict[str, int]:
+        async with self.work_pool.acquire() as conn, conn.transaction():
+            await execute(conn, Q.set_scope, scope=WORK_SCOPE)
+            rows: list[Any] = await fetch(conn, Q.data_key_counts)
+        return {r["key_id"]: int(r["keys"]) for r in rows}
