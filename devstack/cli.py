@@ -354,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     from devstack.acceptance.cli import add_commands as add_acceptance_commands
     from devstack.cli_admin import add_commands as add_admin_commands
     from devstack.cli_events import add_commands as add_event_commands
+    from devstack.cli_limits import add_commands as add_limit_commands
     from devstack.cli_retention import add_commands as add_retention_commands
     from devstack.cli_runs import add_commands as add_run_commands
     from devstack.cli_schedules import add_commands as add_schedule_commands
@@ -363,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_admin_commands(sub)
     add_event_commands(sub)
     add_retention_commands(sub)
+    add_limit_commands(sub)
     add_acceptance_commands(sub)
     return parser
 

@@ -73,6 +73,8 @@ TABLE_PRIVILEGES: dict[str, dict[str, tuple[str, ...]]] = {
         "run_signals": _SIU,
         # Schedules: created, changed, fired and deleted through RunService.
         "agent_schedules": _ALL,
+        # Runtime limits: set and cleared through RunService (admin), read by every replica.
+        "flow_limits": _ALL,
     },
     "relay": {
         "schema_migrations": _S,
@@ -96,7 +98,7 @@ TABLE_PRIVILEGES: dict[str, dict[str, tuple[str, ...]]] = {
             "schema_migrations", "agent_runs", "agent_checkpoints", "tool_executions", "run_journal", "outbox",
             "outbox_parked", "consumed_events", "runtime_counters", "relay_config", "relay_shards",
             "relay_members", "agent_registry", "audit_log", "retention_policies", "run_signals",
-            "agent_schedules")
+            "agent_schedules", "flow_limits")
         # Not api_keys: the hashes of key secrets are for the scheduler alone.
     },
 }

@@ -1398,3 +1398,40 @@ SET next_fire_at = :next_fire_at, due_at = :due_at, buffered_fire_at = :buffered
     last_run_id = :last_run_id, last_fire_at = COALESCE(:last_fire_at::timestamptz, last_fire_at), fires = fires + :fired,
     skipped = skipped + :skipped, updated_at = clock_timestamp()
 WHERE id = :id;
+
+-- Runtime flow limits (migration 0015, scheduler/flow_limits.py).
+
+-- name: list_flow_limits
+-- Every runtime limit (a handful of rows), read by each replica every limits_refresh_ms.
+SELECT scope, tenant_id, subject, limit_name, value, updated_at, updated_by FROM flow_limits
+ORDER BY scope, tenant_id, subject, limit_name;
+
+-- name: lock_flow_limit
+-- The limit's row as it was, under lock (its state before, for the audit).
+SELECT scope, tenant_id, subject, limit_name, value, updated_at, updated_by FROM flow_limits
+WHERE scope = :scope AND tenant_id = :tenant_id AND subject = :subject AND limit_name = :limit_name
+FOR UPDATE;
+
+-- name: set_flow_limit
+INSERT INTO flow_limits (scope, tenant_id, subject, limit_name, value, updated_by)
+VALUES (:scope, :tenant_id, :subject, :limit_name, :value, :updated_by)
+ON CONFLICT (scope, tenant_id, subject, limit_name)
+DO UPDATE SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = clock_timestamp()
+RETURNING scope, tenant_id, subject, limit_name, value, updated_at, updated_by;
+
+-- name: clear_flow_limit
+DELETE FROM flow_limits
+WHERE scope = :scope AND tenant_id = :tenant_id AND subject = :subject AND limit_name = :limit_name
+RETURNING scope, tenant_id, subject, limit_name, value, updated_at, updated_by;
+
+-- name: tenant_flow
+-- agentrt status, one tenant: queued runs, runs holding a live lease (the slots concurrency limits
+-- count), and queued runs a claim found blocked, by the limit they wait on (tenant, agent, key).
+SELECT
+  (SELECT count(*) FROM agent_runs WHERE tenant_id = :tenant_id AND status = 'QUEUED') AS queued,
+  (SELECT count(*) FROM agent_runs WHERE tenant_id = :tenant_id AND lease_owner IS NOT NULL
+     AND lease_expires_at > clock_timestamp()) AS running,
+  (SELECT coalesce(jsonb_object_agg(waiting_on, n), '{}'::jsonb)
+     FROM (SELECT waiting_on, count(*) AS n FROM agent_runs
+           WHERE tenant_id = :tenant_id AND status = 'QUEUED' AND waiting_on IS NOT NULL GROUP BY waiting_on) w)
+    AS waiting_on;
