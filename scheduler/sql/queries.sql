@@ -1413,6 +1413,7 @@ WHERE scope = :scope AND tenant_id = :tenant_id AND subject = :subject AND limit
 FOR UPDATE;
 
 -- name: set_flow_limit
+-- SetLimit: the row, new or changed (who set it and when, by database time).
 INSERT INTO flow_limits (scope, tenant_id, subject, limit_name, value, updated_by)
 VALUES (:scope, :tenant_id, :subject, :limit_name, :value, :updated_by)
 ON CONFLICT (scope, tenant_id, subject, limit_name)
@@ -1420,6 +1421,7 @@ DO UPDATE SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_
 RETURNING scope, tenant_id, subject, limit_name, value, updated_at, updated_by;
 
 -- name: clear_flow_limit
+-- ClearLimit: the row as it was (nothing when there was none); the config's value applies again.
 DELETE FROM flow_limits
 WHERE scope = :scope AND tenant_id = :tenant_id AND subject = :subject AND limit_name = :limit_name
 RETURNING scope, tenant_id, subject, limit_name, value, updated_at, updated_by;
