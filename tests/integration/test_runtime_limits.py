@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 from support import claim, lease_ref, rpc_error, scheduler_stack, submit, tool_state
+from test_cli_runs import agentrt
 
 from shared.errors import error_info
 from shared.gen.agentrt.v1 import common_pb2 as pb
@@ -149,3 +150,32 @@ async def test_a_bad_limit_is_invalid_argument_naming_its_field_and_changes_noth
         assert info is not None and info.metadata["field"] == field, error.details()
         assert await db.fetchval("SELECT count(*) FROM flow_limits") == 0
         assert await db.fetchval("SELECT count(*) FROM audit_log") == 0
+
+
+async def test_agentrt_limits_set_list_clear_and_status(db_url):
+    async with scheduler_stack(db_url) as stack:
+        await submit(stack)
+        code, out, err = await agentrt("limits", "set", "tool", "rate", "50/s", "--subject", "openai.chat",
+                                       "--reason", "provider quota", addr=stack.addr)
+        assert code == 0, err
+        assert "tool openai.chat" in out and "50/s" in out
+        code, out, err = await agentrt("limits", "set", "tenant", "max_running", "40", "--json", addr=stack.addr)
+        assert code == 0, err
+        assert json.loads(out)["tenant_id"] == "tenant-a"
+        code, out, err = await agentrt("limits", "list", "--json", addr=stack.addr)
+        assert code == 0, err
+        assert {(x["scope"], x["name"], x["value"]) for x in json.loads(out)["limits"]} == {
+            ("tool", "rate", "50/s"), ("tenant", "max_running", "40")}
+        code, out, err = await agentrt("status", addr=stack.addr)
+        assert code == 0, err
+        assert "flow:       1 queued, 0 running" in out
+        assert "max_running 40" in out and "tool openai.chat rate 50/s" in out
+        code, out, err = await agentrt("limits", "clear", "tool", "rate", "--subject", "openai.chat",
+                                       addr=stack.addr)
+        assert code == 0 and out.startswith("cleared: "), err
+        code, out, err = await agentrt("limits", "set", "tool", "rate", "fast", "--subject", "openai.chat",
+                                       addr=stack.addr)
+        assert code != 0 and out == ""
+        assert err.strip().splitlines() == [
+            "agentrt limits: error: value: rate 'fast': write calls per window, e.g. 100/min, 5/s or 1000/h "
+            "(or 0: no rate limit)"]
