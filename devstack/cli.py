@@ -355,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     from devstack.cli_admin import add_commands as add_admin_commands
     from devstack.cli_encryption import add_commands as add_encryption_commands
     from devstack.cli_events import add_commands as add_event_commands
+    from devstack.cli_limits import add_commands as add_limit_commands
     from devstack.cli_retention import add_commands as add_retention_commands
     from devstack.cli_runs import add_commands as add_run_commands
     from devstack.cli_schedules import add_commands as add_schedule_commands
@@ -365,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_event_commands(sub)
     add_retention_commands(sub)
     add_encryption_commands(sub)
+    add_limit_commands(sub)
     add_acceptance_commands(sub)
     return parser
 

@@ -287,6 +287,11 @@ async def _status(args: argparse.Namespace, client: AgentrtClient) -> None:
         print(f"queued:     oldest due {stats['oldest_queued_age_s']:.1f}s")
         print(f"in doubt:   {stats['in_doubt_runs']} (oldest {stats['oldest_in_doubt_age_s']:.1f}s)")
         print(f"outbox lag: {stats['outbox_pending']} pending (oldest {stats['outbox_oldest_pending_age_s']:.1f}s)")
+        waiting = ", ".join(f"{n} on the {k} limit" for k, n in sorted(stats["waiting_on_limit"].items()))
+        print(f"flow:       {stats['queued']} queued, {stats['running']} running"
+              + (f"; waiting: {waiting}" if waiting else ""))
+        shown = {k: v for k, v in stats["limits"].items() if v not in ("0", "1.0") or k == "weight"}
+        print("limits:     " + (", ".join(f"{k} {v}" for k, v in shown.items()) or "none"))
     if any(state != "SERVING" for state in health.values()):
         raise SystemExit(1)
 

@@ -13,6 +13,7 @@ import base64
 import datetime as dt
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -20,6 +21,7 @@ import grpc
 from scheduler import convert
 from scheduler import validate as v
 from scheduler.auth import ANY_TENANT, KeyCache, Principal, new_api_key
+from scheduler.flow_limits import LimitKey, LimitRow, check_key, check_value
 from scheduler.roles import ROLE_ORDER
 from scheduler.rpc import MAX_PAGE_SIZE, principal, rpc
 from scheduler.store import ApiKeyRow, AuditEntry, Store
@@ -109,6 +111,26 @@ def _time(message: Any, field: str) -> dt.datetime | None:
         return getattr(message, field).ToDatetime(tzinfo=dt.UTC)  # type: ignore[no-any-return]
     except ValueError:
         raise InvalidArgument(field, "is not a valid timestamp") from None
+
+
+def limit_to_proto(row: LimitRow) -> rs.FlowLimit:
+    message = rs.FlowLimit(scope=row.key.scope, tenant_id=row.key.tenant_id, subject=row.key.subject,
+                           name=row.key.name, value=row.value, updated_by=row.updated_by)
+    convert.set_time(message, "updated_at", row.updated_at)
+    return message
+
+
+def _limit_key(request: rs.SetLimitRequest | rs.ClearLimitRequest, call_tenant: Callable[[], str]) -> LimitKey:
+    """The limit a SetLimit / ClearLimit names. Limits keep tenants from one another, so changing any of
+    them (even one tenant's) takes a credential for every tenant ('*')."""
+    tenant = request.tenant_id
+    if request.scope == "tenant" and not tenant:
+        tenant = call_tenant()
+    key = check_key(request.scope, tenant, request.subject, request.name)
+    if ANY_TENANT not in principal().tenants:
+        raise TenantForbidden("changing flow limits needs a credential for every tenant ('*')",
+                              tenant=key.tenant_id or ANY_TENANT)
+    return key
 
 
 def _managed_tenants(caller: Principal) -> tuple[str, ...]:
@@ -203,3 +225,34 @@ class AdminRpcs:
         if self.keys is not None:
             self.keys.forget(key_id)  # this replica at once; the others within api_key_cache_ttl_ms
         return key_to_proto(key)
+
+    @rpc
+    async def SetLimit(self, request: rs.SetLimitRequest, context: grpc.aio.ServicerContext) -> rs.FlowLimit:
+        key = _limit_key(request, lambda: self._tenant(context))
+        value = check_value(key, request.value)
+        audit = audit_entry(context, request.note)
+        row = await self.store.set_limit(key, value, audit=audit, trace=current_trace())
+        return limit_to_proto(row)
+
+    @rpc
+    async def ClearLimit(self, request: rs.ClearLimitRequest,
+                         context: grpc.aio.ServicerContext) -> rs.ClearLimitResponse:
+        key = _limit_key(request, lambda: self._tenant(context))
+        audit = audit_entry(context, request.note)
+        row = await self.store.clear_limit(key, audit=audit, trace=current_trace())
+        if row is None:
+            return rs.ClearLimitResponse(cleared=False)
+        return rs.ClearLimitResponse(cleared=True, limit=limit_to_proto(row))
+
+    @rpc
+    async def ListLimits(self, request: rs.ListLimitsRequest,
+                         context: grpc.aio.ServicerContext) -> rs.ListLimitsResponse:
+        """Deployment-wide limits and those of the call's tenant; an every-tenant admin without
+        x-tenant-id sees every tenant's (as ListAuditEvents)."""
+        caller = principal()
+        every = caller.kind != "anonymous" and ANY_TENANT in caller.tenants \
+            and not v.tenant_values(context.invocation_metadata())
+        tenant = None if every else self._tenant(context)
+        rows = [row for row in await self.store.list_limits()
+                if tenant is None or row.key.deployment_wide or row.key.tenant_id == tenant]
+        return rs.ListLimitsResponse(limits=[limit_to_proto(r) for r in rows])

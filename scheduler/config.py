@@ -142,6 +142,9 @@ class SchedulerSettings(ComponentSettings):
     tenant_tool_limits: dict[str, dict[str, ToolLimit]] = Field(default_factory=dict)
     # The RetryInfo delay of a Tx1 refused because the tool's open calls are at its concurrency.
     tool_concurrency_retry_after_ms: int = Field(200, ge=1, le=60_000)
+    # Runtime limits (table flow_limits, `agentrt limits set`) override the settings above; each replica
+    # reads them again this often (the replica that served the change at once). 0 = on every use.
+    limits_refresh_ms: int = Field(1_000, ge=0, le=60_000)
     claim_lookahead: int = Field(16, ge=1, le=1_000)
     concurrency_recheck_ms: int = Field(500, ge=10, le=60_000)
     max_payload_bytes: int = Field(1_048_576, ge=1_024)

@@ -76,6 +76,8 @@ TABLE_PRIVILEGES: dict[str, dict[str, tuple[str, ...]]] = {
         # Wrapped data keys: written at submit, re-wrapped by `agentrt encryption rotate`; never deleted
         # by it (a run's key goes with the run, inside agentrt_retention_purge).
         "run_data_keys": _SIU,
+        # Runtime limits: set and cleared through RunService (admin), read by every replica.
+        "flow_limits": _ALL,
     },
     "relay": {
         "schema_migrations": _S,
@@ -99,7 +101,7 @@ TABLE_PRIVILEGES: dict[str, dict[str, tuple[str, ...]]] = {
             "schema_migrations", "agent_runs", "agent_checkpoints", "tool_executions", "run_journal", "outbox",
             "outbox_parked", "consumed_events", "runtime_counters", "relay_config", "relay_shards",
             "relay_members", "agent_registry", "audit_log", "retention_policies", "run_signals",
-            "agent_schedules")
+            "agent_schedules", "flow_limits")
         # Not api_keys (hashes of key secrets) nor run_data_keys (wrapped data keys): the scheduler's alone.
     },
 }

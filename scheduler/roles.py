@@ -17,6 +17,7 @@ VERBS = MappingProxyType({
     "runs.read": "get and list runs, read their history",
     "stats.read": "the tenant's stats (agentrt status)",
     "agents.read": "list the agents live executors serve",
+    "limits.read": "list the runtime flow limits that apply to the tenant",
     "runs.submit": "submit runs",
     "runs.cancel": "cancel the tenant's runs",
     "runs.signal": "send signals to the tenant's runs",
@@ -28,13 +29,14 @@ VERBS = MappingProxyType({
     "keys.manage": "create, list and revoke API keys",
     "audit.read": "read the audit trail",
     "tenants.several": "hold a credential for several tenants and choose one with x-tenant-id",
+    "limits.manage": "set and clear runtime flow limits (needs a credential for every tenant, '*'; audited)",
 })
 
 _OWN = {
-    "viewer": ("runs.read", "stats.read", "agents.read"),
+    "viewer": ("runs.read", "stats.read", "agents.read", "limits.read"),
     "submitter": ("runs.submit", "runs.cancel", "runs.signal", "schedules.manage"),
     "operator": ("runs.resume", "tools.resolve", "runs.export", "runs.reveal"),
-    "admin": ("keys.manage", "audit.read", "tenants.several"),
+    "admin": ("keys.manage", "audit.read", "tenants.several", "limits.manage"),
 }
 
 
@@ -71,6 +73,9 @@ RPC_VERBS = MappingProxyType({
     "CreateApiKey": "keys.manage",
     "ListApiKeys": "keys.manage",
     "RevokeApiKey": "keys.manage",
+    "SetLimit": "limits.manage",
+    "ClearLimit": "limits.manage",
+    "ListLimits": "limits.read",
 })
 
 

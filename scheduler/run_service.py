@@ -20,6 +20,7 @@ from scheduler import validate as v
 from scheduler.admin_service import AdminRpcs, audit_entry
 from scheduler.auth import RunAuth
 from scheduler.config import SchedulerSettings
+from scheduler.flow_limits import limits_of_tenant
 from scheduler.notifier import WorkNotifier
 from scheduler.registry import LiveVersion, admit, render_key
 from scheduler.rpc import HISTORY_PART, MAX_PAGE_SIZE, RESOLVE, RESUME, STATUS_FILTER, principal, rpc
@@ -307,7 +308,10 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
     async def GetStats(self, request: rs.GetStatsRequest, context: grpc.aio.ServicerContext) -> rs.RunStats:
         tenant = self._tenant(context)
         row = await self.store.tenant_stats(tenant)
+        flow = await self.store.tenant_flow(tenant)
         stats = rs.RunStats(
+            queued=flow.queued, running=flow.running, waiting_on_limit=flow.waiting_on,
+            limits=limits_of_tenant(await self.store.current_flow(), tenant),
             runs_by_status={name: int(n) for name, n in row.by_status.items()},
             oldest_queued_age_s=float(row.oldest_queued_s or 0), in_doubt_runs=row.in_doubt,
             oldest_in_doubt_age_s=float(row.oldest_in_doubt_s or 0), outbox_pending=row.outbox_pending,

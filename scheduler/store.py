@@ -41,6 +41,7 @@ from scheduler.store_auth import ApiKeyRow, AuthStore, KeyForAuth
 from scheduler.store_children import ChildSpec, ChildStore
 from scheduler.store_core import COMMIT_UNKNOWN_COUNTER, connect_pool, db_call
 from scheduler.store_keys import KeyStore
+from scheduler.store_limits import LimitsStore, TenantFlow
 from scheduler.store_registry import AgentSpec, RegistryStore
 from scheduler.store_runs import RunStore
 from scheduler.store_schedules import ScheduleSpec, ScheduleStore
@@ -68,10 +69,10 @@ from shared.db import init_connection
 from shared.tracing import Trace
 
 
-class Store(RunStore, WorkStore, ChildStore, RegistryStore, AuthStore, ScheduleStore, KeyStore):
+class Store(RunStore, WorkStore, ChildStore, RegistryStore, AuthStore, ScheduleStore, KeyStore, LimitsStore):
     """Every read and write of run state: RunService's side (`RunStore`), WorkService's (`WorkStore`)
     the agent registry (`RegistryStore`), API keys and the audit trail (`AuthStore`), schedules
-    (`ScheduleStore`)."""
+    (`ScheduleStore`), runtime flow limits (`LimitsStore`)."""
 
 
 _init_connection = init_connection  # the name tests/integration/test_stateful.py still imports
@@ -112,6 +113,7 @@ __all__ = [
     "ScheduleSpec",
     "Store",
     "SubmitSpec",
+    "TenantFlow",
     "TenantStats",
     "ToolIntent",
     "Trace",

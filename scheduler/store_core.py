@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
@@ -19,12 +20,13 @@ import asyncpg
 from asyncpg import Record
 
 from scheduler.config import SchedulerSettings
+from scheduler.flow_limits import LimitRow, overlay
 from scheduler.queries import Q
 from scheduler.rows import RunRow
 from scheduler.states import Op, sources
 from scheduler.store_types import LeaseRef, WriteBinding
 from shared.canonical import uuid7
-from shared.db import CONNECTION_ERRORS, RETRYABLE, Query, execute, fetchrow, init_connection
+from shared.db import CONNECTION_ERRORS, RETRYABLE, Query, execute, fetch, fetchrow, init_connection
 from shared.errors import AgentrtError, NotFound, Unavailable
 from shared.tracing import Trace, annotate
 
@@ -158,6 +160,25 @@ class StoreBase:
         self.pool = pool
         self.work_pool = work_pool or pool
         self.settings = settings
+        self._flow = settings
+        self._flow_read_at = float("-inf")
+
+    async def flow(self, conn: asyncpg.Connection) -> SchedulerSettings:
+        """The settings with the runtime limits of flow_limits applied (migration 0015): read again when
+        the copy is limits_refresh_ms old, so a change reaches every replica within that time."""
+        if time.monotonic() >= self._flow_read_at + self.settings.limits_refresh_ms / 1000:
+            rows = await fetch(conn, Q.list_flow_limits)
+            self._flow = overlay(self.settings, (LimitRow.of(row) for row in rows))
+            self._flow_read_at = time.monotonic()
+        return self._flow
+
+    async def current_flow(self) -> SchedulerSettings:
+        async with self.pool.acquire() as conn:
+            return await self.flow(conn)
+
+    def forget_flow(self) -> None:
+        """This replica's next claim, submit or Tx1 reads flow_limits again (after SetLimit, ClearLimit)."""
+        self._flow_read_at = float("-inf")
 
     @contextlib.asynccontextmanager
     async def tenant_tx(self, tenant_id: str, *, isolation: str | None = None,

@@ -72,10 +72,11 @@ class RunStore(Recovery):
         """Creates the run, or answers a retried submit with its run. Over a tenant quota
         (settings.submit_quota): QuotaExceeded, and nothing is written."""
         digest = spec.submit_hash() if spec.client_request_id else None
-        quota = self.settings.submit_quota(tenant_id)
         async with self.tenant_tx(tenant_id) as conn:
+            flow = await self.flow(conn)
+            quota, step = flow.submit_quota(tenant_id), flow.fair_step(tenant_id)
             if not quota.active:
-                row = await self._insert_run(conn, tenant_id, spec, digest, trace)
+                row = await self._insert_run(conn, tenant_id, spec, digest, step, trace)
                 existing = None if row is not None else await fetchrow(
                     conn, Q.get_run_by_client_request, tenant_id=tenant_id, client_request_id=spec.client_request_id)
             else:
@@ -87,7 +88,7 @@ class RunStore(Recovery):
                 row = None
                 if existing is None:
                     await self._check_quota(conn, tenant_id, quota)
-                    row = await self._insert_run(conn, tenant_id, spec, digest, trace)
+                    row = await self._insert_run(conn, tenant_id, spec, digest, step, trace)
                     assert row is not None, "the tenant's lock admits one submit of an id at a time"
             if row is not None:
                 return Submitted(RunRow.of(row), True)
@@ -101,7 +102,7 @@ class RunStore(Recovery):
         return Submitted(RunRow.of(existing), False)
 
     async def _insert_run(self, conn: asyncpg.Connection, tenant_id: str, spec: SubmitSpec, digest: bytes | None,
-                          trace: Trace) -> Record | None:
+                          fair_step: float, trace: Trace) -> Record | None:
         sealed = spec.sealed
         return await fetchrow(
             conn, Q.submit_run, run_id=sealed.run_id if sealed else uuid7(), tenant_id=tenant_id,
@@ -113,7 +114,7 @@ class RunStore(Recovery):
             max_cost_usd=spec.max_cost_usd, deadline_at=spec.deadline_at,
             client_request_id=spec.client_request_id, submit_hash=digest, event_id=uuid7(),
             priority=spec.priority, concurrency_key=spec.concurrency_key, concurrency_max=spec.concurrency_max,
-            fair_step=self.settings.fair_step(tenant_id), **trace_params(trace))
+            fair_step=fair_step, **trace_params(trace))
 
     async def _check_quota(self, conn: asyncpg.Connection, tenant_id: str, quota: SubmitQuota) -> None:
         """Under the tenant's submit lock: raises QuotaExceeded when this submit would pass a quota."""

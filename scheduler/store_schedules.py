@@ -242,7 +242,7 @@ class ScheduleStore(KeyStore):
             max_steps=0, max_tokens=0, max_cost_usd=0.0, deadline_at=None, client_request_id=request_id,
             submit_hash=run.submit_hash(), event_id=uuid7(), traceparent=None, tracestate=None,
             priority=priority, concurrency_key=key, concurrency_max=key_max,
-            fair_step=self.settings.fair_step(row["tenant_id"]))
+            fair_step=(await self.flow(conn)).fair_step(row["tenant_id"]))
         if submitted is None:  # this fire time already has its run (the request id names it): never a second
             submitted = await fetchrow(conn, Q.get_run_by_client_request, tenant_id=row["tenant_id"],
                                        client_request_id=request_id)

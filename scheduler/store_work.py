@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Any
 
+from scheduler.config import ConcurrencyLimits
 from scheduler.queries import Q
 from scheduler.rows import (
     CheckpointRow,
@@ -99,10 +100,10 @@ class WorkStore(ToolWrites):
                                       {"reason": reason, "intents_in_doubt": ended["doubted_intents"]}, trace)
         return None
 
-    async def _limits_apply(self, conn: Any) -> bool:
+    async def _limits_apply(self, conn: Any, limits: ConcurrencyLimits) -> bool:
         """Whether a concurrency limit may apply to a claim: a tenant or agent limit is configured, or runs
         with concurrency keys were ever submitted (runtime_counters, read at most once a second until true)."""
-        if self.settings.concurrency.active:
+        if limits.active:
             return True
         if not self._keys_used and time.monotonic() >= self._keys_checked_at + 1.0:
             self._keys_used = await fetchval(conn, Q.get_counter, name="concurrency_keys_used") is not None
@@ -113,8 +114,8 @@ class WorkStore(ToolWrites):
         """One claim statement. Without limits that could apply: claim_work_plain, one round trip. Else
         claim_work in its own transaction, kept only when no concurrency limit of the claimed run is passed
         (slot_overflow, after the statement locked its groups); None when it was rolled back."""
-        limits = self.settings.concurrency
-        if not await self._limits_apply(conn):
+        limits = (await self.flow(conn)).concurrency
+        if not await self._limits_apply(conn, limits):
             return await fetchrow(conn, Q.claim_work_plain, worker_id=worker_id, agents=agents,
                                   lease_ms=self.settings.lease_duration_ms, wake_batch=WAKE_BATCH)
         try:

@@ -31,13 +31,14 @@ class ToolWrites(Recovery):
         """Runs a Tx1 write (`write`) only when the tool's limits allow one more call: in one transaction,
         the tool's (and the tenant × tool pair's) advisory locks, their counts in a new snapshot, then the
         write. Over a limit: ToolRateLimited with the delay after which a call fits, nothing written."""
-        own, per_tenant = self.settings.tool_limits_of(tool_name)
+        flow = await self.flow(conn)
+        own, per_tenant = flow.tool_limits_of(tool_name)
         if own is None and not per_tenant:
             return await write()
         tenant, tenant_limit = None, None
         if per_tenant:
             tenant = await fetchval(conn, Q.run_tenant, run_id=lease.run_id)
-            tenant_limit = self.settings.tenant_tool_limits.get(tenant or "", {}).get(tool_name)
+            tenant_limit = flow.tenant_tool_limits.get(tenant or "", {}).get(tool_name)
         async with conn.transaction():
             await execute(conn, Q.lock_tool_slots, tool_key_1=tool_name,
                           tool_key_2=f"{tenant}/{tool_name}" if tenant_limit is not None else None)

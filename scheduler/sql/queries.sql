@@ -1566,3 +1566,42 @@ WHERE k.run_id = n.run_id AND k.key_id = n.old_key_id;
 -- name: data_key_counts
 -- Data keys per KEK id (agentrt encryption status).
 SELECT key_id, count(*) AS keys FROM run_data_keys GROUP BY key_id ORDER BY key_id;
+
+-- Runtime flow limits (migration 0015, scheduler/flow_limits.py).
+
+-- name: list_flow_limits
+-- Every runtime limit (a handful of rows), read by each replica every limits_refresh_ms.
+SELECT scope, tenant_id, subject, limit_name, value, updated_at, updated_by FROM flow_limits
+ORDER BY scope, tenant_id, subject, limit_name;
+
+-- name: lock_flow_limit
+-- The limit's row as it was, under lock (its state before, for the audit).
+SELECT scope, tenant_id, subject, limit_name, value, updated_at, updated_by FROM flow_limits
+WHERE scope = :scope AND tenant_id = :tenant_id AND subject = :subject AND limit_name = :limit_name
+FOR UPDATE;
+
+-- name: set_flow_limit
+-- SetLimit: the row, new or changed (who set it and when, by database time).
+INSERT INTO flow_limits (scope, tenant_id, subject, limit_name, value, updated_by)
+VALUES (:scope, :tenant_id, :subject, :limit_name, :value, :updated_by)
+ON CONFLICT (scope, tenant_id, subject, limit_name)
+DO UPDATE SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = clock_timestamp()
+RETURNING scope, tenant_id, subject, limit_name, value, updated_at, updated_by;
+
+-- name: clear_flow_limit
+-- ClearLimit: the row as it was (nothing when there was none); the config's value applies again.
+DELETE FROM flow_limits
+WHERE scope = :scope AND tenant_id = :tenant_id AND subject = :subject AND limit_name = :limit_name
+RETURNING scope, tenant_id, subject, limit_name, value, updated_at, updated_by;
+
+-- name: tenant_flow
+-- agentrt status, one tenant: queued runs, runs holding a live lease (the slots concurrency limits
+-- count), and queued runs a claim found blocked, by the limit they wait on (tenant, agent, key).
+SELECT
+  (SELECT count(*) FROM agent_runs WHERE tenant_id = :tenant_id AND status = 'QUEUED') AS queued,
+  (SELECT count(*) FROM agent_runs WHERE tenant_id = :tenant_id AND lease_owner IS NOT NULL
+     AND lease_expires_at > clock_timestamp()) AS running,
+  (SELECT coalesce(jsonb_object_agg(waiting_on, n), '{}'::jsonb)
+     FROM (SELECT waiting_on, count(*) AS n FROM agent_runs
+           WHERE tenant_id = :tenant_id AND status = 'QUEUED' AND waiting_on IS NOT NULL GROUP BY waiting_on) w)
+    AS waiting_on;

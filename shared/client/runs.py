@@ -389,7 +389,33 @@ class AgentrtClient:
             "auth_mode": reply.auth_mode,
             "principal": reply.principal,
             "role": reply.role,
+            "queued": reply.queued,
+            "running": reply.running,
+            "waiting_on_limit": dict(reply.waiting_on_limit),
+            "limits": dict(reply.limits),
         }
+
+    # ------------------------------------------------------------------ runtime flow limits (admin)
+
+    async def set_limit(self, scope: str, name: str, value: str, *, tenant_id: str = "", subject: str = "",
+                        reason: str = "", ticket_id: str = "") -> dict[str, Any]:
+        """Sets a runtime limit (README: Flow control); every replica applies it within limits_refresh_ms."""
+        reply = await self._call(self._stub.SetLimit, rs.SetLimitRequest(
+            scope=scope, tenant_id=tenant_id, subject=subject, name=name, value=value,
+            note=rs.AuditNote(reason=reason, ticket_id=ticket_id)))
+        return _message_dict(reply)
+
+    async def clear_limit(self, scope: str, name: str, *, tenant_id: str = "", subject: str = "",
+                          reason: str = "", ticket_id: str = "") -> dict[str, Any] | None:
+        """Clears a runtime limit (the config file's value applies again); None when there was none."""
+        reply = await self._call(self._stub.ClearLimit, rs.ClearLimitRequest(
+            scope=scope, tenant_id=tenant_id, subject=subject, name=name,
+            note=rs.AuditNote(reason=reason, ticket_id=ticket_id)))
+        return _message_dict(reply.limit) if reply.cleared else None
+
+    async def list_limits(self) -> builtins.list[dict[str, Any]]:
+        reply = await self._call(self._stub.ListLimits, rs.ListLimitsRequest())
+        return [_message_dict(limit) for limit in reply.limits]
 
     async def create_key(self, name: str, role: str, *, tenants: Iterable[str] = (), expires_in_s: int = 0,
                          reason: str = "", ticket_id: str = "") -> tuple[dict[str, Any], str]:

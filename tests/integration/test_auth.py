@@ -23,6 +23,7 @@ from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
 pytestmark = pytest.mark.integration
 REFUSED = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
+EVERY_TENANT_RPCS = ("SetLimit", "ClearLimit")  # limits.manage with a credential for every tenant ('*') only
 
 
 def bearer(credential: str | None, tenant: str | None = None) -> list[tuple[str, str]]:
@@ -125,10 +126,26 @@ async def test_each_role_reaches_exactly_its_verbs_with_keys_and_tokens(db_url, 
                     grpc.StatusCode.PERMISSION_DENIED, "ROLE_FORBIDS"), (kind, role, rpc)
             assert await snapshot(db_url) == before, (kind, role)
             for rpc in RUN_RPCS:
-                if rpc not in denied:
+                if rpc in EVERY_TENANT_RPCS and rpc not in denied:  # the verb, but one tenant's credential
+                    assert await refusal(stack, rpc, base_request(rpc, world), bearer(credential)) == (
+                        grpc.StatusCode.PERMISSION_DENIED, "TENANT_NOT_ALLOWED"), (kind, role, rpc)
+                elif rpc not in denied:
                     code = await call(stack, rpc, base_request(rpc, world), bearer(credential))
                     assert code not in REFUSED, (kind, role, rpc, code)
-    assert sum(RPC_VERBS[r] not in ROLE_VERBS["viewer"] for r in RUN_RPCS) == 13  # the matrix has refusals
+    assert sum(RPC_VERBS[r] not in ROLE_VERBS["viewer"] for r in RUN_RPCS) == 15  # the matrix has refusals
+
+
+async def test_changing_flow_limits_takes_an_admin_of_every_tenant(db_url, issuer):
+    """Limits keep tenants from one another: a tenant's own admin may read them, not change them."""
+    world = await world_of(db_url)
+    _, every = await make_key(db_url, role="admin", tenants=["*"])
+    _, viewer = await make_key(db_url, role="viewer", tenants=[TENANT])
+    async with scheduler_stack(db_url, **auth_settings(issuer)) as stack:
+        assert await call(stack, "SetLimit", base_request("SetLimit", world), bearer(every)) == grpc.StatusCode.OK
+        assert await call(stack, "ListLimits", base_request("ListLimits", world), bearer(viewer)) == \
+            grpc.StatusCode.OK
+        assert await call(stack, "ClearLimit", base_request("ClearLimit", world), bearer(every)) == \
+            grpc.StatusCode.OK
 
 
 async def test_the_tenant_comes_from_the_credential(db_url, issuer):

@@ -47,7 +47,7 @@ S1, S2, TOOL = "refund.create/attempt-1", "refund.notify/attempt-1", "payments.r
 REQ2 = {"order": 7, "notify": True}
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 TABLES = ("agent_runs", "agent_checkpoints", "tool_executions", "outbox", "runtime_counters", "run_journal",
-          "agent_registry", "api_keys", "audit_log", "run_signals", "agent_schedules")
+          "agent_registry", "api_keys", "audit_log", "run_signals", "agent_schedules", "flow_limits")
 
 
 # ---------------------------------------------------------------------- the runs every request refers to
@@ -165,6 +165,13 @@ def base_request(rpc: str, w: World) -> Message:
         return rs.ListApiKeysRequest(page_size=10, include_revoked=True)
     if rpc == "RevokeApiKey":
         return rs.RevokeApiKeyRequest(key_id=w.key_id, note=rs.AuditNote(reason="rotated"))
+    if rpc == "SetLimit":
+        return rs.SetLimitRequest(scope="tool", subject="t.one", name="rate", value="10/s",
+                                  note=rs.AuditNote(reason="provider quota"))
+    if rpc == "ClearLimit":
+        return rs.ClearLimitRequest(scope="tool", subject="t.one", name="rate", note=rs.AuditNote(reason="over"))
+    if rpc == "ListLimits":
+        return rs.ListLimitsRequest()
     if rpc == "RegisterAgents":
         return ws.RegisterAgentsRequest(worker_id="w-new", ttl_ms=30_000, agents=[ws.AgentRegistration(
             name="bi-reg", version="1", input_schema_json='{"type": "object"}', tool_names=["t.one"])])
@@ -218,8 +225,9 @@ def base_request(rpc: str, w: World) -> Message:
 RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "SignalRun", "ResumeRun", "ResolveToolExecution",
             "GetRunHistory", "GetStats", "CreateSchedule", "UpdateSchedule", "PauseSchedule", "DeleteSchedule",
             "ListSchedules", "ListAgents", "ListAuditEvents", "CreateApiKey", "ListApiKeys", "RevokeApiKey",
-            "GetRunTree")
-KEY_RPCS = ("CreateApiKey", "ListApiKeys", "RevokeApiKey")  # scoped by the credential's tenants, not by the header
+            "GetRunTree", "SetLimit", "ClearLimit", "ListLimits")
+# Scoped by the credential's tenants, not by the header (SetLimit / ClearLimit: a '*' credential).
+KEY_RPCS = ("CreateApiKey", "ListApiKeys", "RevokeApiKey", "SetLimit", "ClearLimit")
 WORK_RPCS = ("ClaimWork", "Heartbeat", "SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "MarkToolInDoubt",
              "FinishRun", "CompleteAndBeginToolCall", "WriteBatch", "ReadJournal", "GetToolResults", "RegisterAgents",
              "SpawnChildren")
@@ -487,6 +495,27 @@ CASES: list[Bad] = [
     Bad("ListApiKeys", "page_size too large", put(page_size=501), "page_size"),
     Bad("ListApiKeys", "page_token not ours", put(page_token="garbage"), "page_token"),
     *uuid_cases("RevokeApiKey", "key_id"),
+    # ---- SetLimit / ClearLimit (ListLimits: the tenant header, above)
+    *[case for rpc in ("SetLimit", "ClearLimit") for case in (
+        Bad(rpc, "unknown scope", put(scope="tools"), "scope"),
+        Bad(rpc, "scope empty", put(scope=""), "scope"),
+        Bad(rpc, "name of another scope", put(name="max_running"), "name"),
+        Bad(rpc, "tool without a subject", put(subject=""), "subject"),
+        Bad(rpc, "subject with spaces", put(subject="a tool"), "subject"),
+        Bad(rpc, "tool limit for tenant '*'", put(tenant_id="*"), "tenant_id"),
+        Bad(rpc, "tenant limit with a subject", put(scope="tenant", name="max_running", tenant_id="t1"), "subject"),
+        Bad(rpc, "agent limit of a tenant", put(scope="agent", name="max_running", tenant_id="t1"), "tenant_id"),
+        nul_case(rpc, "note.reason"),
+    )],
+    Bad("SetLimit", "rate in words", put(value="ten a second"), "value"),
+    Bad("SetLimit", "value empty", put(value=""), "value"),
+    Bad("SetLimit", "negative count", put(name="concurrency", value="-1"), "value"),
+    Bad("SetLimit", "fractional count", put(name="concurrency", value="1.5"), "value"),
+    Bad("SetLimit", "count too large", put(name="concurrency", value="10000000000"), "value"),
+    Bad("SetLimit", "weight zero", put(scope="tenant", name="weight", subject="", value="0"), "value"),
+    Bad("SetLimit", "weight not a number", put(scope="tenant", name="weight", subject="", value="nan"), "value"),
+    Bad("SetLimit", "weight of '*'", put(scope="tenant", name="weight", subject="", tenant_id="*", value="2"),
+        "tenant_id"),
     nul_case("ResumeRun", "operator"),
     Bad("ResumeRun", "comment too long", put(comment="c" * 2001), "comment"),
     nul_case("ResumeRun", "comment"),

@@ -48,7 +48,8 @@ RLS_TABLES = {"agent_runs", "agent_checkpoints", "tool_executions", "run_journal
 # registry (every tenant's agents), retention policies (operator settings), consumer dedupe ids
 # and API keys (looked up before a call has a tenant; their hashes are the scheduler's alone).
 NOT_TENANT_TABLES = {"schema_migrations", "relay_config", "relay_shards", "relay_members", "runtime_counters",
-                     "agent_registry", "retention_policies", "consumed_events", "api_keys"}
+                     "agent_registry", "retention_policies", "consumed_events", "api_keys",
+                     "flow_limits"}  # operator settings, as retention_policies (0015)
 # SECURITY DEFINER functions, each read and checked: it decides by itself what it may touch.
 CHECKED_SECURITY_DEFINER = {
     # 0012: deletes expired terminal runs with their children; the caller picks only batch size and
@@ -71,9 +72,11 @@ NOT_RUN_SERVICE = {
     "api_key_for_auth", "insert_api_key", "list_api_keys", "revoke_api_key",
     # WorkService.SpawnChildren (work pool, fenced by the parent's lease)
     "lock_spawning_parent", "spawn_child", "record_join", "spawn_group",
+    # runtime limits (flow_limits: operator settings, no tenant's rows)
+    "list_flow_limits", "lock_flow_limit", "set_flow_limit", "clear_flow_limit",
 }
 STORE_MODULES = ("store_runs.py", "store_schedules.py", "replay.py", "store_core.py", "store_auth.py",
-                 "store_children.py")
+                 "store_children.py", "store_limits.py")
 
 
 def run_service_queries() -> list[str]:
@@ -154,7 +157,8 @@ def b_params(b: dict[str, Any], query: Query) -> dict[str, Any]:
         "tracestate": None, "event_type": "agent.evil", "write_op": None, "write_hash": None,
         "interval_ms": 1000, "cron": None, "time_zone": "UTC", "overlap": "SKIP", "catch_up_window_ms": 0,
         "jitter_ms": 0, "spec_hash": zero, "audit_id": uuid.uuid4(), "principal": "x",
-        "principal_kind": "local", "key_id": None, "wrapped_key": None, "sensitive": None, "action": "run.cancel", "comment": None, "ticket_id": None,
+        "principal_kind": "local", "key_id": None, "wrapped_key": None, "sensitive": None, "action": "run.cancel",
+        "comment": None, "ticket_id": None,
         "state_before": None, "state_after": None, "since": None, "until": None, "before_id": None,
     }
     if query.name == "history_events":
@@ -326,7 +330,7 @@ async def test_rls_is_forced_on_every_tenant_table_and_functions_are_checked(db:
     columns = {r["table_name"] for r in await db.fetch(
         "SELECT table_name FROM information_schema.columns WHERE table_schema = current_schema() "
         "AND column_name IN ('tenant_id', 'run_id')")}
-    assert columns - RLS_TABLES <= {"retention_policies"}, columns - RLS_TABLES
+    assert columns - RLS_TABLES <= {"retention_policies", "flow_limits"}, columns - RLS_TABLES
     # Views would run with their owner's rights: none (or each security_invoker).
     views = await db.fetch("SELECT c.relname, c.reloptions FROM pg_class c WHERE c.relkind IN ('v', 'm') "
                            "AND c.relnamespace = current_schema()::regnamespace")
@@ -337,10 +341,13 @@ async def test_rls_is_forced_on_every_tenant_table_and_functions_are_checked(db:
     assert {f["proname"] for f in functions
             if any(c.startswith("agentrt.scope=") for c in f["proconfig"] or [])} == CHECKED_WORK_SCOPE
     # Policies: one per tenant table, each naming the tenant setting (nothing always-true).
-    policies = await db.fetch("SELECT tablename, qual, with_check FROM pg_policies "
+    policies = await db.fetch("SELECT tablename, policyname, qual, with_check FROM pg_policies "
                               "WHERE schemaname = current_schema()")
     assert {p["tablename"] for p in policies} == RLS_TABLES
     for policy in policies:
+        if policy["policyname"] == "outbox_admin_audit":  # INSERT only: the admin scope's audit events
+            assert policy["qual"] is None and "'agent.audit.%'" in policy["with_check"], policy
+            continue
         for expression in (policy["qual"], policy["with_check"]):
             assert "current_setting('agentrt.tenant'" in expression or "agentrt_tenant_run(run_id)" in expression, \
                 policy
@@ -412,3 +419,28 @@ async def test_forced_rls_binds_the_tables_owner_when_it_is_not_a_superuser(
         await db.execute("SELECT set_config('agentrt.tenant', $1, true)", B)
         assert await db.fetchval("SELECT count(*) FROM agent_runs") == 1
     await db.execute("ALTER TABLE agent_runs OWNER TO CURRENT_USER")
+
+
+async def test_admin_changes_write_their_audit_rows_and_events_as_the_runtime_role(
+        stack: Stack, db: asyncpg.Connection) -> None:
+    """Key management and runtime limits run in the admin scope: their audit rows and events are
+    written (a key of two tenants, a limit of every tenant), and that scope reads no run or event."""
+    from scheduler.flow_limits import LimitKey
+
+    store = stack.server.store
+    who = AuditEntry(principal="ops", principal_kind="local")
+    key_id = uuid.uuid4()
+    await store.create_api_key(key_id=key_id, name="k", tenants=[A, B], role="admin", secret_hash=b"\1" * 32,
+                               expires_in_s=0, audit=who)
+    await store.set_limit(LimitKey("tenant", "*", "", "max_running"), "5", audit=who)
+    await store.clear_limit(LimitKey("tenant", "*", "", "max_running"), audit=who)
+    events = await db.fetch("SELECT event_type, tenant_id FROM outbox WHERE event_type LIKE 'agent.audit.%' "
+                            "ORDER BY id")
+    assert [e["event_type"] for e in events] == ["agent.audit.key.create", "agent.audit.limit.set",
+                                                "agent.audit.limit.clear"]
+    assert await db.fetchval("SELECT count(*) FROM audit_log WHERE action IN ('key.create', 'limit.set', "
+                             "'limit.clear')") == 3
+    await submit(stack, tenant=B, client_request_id="b-admin")
+    async with store.admin_tx("test") as conn:
+        assert await conn.fetchval("SELECT count(*) FROM agent_runs") == 0
+        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0

@@ -29,6 +29,13 @@ CREATE POLICY outbox_tenant ON outbox
   WITH CHECK (current_setting('agentrt.scope', true) = 'work'
               OR tenant_id = current_setting('agentrt.tenant', true));
 
+-- The admin scope (admin_tx: key management, runtime limits) writes the audit
+-- row of its change and that row's event, which may be every tenant's ("*")
+-- or several tenants' (a key's); it inserts audit events and nothing else,
+-- and reads no event.
+CREATE POLICY outbox_admin_audit ON outbox FOR INSERT
+  WITH CHECK (current_setting('agentrt.scope', true) = 'admin' AND event_type LIKE 'agent.audit.%');
+
 CREATE POLICY outbox_parked_tenant ON outbox_parked
   USING (current_setting('agentrt.scope', true) = 'work'
          OR tenant_id = current_setting('agentrt.tenant', true))

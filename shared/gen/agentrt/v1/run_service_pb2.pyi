@@ -395,7 +395,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunStats(_message.Message):
-    __slots__ = ("runs_by_status", "oldest_queued_age_s", "in_doubt_runs", "oldest_in_doubt_age_s", "outbox_pending", "outbox_oldest_pending_age_s", "database_time", "auth_mode", "principal", "role")
+    __slots__ = ("runs_by_status", "oldest_queued_age_s", "in_doubt_runs", "oldest_in_doubt_age_s", "outbox_pending", "outbox_oldest_pending_age_s", "database_time", "auth_mode", "principal", "role", "queued", "running", "waiting_on_limit", "limits")
     class RunsByStatusEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -403,6 +403,20 @@ class RunStats(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class WaitingOnLimitEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class LimitsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     RUNS_BY_STATUS_FIELD_NUMBER: _ClassVar[int]
     OLDEST_QUEUED_AGE_S_FIELD_NUMBER: _ClassVar[int]
     IN_DOUBT_RUNS_FIELD_NUMBER: _ClassVar[int]
@@ -413,6 +427,10 @@ class RunStats(_message.Message):
     AUTH_MODE_FIELD_NUMBER: _ClassVar[int]
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_ON_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     runs_by_status: _containers.ScalarMap[str, int]
     oldest_queued_age_s: float
     in_doubt_runs: int
@@ -423,7 +441,11 @@ class RunStats(_message.Message):
     auth_mode: str
     principal: str
     role: str
-    def __init__(self, runs_by_status: _Optional[_Mapping[str, int]] = ..., oldest_queued_age_s: _Optional[float] = ..., in_doubt_runs: _Optional[int] = ..., oldest_in_doubt_age_s: _Optional[float] = ..., outbox_pending: _Optional[int] = ..., outbox_oldest_pending_age_s: _Optional[float] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., auth_mode: _Optional[str] = ..., principal: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+    queued: int
+    running: int
+    waiting_on_limit: _containers.ScalarMap[str, int]
+    limits: _containers.ScalarMap[str, str]
+    def __init__(self, runs_by_status: _Optional[_Mapping[str, int]] = ..., oldest_queued_age_s: _Optional[float] = ..., in_doubt_runs: _Optional[int] = ..., oldest_in_doubt_age_s: _Optional[float] = ..., outbox_pending: _Optional[int] = ..., outbox_oldest_pending_age_s: _Optional[float] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., auth_mode: _Optional[str] = ..., principal: _Optional[str] = ..., role: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., waiting_on_limit: _Optional[_Mapping[str, int]] = ..., limits: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ListAgentsRequest(_message.Message):
     __slots__ = ()
@@ -578,3 +600,69 @@ class RevokeApiKeyRequest(_message.Message):
     key_id: str
     note: AuditNote
     def __init__(self, key_id: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+
+class FlowLimit(_message.Message):
+    __slots__ = ("scope", "tenant_id", "subject", "name", "value", "updated_at", "updated_by")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_BY_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    tenant_id: str
+    subject: str
+    name: str
+    value: str
+    updated_at: _timestamp_pb2.Timestamp
+    updated_by: str
+    def __init__(self, scope: _Optional[str] = ..., tenant_id: _Optional[str] = ..., subject: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_by: _Optional[str] = ...) -> None: ...
+
+class SetLimitRequest(_message.Message):
+    __slots__ = ("scope", "tenant_id", "subject", "name", "value", "note")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    tenant_id: str
+    subject: str
+    name: str
+    value: str
+    note: AuditNote
+    def __init__(self, scope: _Optional[str] = ..., tenant_id: _Optional[str] = ..., subject: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+
+class ClearLimitRequest(_message.Message):
+    __slots__ = ("scope", "tenant_id", "subject", "name", "note")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    tenant_id: str
+    subject: str
+    name: str
+    note: AuditNote
+    def __init__(self, scope: _Optional[str] = ..., tenant_id: _Optional[str] = ..., subject: _Optional[str] = ..., name: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+
+class ClearLimitResponse(_message.Message):
+    __slots__ = ("cleared", "limit")
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    cleared: bool
+    limit: FlowLimit
+    def __init__(self, cleared: _Optional[bool] = ..., limit: _Optional[_Union[FlowLimit, _Mapping]] = ...) -> None: ...
+
+class ListLimitsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListLimitsResponse(_message.Message):
+    __slots__ = ("limits",)
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    limits: _containers.RepeatedCompositeFieldContainer[FlowLimit]
+    def __init__(self, limits: _Optional[_Iterable[_Union[FlowLimit, _Mapping]]] = ...) -> None: ...

@@ -140,6 +140,21 @@ class RunServiceStub:
                 request_serializer=agentrt_dot_v1_dot_run__service__pb2.RevokeApiKeyRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_run__service__pb2.ApiKey.FromString,
                 _registered_method=True)
+        self.SetLimit = channel.unary_unary(
+                '/agentrt.v1.RunService/SetLimit',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.SetLimitRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.FlowLimit.FromString,
+                _registered_method=True)
+        self.ClearLimit = channel.unary_unary(
+                '/agentrt.v1.RunService/ClearLimit',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.ClearLimitRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.ClearLimitResponse.FromString,
+                _registered_method=True)
+        self.ListLimits = channel.unary_unary(
+                '/agentrt.v1.RunService/ListLimits',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.ListLimitsRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListLimitsResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -280,6 +295,27 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetLimit(self, request, context):
+        """Runtime flow limits (admin): override a setting (tenant weight, quotas,
+        concurrency maxima, tool rate and concurrency) for every replica within
+        limits_refresh_ms; each change is audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearLimit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLimits(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -382,6 +418,21 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.RevokeApiKey,
                     request_deserializer=agentrt_dot_v1_dot_run__service__pb2.RevokeApiKeyRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_run__service__pb2.ApiKey.SerializeToString,
+            ),
+            'SetLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLimit,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.SetLimitRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.FlowLimit.SerializeToString,
+            ),
+            'ClearLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearLimit,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.ClearLimitRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.ClearLimitResponse.SerializeToString,
+            ),
+            'ListLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLimits,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListLimitsRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.ListLimitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -929,6 +980,87 @@ class RunService:
             '/agentrt.v1.RunService/RevokeApiKey',
             agentrt_dot_v1_dot_run__service__pb2.RevokeApiKeyRequest.SerializeToString,
             agentrt_dot_v1_dot_run__service__pb2.ApiKey.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/SetLimit',
+            agentrt_dot_v1_dot_run__service__pb2.SetLimitRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.FlowLimit.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/ClearLimit',
+            agentrt_dot_v1_dot_run__service__pb2.ClearLimitRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.ClearLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/ListLimits',
+            agentrt_dot_v1_dot_run__service__pb2.ListLimitsRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.ListLimitsResponse.FromString,
             options,
             channel_credentials,
             insecure,
