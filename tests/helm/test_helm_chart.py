@@ -485,7 +485,7 @@ def test_secret_names_only_appear_as_secret_references(renders: Renders) -> None
     """Render with values that name existing Secrets: the names appear only where Secrets are referenced."""
     r = renders("production-values")
     names = {"prod-agentrt-database", "prod-kafka-sasl", "prod-kafka-tls", "prod-openai", "prod-extra",
-             "prod-reconciler-key"}
+             "prod-reconciler-key", "prod-kek"}
     found: dict[str, list[str]] = {n: [] for n in names}
 
     def walk(node: Any, path: str) -> None:
@@ -532,6 +532,10 @@ def test_credentials_come_from_the_named_secrets(renders: Renders) -> None:
     assert ref("relay", "AGENTRT_KAFKA_SASL_USERNAME") == ("prod-kafka-sasl", "user")
     assert ref("relay", "AGENTRT_KAFKA_SASL_PASSWORD") == ("prod-kafka-sasl", "pass")
     assert ref("executor", "AGENTRT_OPENAI_API_KEY") == ("prod-openai", "key")
+    assert ref("scheduler", "AGENTRT_ENCRYPTION_KEYS") == ("prod-kek", "ring")  # the scheduler's alone
+    for component in ("executor", "relay"):
+        (c,) = deployments[component]["spec"]["template"]["spec"]["containers"]
+        assert "AGENTRT_ENCRYPTION_KEYS" not in env_of(c)
     relay_pod = deployments["relay"]["spec"]["template"]["spec"]
     (tls,) = [v for v in relay_pod["volumes"] if v["name"] == "kafka-tls"]
     assert tls["secret"]["secretName"] == "prod-kafka-tls"
