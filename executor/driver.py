@@ -360,6 +360,7 @@ class RunDriver:
     async def park(self, park: Park) -> None:
         waiting: Waiting = park.waiting
         if waiting.kind == "children":
+            self.s.faults.hit("before_spawn_send", self.run.run_id)
             if await self.spawn(waiting) is None:
                 return
             self.s.faults.hit("after_spawn_commit", self.run.run_id)

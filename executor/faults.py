@@ -21,6 +21,7 @@ POINTS = frozenset({
     "before_heartbeat",  # a heartbeat is due and not yet sent
     "before_signal_consume_commit",  # signals taken into the state, the checkpoint consuming them not yet sent
     "after_checkpoint_commit",  # a decision is saved, Tx1 not yet begun
+    "before_spawn_send",  # the spawn's checkpoint is saved, SpawnChildren not yet sent
     "after_spawn_commit",  # SpawnChildren committed the children, the run not yet parked on their join
     "after_outbound_intent_commit",  # Tx1 committed, nothing sent
     "before_tool_send",  # Tx1 committed and the lease checked: the request goes out next

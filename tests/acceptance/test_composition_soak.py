@@ -10,10 +10,12 @@ Checked from the database once everything settled:
 - the schedule: one run per fire time (client request id `schedule:<id>:<fire time>`), consecutive
   fire times one second apart (allow_all: nothing is dropped, the catch-up window covers the moments
   when both schedulers were down), the schedule's counters agree;
-- every run reached a terminal status (COMPLETED).
-
-Child runs (issue 19) are not here yet: see CHILD RUNS HOOK below for where their spawning and joins
-join the load and the invariants.
+- child runs: parents submitted during the chaos spawn five children joined with `all`, then two joined
+  with `any` (executors also kill themselves right before SpawnChildren and right after it committed);
+  each spawn step made exactly its children (spawn indexes 0..n-1, unique ids, one agent.run_submitted
+  event each), each join was answered once in the parent's journal, and each parent's result holds its
+  children's ids, statuses and results as the database has them;
+- every run (parents and children too) reached a terminal status (COMPLETED).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import datetime as dt
 import itertools
 import json
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -47,7 +50,12 @@ KILL_EVERY_S = 1.5
 HOUR_MS = 3_600_000
 SEED = 20261202
 # Each executor incarnation may kill itself once at these points (the process, SIGKILL).
-EXECUTOR_FAULTS = ("before_signal_consume_commit", "after_checkpoint_commit", "after_claim_commit")
+# Probabilities per hit, with fresh seeds at every start: claims and checkpoints are many, an incarnation
+# lives a few seconds (more often and runs barely move until the settle), spawns are few.
+EXECUTOR_FAULTS = {"before_signal_consume_commit": 0.15, "after_checkpoint_commit": 0.05, "after_claim_commit": 0.05,
+                   "before_spawn_send": 0.5, "after_spawn_commit": 0.5}
+PARENTS = 4
+FAN = 5  # children of each parent's join-all step
 # What a SIGKILLed scheduler answers (or a call that found it down); anything else fails the soak.
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
@@ -59,6 +67,23 @@ def waiter_agent() -> dict[str, Any]:
             {"id": "second", "wait_for_signal": "second", "timeout_ms": HOUR_MS},
             {"id": "done", "finish": {"first": "${inputs.first}", "second": "${inputs.second}"}}]
     return scripted_agent("waiter", plan, [])
+
+
+def parent_agent() -> dict[str, Any]:
+    """Spawns one `kid` per item and waits for all of them, then a `kid` and a `napper` and waits for
+    either; its result holds both answers."""
+    fan = {"for_each": "${input.items}", "child": {"agent": "kid", "input": {"n": "${item}"}}, "join": "all"}
+    pick = {"children": [{"agent": "kid", "input": {"n": "${input.pick}"}},
+                         {"agent": "napper", "input": {"n": "${input.pick}"}}], "join": "any"}
+    plan = [{"id": "fan", "spawn": fan, "timeout_ms": HOUR_MS},
+            {"id": "pick", "spawn": pick, "timeout_ms": HOUR_MS},
+            {"id": "done", "finish": {"fan": "${inputs.fan}", "pick": "${inputs.pick}"}}]
+    return scripted_agent("parent", plan, [])
+
+
+def child_agent(name: str, nap_ms: int) -> dict[str, Any]:
+    return scripted_agent(name, [{"id": "nap", "sleep_ms": nap_ms}, {"id": "done", "finish": {"n": "${input.n}"}}],
+                          [])
 
 
 @dataclass
@@ -115,6 +140,15 @@ class Soak:
             if self.rng.random() < 0.3:
                 await self.signal(sent)
 
+    async def parent(self, index: int, until: float) -> str:
+        """One parent submitted at a random moment within the chaos (so its spawns meet the kills)."""
+        await asyncio.sleep(self.rng.uniform(0, max(0.0, until - time.monotonic())))
+        payload = {"items": [index * 100 + k for k in range(FAN)], "pick": index * 100 + 99}
+        request = rs.SubmitRunRequest(agent_name="parent", input_json=json.dumps(payload),
+                                      client_request_id=f"parent-{index}")
+        reply = await self.call(lambda stub: stub.SubmitRun(request, metadata=md(), timeout=5))
+        return str(reply.run.run_id)
+
     async def chaos(self, victims: list[TrioProc], until: float) -> None:
         """SIGKILLs one process every KILL_EVERY_S (each kind in turn, shuffled), starting it again at
         once; also starts again whatever killed itself at a fault point."""
@@ -130,18 +164,23 @@ class Soak:
             await asyncio.sleep(self.rng.uniform(0, 0.8))
             # Started again without waiting for it to serve: the next kill may find it (or the other
             # scheduler) still starting, so both schedulers are sometimes down at once.
-            await self.revive(victims, wait=False)
+            await self.revive(victims, wait=False, rng=self.rng)
             await asyncio.sleep(KILL_EVERY_S)
 
     @staticmethod
-    async def revive(victims: list[TrioProc], wait: bool = True) -> None:
+    async def revive(victims: list[TrioProc], wait: bool = True, rng: random.Random | None = None) -> None:
+        """Starts again what is down; with `rng`, an executor's fault points get fresh seeds (the same seeds
+        at every start would make each incarnation draw alike and die at the same first hit)."""
         for proc in victims:
             if not proc.alive():
+                if rng is not None and "AGENTRT_FAULT_POINTS" in proc.env:
+                    proc.env["AGENTRT_FAULT_POINTS"] = executor_faults(rng)
                 await proc.start(wait=wait)
 
 
 def executor_faults(rng: random.Random) -> str:
-    return json.dumps([f"{point}@probability=0.15,seed={rng.randrange(1 << 30)}" for point in EXECUTOR_FAULTS])
+    return json.dumps([f"{point}@probability={chance},seed={rng.randrange(1 << 30)}"
+                       for point, chance in EXECUTOR_FAULTS.items()])
 
 
 async def test_signals_and_a_schedule_survive_killed_executors_and_schedulers(db_url: str, db: Any,
@@ -149,6 +188,8 @@ async def test_signals_and_a_schedule_survive_killed_executors_and_schedulers(db
     agents = tmp_path / "agents"
     write_agent(agents, waiter_agent())
     write_agent(agents, scripted_agent("tick", [{"id": "done", "finish": {"ok": True}}], []))
+    for definition in (parent_agent(), child_agent("kid", 300), child_agent("napper", 2500)):
+        write_agent(agents, definition)
     trio = Trio(db_url, tmp_path / "logs")
     rng = random.Random(SEED + 1)
     try:
@@ -167,25 +208,31 @@ async def test_signals_and_a_schedule_survive_killed_executors_and_schedulers(db
             request = rs.SubmitRunRequest(agent_name="waiter", input_json="{}", client_request_id=f"waiter-{i}")
             reply = await soak.call(lambda stub, r=request: stub.SubmitRun(r, metadata=md(), timeout=5))
             waiters.append(reply.run.run_id)
-        # CHILD RUNS HOOK: when child runs land, submit parents here that spawn children (and join them)
-        # and add their executors' spawn/join fault points to EXECUTOR_FAULTS; the invariants below
-        # then gain "no child spawned twice" (one child per parent step) and "every join satisfied".
-
         until = time.monotonic() + CHAOS_S
-        await asyncio.gather(soak.chaos([one, two, *executors], until),
-                             *(soak.converse(run_id, i, until - 5) for i, run_id in enumerate(waiters)))
+        results = await asyncio.gather(*(soak.parent(i, until - 25) for i in range(PARENTS)),
+                                       soak.chaos([one, two, *executors], until),
+                                       *(soak.converse(run_id, i, until - 5) for i, run_id in enumerate(waiters)))
+        parents = [str(r) for r in results[:PARENTS]]
+        chaos_end = await db.fetchval("SELECT clock_timestamp()")
 
-        # Settle: no more kills; executors without fault points; everything up; the schedule paused.
+        # Settle: no more kills; everything up; the schedule paused. The executors keep only the spawn fault
+        # points, until each has fired once (most spawns happen here: under the chaos, takeovers of lapsed
+        # leases come first and fresh runs wait), then none.
+        spawn_faults = json.dumps([f"{point}@probability=0.5,seed={rng.randrange(1 << 30)}"
+                                   for point in ("before_spawn_send", "after_spawn_commit")])
         for proc in executors:
             proc.kill()
-            proc.env.pop("AGENTRT_FAULT_POINTS")
+            proc.env["AGENTRT_FAULT_POINTS"] = spawn_faults
         await Soak.revive([one, two, *executors])
         paused = await soak.call(lambda stub: stub.PauseSchedule(rs.PauseScheduleRequest(schedule_id=sid, paused=True),
                                                                  metadata=md(), timeout=5))
         assert paused.paused
 
         async def all_terminal() -> bool:
-            await Soak.revive(executors)  # a fault point cannot fire now, but stay safe
+            for proc in executors:
+                if not proc.alive():
+                    proc.env.pop("AGENTRT_FAULT_POINTS", None)
+            await Soak.revive(executors)
             open_runs = await db.fetchval("SELECT count(*) FROM agent_runs WHERE status NOT IN "
                                           "('COMPLETED', 'FAILED', 'CANCELLED')")
             return bool(open_runs == 0)
@@ -202,10 +249,21 @@ async def test_signals_and_a_schedule_survive_killed_executors_and_schedulers(db
             raise AssertionError(f"runs not terminal: {[dict(r) for r in stuck]}") from None
         await check_signals(db, soak, waiters)
         await check_schedule(db, sid)
+        await check_children(db, parents)
         statuses = Counter(r["status"] for r in await db.fetch("SELECT status FROM agent_runs"))
         assert set(statuses) == {"COMPLETED"}, statuses
-        assert all(soak.kills[proc.name] >= 3 for proc in (one, two, *executors)), soak.kills
-        print(f"soak: kills={dict(soak.kills)} executor_generations="
+        # SIGKILLed by the test or by its own fault point: an executor often dies by one before the other.
+        fired_by = {proc.name: re.findall(r"fault injected at (\w+)", (trio.dir / f"{proc.name}.log").read_text())
+                    for proc in executors}
+        ends = soak.kills + Counter({name: len(points) for name, points in fired_by.items()})
+        assert all(ends[proc.name] >= 3 for proc in (one, two, *executors)), (soak.kills, fired_by)
+        fired = Counter(point for points in fired_by.values() for point in points)
+        spawned = await db.fetch("SELECT parent_run_id, spawn_key, min(created_at) AS at FROM agent_runs "
+                                 "WHERE parent_run_id IS NOT NULL GROUP BY 1, 2")
+        late = sorted(round((r["at"] - chaos_end).total_seconds(), 1) for r in spawned)
+        print(f"soak: spawn groups made at (s from the chaos's end) {late}")
+        assert fired["before_spawn_send"] + fired["after_spawn_commit"] >= 1, (fired, late)
+        print(f"soak: faults={dict(fired)} kills={dict(soak.kills)} executor_generations="
               f"{[p.generation for p in executors]} signals={len(soak.sent)} rpc_retries={soak.rpc_retries} "
               f"statuses={dict(statuses)}")
     except BaseException:
@@ -257,3 +315,42 @@ async def check_schedule(db: Any, sid: str) -> None:
     row = await db.fetchrow("SELECT fires, skipped FROM agent_schedules WHERE id = $1::uuid", sid)
     assert (row["fires"], row["skipped"]) == (len(runs), 0)
     assert {r["status"] for r in runs} == {"COMPLETED"}
+
+
+async def check_children(db: Any, parents: list[str]) -> None:
+    assert len(parents) == PARENTS
+    children = await db.fetch("SELECT id, parent_run_id, spawn_key, spawn_index, agent_name, status, result "
+                              "FROM agent_runs WHERE parent_run_id IS NOT NULL")
+    assert len(children) == PARENTS * (FAN + 2), "exactly the children the parents' steps name, none twice"
+    assert {str(c["parent_run_id"]) for c in children} == set(parents)
+    submitted = Counter(str(r["run_id"]) for r in await db.fetch(
+        "SELECT run_id FROM outbox WHERE event_type = 'agent.run_submitted' "
+        "AND run_id IN (SELECT id FROM agent_runs WHERE parent_run_id IS NOT NULL)"))
+    assert submitted == Counter({str(c["id"]): 1 for c in children}), "one submitted event per child"
+    for index, parent_id in enumerate(parents):
+        mine = sorted((c for c in children if str(c["parent_run_id"]) == parent_id),
+                      key=lambda c: (c["spawn_key"], c["spawn_index"]))
+        groups: dict[str, list[Any]] = {}
+        for c in mine:
+            groups.setdefault(c["spawn_key"], []).append(c)
+        assert set(groups) == {"fan/attempt-1", "pick/attempt-1"}, set(groups)
+        assert [c["spawn_index"] for c in groups["fan/attempt-1"]] == list(range(FAN))
+        assert [c["spawn_index"] for c in groups["pick/attempt-1"]] == [0, 1]
+        parent = await db.fetchrow("SELECT status, result, awaiting_join FROM agent_runs WHERE id = $1::uuid",
+                                   parent_id)
+        assert parent["status"] == "COMPLETED" and not parent["awaiting_join"], parent
+        fan, pick = parent["result"]["fan"], parent["result"]["pick"]
+        assert (fan["join"], fan["timed_out"], pick["join"], pick["timed_out"]) == ("all", False, "any", False)
+        # join all: every child's id, COMPLETED and its result, in spawn order
+        assert [(c["run_id"], c["status"], c["result"]) for c in fan["children"]] == [
+            (str(c["id"]), "COMPLETED", c["result"]) for c in groups["fan/attempt-1"]]
+        assert [c["result"] for c in fan["children"]] == [{"n": index * 100 + k} for k in range(FAN)]
+        # join any: both children named; at least one had ended, with its result as recorded
+        assert [c["run_id"] for c in pick["children"]] == [str(c["id"]) for c in groups["pick/attempt-1"]]
+        ended = [(c, row) for c, row in zip(pick["children"], groups["pick/attempt-1"], strict=True)
+                 if c["status"] == "COMPLETED"]
+        assert ended and all(c["result"] == row["result"] for c, row in ended), pick
+        # Each join answered once in the parent's journal, even across takeovers.
+        answers = [r["step_key"] for r in await db.fetch(
+            "SELECT step_key FROM run_journal WHERE run_id = $1::uuid AND kind = 'answer' ORDER BY seq", parent_id)]
+        assert answers == ["fan/attempt-1", "pick/attempt-1"], answers

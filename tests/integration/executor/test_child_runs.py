@@ -137,17 +137,18 @@ async def test_cancelling_a_parent_cancels_its_children_unless_detached(db_url, 
             assert all(f"parent {run.run_id} cancelled: enough" in r["terminal_reason"] for r in reasons)
 
 
-async def test_a_spawn_repeated_by_a_takeover_spawns_nothing_twice(db_url, db, tmp_path):
-    """The executor abandons the parent right after SpawnChildren committed (its lease left to lapse,
-    like a crash, before the run parks on the join): the next holder repeats the spawn, which finds
-    the children the first one made."""
+@pytest.mark.parametrize("point", ["before_spawn_send", "after_spawn_commit"])
+async def test_a_spawn_repeated_by_a_takeover_spawns_nothing_twice(db_url, db, tmp_path, point):
+    """The executor abandons the parent right before SpawnChildren is sent, or right after it committed
+    (its lease left to lapse, like a crash, before the run parks on the join): the next holder spawns
+    from the saved checkpoint, or repeats the spawn and finds the children the first one made."""
     async with scheduler_stack(db_url, lease_duration_ms=1500) as stack:
         directory = agents(tmp_path, parent_agent(fan_out=True))
         run = await submit(stack, agent="parent", payload={"items": [1, 2, 3]})
-        faults = Faults(["after_spawn_commit"], action="raise")
+        faults = Faults([point], action="raise")
         async with executor(stack, directory, faults=faults):
             done = await wait_status(stack, run.run_id, *END, within=40)
-        assert faults.fired == ["after_spawn_commit"], "the crash happened"
+        assert faults.fired == [point], "the crash happened"
         assert done.status == pb.RUN_STATUS_COMPLETED and done.fencing_token >= 2, "a takeover finished the run"
         rows = await children_of(db, run.run_id)
         assert [r["spawn_index"] for r in rows] == [0, 1, 2]
