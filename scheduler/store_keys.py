@@ -1,4 +1,4 @@
-"""Data keys of runs with sensitive values (scheduler/sealing.py): create, unwrap (cached), rotate.
+"""Data keys of runs (and schedules) with sensitive values (scheduler/sealing.py): create, unwrap (cached), rotate.
 
 A data key is unwrapped with the keyring once per scheduler process and run (bounded cache);
 rotation re-wraps keys in batches under FOR UPDATE SKIP LOCKED, one short transaction each,

@@ -5,6 +5,10 @@ submits its run with client_request_id `schedule:<id>:<nominal fire time>` in
 the transaction that moves the schedule on, under the schedule's row lock
 (taken with SKIP LOCKED): one run per fire time, whichever replica fires it,
 and a fire retried after a crash finds the run it made.
+
+The input values the target agent marks sensitive are stored sealed under the
+schedule's own data key (migration 0018); a fire opens them and seals them again
+under its run's key, as SubmitRun seals.
 """
 
 from __future__ import annotations

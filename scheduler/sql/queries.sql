@@ -1574,6 +1574,7 @@ LIMIT :batch
 FOR UPDATE SKIP LOCKED;
 
 -- name: rewrap_schedule_keys
+-- As rewrap_data_keys: one batch of schedule keys, each only while still wrapped by the KEK it was read under.
 UPDATE agent_schedules AS s
 SET key_id = :current_key_id, wrapped_key = n.wrapped_key, key_rotated_at = clock_timestamp()
 FROM unnest(:ids::uuid[], :old_key_ids::text[], :wrapped_keys::bytea[]) AS n(id, old_key_id, wrapped_key)

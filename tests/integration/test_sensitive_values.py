@@ -329,8 +329,9 @@ async def test_a_schedule_of_a_marked_agent_without_keys_is_refused_and_nothing_
 
 
 async def test_rotation_rewraps_a_schedules_key_and_it_fires_under_the_new_kek_alone(db_url, db, monkeypatch, capsys):
-    from devstack.cli import main
     from executor_support import wait_for
+
+    from devstack.cli import main
 
     async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1), schedule_poll_interval_ms=0) as stack:
         await register(stack)
@@ -364,3 +365,28 @@ async def claim_run(stack, run_id: str):
     """The next lease of a payer run, when it is `run_id`'s (the submitted run goes first)."""
     lease = await claim(stack, agents=("payer",))
     return lease if lease is not None and lease.run.run_id == run_id else None
+
+
+async def test_a_schedule_whose_key_no_kek_opens_is_put_off_and_the_others_still_fire(db_url, db):
+    from executor_support import wait_for
+
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1), schedule_poll_interval_ms=0) as stack:
+        await register(stack)
+        sealed = await stack.runs.CreateSchedule(rs.CreateScheduleRequest(name="a-sealed", spec=charge_spec(SECRET)),
+                                                 metadata=stack.md())
+        await stack.runs.CreateSchedule(rs.CreateScheduleRequest(name="b-plain", spec=rs.ScheduleSpec(
+            agent_name="plain", input_json="{}", interval_ms=1000)), metadata=stack.md())
+    async with scheduler_stack(db_url, encryption_keys=keyring("k2", k2=K2), schedule_poll_interval_ms=100):
+        async def plain_fired() -> str | None:
+            return await db.fetchval("SELECT id::text FROM agent_runs WHERE labels->>'agentrt.schedule' = "
+                                     "'b-plain' LIMIT 1")
+
+        async def put_off() -> bool:  # tried, and to be tried again in a minute
+            return bool(await db.fetchval("SELECT due_at > clock_timestamp() + interval '30 seconds' "
+                                          "FROM agent_schedules WHERE id = $1::uuid", sealed.schedule.schedule_id))
+
+        await wait_for(plain_fired, 20, "the plain schedule's fire")
+        await wait_for(put_off, 20, "the sealed schedule put off")
+        assert await db.fetchval("SELECT fires FROM agent_schedules WHERE id = $1::uuid",
+                                 sealed.schedule.schedule_id) == 0
+        assert await db.fetchval("SELECT count(*) FROM agent_runs WHERE labels->>'agentrt.schedule' = 'a-sealed'") == 0
