@@ -15,6 +15,7 @@ from scheduler.admin_service import audit_entry
 from scheduler.config import SchedulerSettings
 from scheduler.periodic import PeriodicTask
 from scheduler.rpc import principal, rpc
+from scheduler.sealing import redact
 from scheduler.store import ScheduleSpec, Store
 from scheduler.store_schedules import spec_of
 from scheduler.store_types import AuditEntry
@@ -73,7 +74,7 @@ def schedule_to_proto(row: Record) -> rs.Schedule:
         last_run_id=str(row["last_run_id"]) if row["last_run_id"] else "", fires=row["fires"],
         skipped=row["skipped"],
         spec=rs.ScheduleSpec(agent_name=spec.agent_name, agent_version=spec.agent_version,
-                             input_json=canonical_json(spec.input), labels=spec.labels,
+                             input_json=canonical_json(redact(spec.input)), labels=spec.labels,
                              interval_ms=spec.interval_ms or 0, cron=spec.cron or "",
                              time_zone="" if spec.interval_ms else spec.time_zone,
                              overlap=OVERLAP_NUMBER[spec.overlap], catch_up_window_ms=spec.catch_up_window_ms,

@@ -1,4 +1,4 @@
-"""Data keys of runs with sensitive values (scheduler/sealing.py): create, unwrap (cached), rotate.
+"""Data keys of runs (and schedules) with sensitive values (scheduler/sealing.py): create, unwrap (cached), rotate.
 
 A data key is unwrapped with the keyring once per scheduler process and run (bounded cache);
 rotation re-wraps keys in batches under FOR UPDATE SKIP LOCKED, one short transaction each,
@@ -64,6 +64,16 @@ class KeyStore(StoreBase):
         self._remember(run_id, key)
         return NewKey(key, key_id, wrapped)
 
+    def schedule_key(self, schedule_id: uuid.UUID, key_id: str | None, wrapped: bytes | None) -> RunKey | None:
+        """A schedule's plain data key (its id the associated data, as a run's is); None: nothing sealed."""
+        if key_id is None or wrapped is None:
+            return None
+        try:
+            plain = self.keyring().unwrap(key_id, bytes(wrapped))
+        except KeyError_ as exc:
+            raise EncryptionKeyMissing(f"schedule {schedule_id}: {exc}") from None
+        return RunKey(schedule_id, plain, Sensitivity())
+
     def _remember(self, run_id: uuid.UUID, key: RunKey | None) -> None:
         cache = self.__dict__.setdefault("_keys", OrderedDict())
         cache[run_id] = key
@@ -123,8 +133,35 @@ class KeyStore(StoreBase):
             rewrapped += len(rows)
             batches += 1
             position = rows[-1]["run_id"]
+        rewrapped += await self._rotate_schedule_keys(ring, current, None if max_batches is None
+                                                      else max_batches - batches)
         self.__dict__.setdefault("_keys", OrderedDict()).clear()
         return Rotated(rewrapped, await self.data_key_counts())
+
+    async def _rotate_schedule_keys(self, ring: Keyring, current: str, max_batches: int | None) -> int:
+        """The schedules' data keys (migration 0018), after the runs', the same way."""
+        position, rewrapped, batches = uuid.UUID(int=0), 0, 0
+        while max_batches is None or batches < max_batches:
+            async with self.work_pool.acquire() as conn, conn.transaction():
+                await execute(conn, Q.set_scope, scope=WORK_SCOPE)
+                rows = await fetch(conn, Q.schedule_keys_to_rotate, current_key_id=current, after=position,
+                                   batch=self.settings.rotate_batch)
+                if not rows:
+                    break
+                wrapped: list[bytes] = []
+                for row in rows:
+                    try:
+                        plain = ring.unwrap(row["key_id"], bytes(row["wrapped_key"]))
+                    except KeyError_ as exc:
+                        raise EncryptionKeyMissing(f"schedule {row['id']}: {exc}; keep that key in the keyring "
+                                                 "until rotation has finished") from None
+                    wrapped.append(ring.wrap(plain)[1])
+                await execute(conn, Q.rewrap_schedule_keys, current_key_id=current, ids=[r["id"] for r in rows],
+                              old_key_ids=[r["key_id"] for r in rows], wrapped_keys=wrapped)
+            rewrapped += len(rows)
+            batches += 1
+            position = rows[-1]["id"]
+        return rewrapped
 
     @db_call
     async def data_key_counts(self) -> dict[str, int]:

@@ -5,12 +5,18 @@ submits its run with client_request_id `schedule:<id>:<nominal fire time>` in
 the transaction that moves the schedule on, under the schedule's row lock
 (taken with SKIP LOCKED): one run per fire time, whichever replica fires it,
 and a fire retried after a crash finds the run it made.
+
+The input values the target agent marks sensitive are stored sealed under the
+schedule's own data key (migration 0018); a fire opens them and seals them again
+under its run's key, as SubmitRun seals.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
+import os
 import uuid
 from typing import Any
 
@@ -20,7 +26,7 @@ from asyncpg import Record
 from scheduler.queries import Q
 from scheduler.registry import LiveVersion, admit, render_key
 from scheduler.schedule_times import Timing, jitter_of, timing
-from scheduler.sealing import Sensitivity
+from scheduler.sealing import RunKey, Sensitivity
 from scheduler.states import TERMINAL
 from scheduler.store_auth import write_audit
 from scheduler.store_core import db_call
@@ -28,11 +34,14 @@ from scheduler.store_keys import KeyStore
 from scheduler.store_types import AuditEntry, SubmitSpec
 from shared.canonical import sha256_of, uuid7
 from shared.db import execute, fetch, fetchrow, fetchval
-from shared.errors import AlreadyExists, InvalidArgument, NotFound
+from shared.errors import AlreadyExists, EncryptionKeyMissing, InvalidArgument, NotFound
+
+log = logging.getLogger(__name__)
 
 OVERLAPS = ("SKIP", "BUFFER_ONE", "ALLOW_ALL")
 MAX_CATCH_UP_FIRES = 1000  # fires one pass makes up at most (the rest are counted as skipped)
 BUFFER_RECHECK = dt.timedelta(seconds=1)  # how soon a buffered fire looks at its blocking run again
+KEY_MISSING_RETRY = dt.timedelta(seconds=60)  # how soon a schedule whose data key no KEK opens is tried again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +107,35 @@ class _Fire:
 
 
 class ScheduleStore(KeyStore):
+    async def _seal_spec(self, conn: asyncpg.Connection, schedule_id: uuid.UUID, spec: ScheduleSpec,
+                         existing: Record | None) -> tuple[ScheduleSpec, dict[str, Any]]:
+        """The spec as stored, with its key columns: the input's values the serving agent version marks
+        sealed under the schedule's data key (the one `existing` holds, else a new one wrapped by the
+        keyring: none, ENCRYPTION_KEY_MISSING), the schedule id their associated data. Nothing marked in
+        it: as given, no key. Sealing is deterministic under one key, so an unchanged spec hashes the same."""
+        *_, sensitive = await self._flow_of(conn, spec)
+        paths = Sensitivity.of_json(sensitive).input
+        if not paths:
+            return spec, {"key_id": None, "wrapped_key": None}
+        key = self.schedule_key(schedule_id, existing["key_id"], existing["wrapped_key"]) if existing else None
+        if key is not None:
+            assert existing is not None
+            key_id, wrapped = existing["key_id"], bytes(existing["wrapped_key"])
+        else:
+            data_key = os.urandom(32)
+            key_id, wrapped = self.keyring().wrap(data_key)
+            key = RunKey(schedule_id, data_key, Sensitivity())
+        sealed = key.seal_paths(spec.input, paths)
+        if sealed == spec.input:  # no marked field present
+            return spec, {"key_id": None, "wrapped_key": None}
+        return dataclasses.replace(spec, input=sealed), {"key_id": key_id, "wrapped_key": wrapped}
+
+    def _opened(self, row: Record) -> ScheduleSpec:
+        """A stored schedule's spec with its sealed input values opened (for a fire)."""
+        spec = spec_of(row)
+        key = self.schedule_key(row["id"], row["key_id"], row["wrapped_key"])
+        return dataclasses.replace(spec, input=key.unseal(spec.input)) if key is not None else spec
+
     def _first(self, spec: ScheduleSpec, schedule_id: uuid.UUID, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
         """The first nominal fire time after `now`, and when it is due (with its jitter)."""
         first = spec.timing().next_after(now)
@@ -111,14 +149,16 @@ class ScheduleStore(KeyStore):
         async with self.tenant_tx(tenant_id) as conn:
             now = await fetchval(conn, Q.server_now)
             first, due = self._first(spec, schedule_id, now)
+            stored, key = await self._seal_spec(conn, schedule_id, spec, None)
             row = await fetchrow(conn, Q.insert_schedule, id=schedule_id, tenant_id=tenant_id, name=name,
-                                 next_fire_at=first, due_at=due, **spec.params())
+                                 next_fire_at=first, due_at=due, **stored.params(), **key)
             if row is not None:
                 await _audit(conn, audit, "schedule.create", None, row)
                 return row, True
             existing = await fetchrow(conn, Q.schedule_by_name, tenant_id=tenant_id, name=name)
-        assert existing is not None  # schedules are deleted only by DeleteSchedule, never by retention
-        if bytes(existing["spec_hash"]) != spec.digest():
+            assert existing is not None  # schedules are deleted only by DeleteSchedule, never by retention
+            again, _ = await self._seal_spec(conn, existing["id"], spec, existing)
+        if bytes(existing["spec_hash"]) != again.digest():
             raise AlreadyExists(f"a schedule named {name!r} exists with another spec (use UpdateSchedule)",
                                 name=name, schedule_id=existing["id"])
         return existing, False
@@ -135,8 +175,9 @@ class ScheduleStore(KeyStore):
         async with self.tenant_tx(tenant_id) as conn:
             row = await self._locked(conn, tenant_id, schedule_id)
             first, due = self._first(spec, schedule_id, row["db_now"])
+            stored, key = await self._seal_spec(conn, schedule_id, spec, row)
             updated = await fetchrow(conn, Q.update_schedule, id=schedule_id, next_fire_at=first, due_at=due,
-                                     **spec.params())
+                                     **stored.params(), **key)
             assert updated is not None
             await _audit(conn, audit, "schedule.update", row, updated)
         return updated
@@ -186,7 +227,14 @@ class ScheduleStore(KeyStore):
             fire = _Fire(row, row["db_now"], row["last_run_id"],
                          row["last_run_status"] is not None and row["last_run_status"] not in TERMINAL,
                          row["buffered_fire_at"])
-            spec = spec_of(row)
+            try:
+                spec = self._opened(row)
+            except EncryptionKeyMissing as exc:  # one unreadable schedule never holds up the others
+                log.error("schedule %s not fired: %s", row["id"], exc)
+                await execute(conn, Q.record_fire, id=row["id"], next_fire_at=row["next_fire_at"],
+                              due_at=fire.now + KEY_MISSING_RETRY, buffered_fire_at=fire.buffered,
+                              last_run_id=fire.last_run_id, last_fire_at=None, fired=0, skipped=0)
+                return True
             if fire.buffered is not None and not fire.active:
                 await self._submit(conn, fire, spec, fire.buffered)
                 fire.buffered = None

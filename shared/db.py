@@ -25,7 +25,7 @@ from shared.canonical import encode_json
 from shared.errors import SchemaMismatch
 
 # The schema version this build runs against: the newest migration's number.
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 
 # Errors that mean the connection (or the server) is gone: the call may be retried on another
 # connection, and services answer them UNAVAILABLE.

@@ -1373,9 +1373,10 @@ DELETE FROM retention_policies WHERE tenant_id = :tenant_id RETURNING tenant_id;
 -- name: insert_schedule
 -- A repeated (tenant, name) inserts nothing: the caller compares spec hashes.
 INSERT INTO agent_schedules (id, tenant_id, name, agent_name, agent_version, input, labels, interval_ms, cron,
-                             time_zone, overlap, catch_up_window_ms, jitter_ms, next_fire_at, due_at, spec_hash)
+                             time_zone, overlap, catch_up_window_ms, jitter_ms, next_fire_at, due_at, spec_hash,
+                             key_id, wrapped_key)
 VALUES (:id, :tenant_id, :name, :agent_name, :agent_version, :input, :labels, :interval_ms, :cron, :time_zone,
-        :overlap, :catch_up_window_ms, :jitter_ms, :next_fire_at, :due_at, :spec_hash)
+        :overlap, :catch_up_window_ms, :jitter_ms, :next_fire_at, :due_at, :spec_hash, :key_id, :wrapped_key)
 ON CONFLICT (tenant_id, name) DO NOTHING
 RETURNING *;
 
@@ -1396,7 +1397,8 @@ UPDATE agent_schedules
 SET agent_name = :agent_name, agent_version = :agent_version, input = :input, labels = :labels,
     interval_ms = :interval_ms, cron = :cron, time_zone = :time_zone, overlap = :overlap,
     catch_up_window_ms = :catch_up_window_ms, jitter_ms = :jitter_ms, next_fire_at = :next_fire_at,
-    due_at = :due_at, buffered_fire_at = NULL, spec_hash = :spec_hash, updated_at = clock_timestamp()
+    due_at = :due_at, buffered_fire_at = NULL, spec_hash = :spec_hash, key_id = :key_id, wrapped_key = :wrapped_key,
+    updated_at = clock_timestamp()
 WHERE id = :id
 RETURNING *;
 
@@ -1563,9 +1565,27 @@ SET key_id = :current_key_id, wrapped_key = n.wrapped_key, rotated_at = clock_ti
 FROM unnest(:run_ids::uuid[], :old_key_ids::text[], :wrapped_keys::bytea[]) AS n(run_id, old_key_id, wrapped_key)
 WHERE k.run_id = n.run_id AND k.key_id = n.old_key_id;
 
+-- name: schedule_keys_to_rotate
+-- As data_keys_to_rotate, for the data keys of schedules with sealed input (migration 0018).
+SELECT id, key_id, wrapped_key FROM agent_schedules
+WHERE key_id IS NOT NULL AND key_id <> :current_key_id AND id > :after
+ORDER BY id
+LIMIT :batch
+FOR UPDATE SKIP LOCKED;
+
+-- name: rewrap_schedule_keys
+-- As rewrap_data_keys: one batch of schedule keys, each only while still wrapped by the KEK it was read under.
+UPDATE agent_schedules AS s
+SET key_id = :current_key_id, wrapped_key = n.wrapped_key, key_rotated_at = clock_timestamp()
+FROM unnest(:ids::uuid[], :old_key_ids::text[], :wrapped_keys::bytea[]) AS n(id, old_key_id, wrapped_key)
+WHERE s.id = n.id AND s.key_id = n.old_key_id;
+
 -- name: data_key_counts
--- Data keys per KEK id (agentrt encryption status).
-SELECT key_id, count(*) AS keys FROM run_data_keys GROUP BY key_id ORDER BY key_id;
+-- Data keys per KEK id, of runs and of schedules (agentrt encryption status).
+SELECT key_id, count(*) AS keys
+FROM (SELECT key_id FROM run_data_keys
+      UNION ALL SELECT key_id FROM agent_schedules WHERE key_id IS NOT NULL) AS k
+GROUP BY key_id ORDER BY key_id;
 
 -- Runtime flow limits (migration 0015, scheduler/flow_limits.py).
 

@@ -267,3 +267,126 @@ async def test_a_child_of_a_marked_agent_is_sealed_and_a_repeated_spawn_keeps_it
         assert SECRET not in await raw_tables(db)
         child = await claim(stack, agents=("payer",))
         assert child.run.run_id == child_id and json.loads(child.run.input_json) == {"card": SECRET, "amount": 3}
+
+
+def charge_spec(card: str, interval_ms: int = 1000) -> rs.ScheduleSpec:
+    return rs.ScheduleSpec(agent_name="payer", input_json=json.dumps({"card": card, "amount": 5}),
+                           interval_ms=interval_ms)
+
+
+async def test_a_schedules_marked_input_is_sealed_at_rest_redacted_in_lists_and_plain_for_the_executor(db_url, db):
+    from executor_support import wait_for
+
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1), schedule_poll_interval_ms=0) as stack:
+        await register(stack)
+        created = await stack.runs.CreateSchedule(rs.CreateScheduleRequest(
+            name="monthly", spec=charge_spec(f"{SECRET}-old")), metadata=stack.md())
+        assert created.created and json.loads(created.schedule.spec.input_json) == {"amount": 5, "card": "[redacted]"}
+        sid = created.schedule.schedule_id
+        row = await db.fetchrow("SELECT input::text, key_id, wrapped_key, t::text AS raw FROM agent_schedules t "
+                                "WHERE id = $1::uuid", sid)
+        stored = json.loads(row["input"])
+        assert stored["amount"] == 5 and set(stored["card"]) == {"$sealed"}
+        assert row["key_id"] == "k1" and len(row["wrapped_key"]) == 12 + 32 + 16 and SECRET not in row["raw"]
+        # The same spec again is the same schedule (its sealed input hashes the same); another value is not.
+        again = await stack.runs.CreateSchedule(rs.CreateScheduleRequest(
+            name="monthly", spec=charge_spec(f"{SECRET}-old")), metadata=stack.md())
+        assert not again.created and again.schedule.schedule_id == sid
+        clash = await rpc_error(stack.runs.CreateSchedule(rs.CreateScheduleRequest(
+            name="monthly", spec=charge_spec(SECRET)), metadata=stack.md()))
+        assert clash.code() == grpc.StatusCode.ALREADY_EXISTS
+
+        updated = await stack.runs.UpdateSchedule(rs.UpdateScheduleRequest(schedule_id=sid, spec=charge_spec(SECRET)),
+                                                  metadata=stack.md())
+        assert json.loads(updated.spec.input_json)["card"] == "[redacted]"
+        assert await db.fetchval("SELECT wrapped_key FROM agent_schedules WHERE id = $1::uuid", sid) == \
+            row["wrapped_key"]  # the schedule keeps its data key
+        listed = await stack.runs.ListSchedules(rs.ListSchedulesRequest(), metadata=stack.md())
+        assert [json.loads(s.spec.input_json) for s in listed.schedules] == [{"amount": 5, "card": "[redacted]"}]
+        assert SECRET not in await raw_tables(db)
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1), schedule_poll_interval_ms=100) as stack:
+        async def fired() -> str | None:
+            return await db.fetchval("SELECT id::text FROM agent_runs WHERE labels->>'agentrt.schedule' = "
+                                     "'monthly' LIMIT 1")
+
+        run_id = await wait_for(fired, 20, "a fire")
+        run_key = await db.fetchval("SELECT wrapped_key FROM run_data_keys WHERE run_id = $1::uuid", run_id)
+        assert run_key is not None and run_key != row["wrapped_key"]  # sealed again under the run's own key
+        lease = await claim(stack, agents=("payer",))
+        assert lease.run.run_id == run_id and json.loads(lease.run.input_json) == {"amount": 5, "card": SECRET}
+        assert SECRET not in await raw_tables(db)
+
+
+async def test_a_schedule_of_a_marked_agent_without_keys_is_refused_and_nothing_is_written(db_url, db):
+    async with scheduler_stack(db_url, schedule_poll_interval_ms=0) as stack:
+        await register(stack)
+        error = await rpc_error(stack.runs.CreateSchedule(rs.CreateScheduleRequest(
+            name="monthly", spec=charge_spec(SECRET)), metadata=stack.md()))
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and reason_of(error) == "ENCRYPTION_KEY_MISSING"
+        assert await db.fetchval("SELECT count(*) FROM agent_schedules") == 0
+        assert await db.fetchval("SELECT count(*) FROM audit_log WHERE action LIKE 'schedule.%'") == 0
+        assert SECRET not in await raw_tables(db)
+
+
+async def test_rotation_rewraps_a_schedules_key_and_it_fires_under_the_new_kek_alone(db_url, db, monkeypatch, capsys):
+    from executor_support import wait_for
+
+    from devstack.cli import main
+
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1), schedule_poll_interval_ms=0) as stack:
+        await register(stack)
+        created = await stack.runs.CreateSchedule(rs.CreateScheduleRequest(name="monthly", spec=charge_spec(SECRET)),
+                                                  metadata=stack.md())
+        sid = created.schedule.schedule_id
+        await submit(stack, card=f"{SECRET}-run")
+    before = await db.fetchval("SELECT wrapped_key FROM agent_schedules WHERE id = $1::uuid", sid)
+    monkeypatch.setenv("AGENTRT_ENCRYPTION_KEYS", keyring("k2", k1=K1, k2=K2))
+    assert await asyncio.to_thread(main, ["encryption", "status", "--database-url", db_url]) == 0
+    assert json.loads(capsys.readouterr().out) == {"current_key_id": "k2", "keys_by_kek": {"k1": 2}}
+    assert await asyncio.to_thread(main, ["encryption", "rotate", "--database-url", db_url]) == 0
+    assert json.loads(capsys.readouterr().out) == {"current_key_id": "k2", "keys_by_kek": {"k2": 2}, "rewrapped": 2}
+    after = await db.fetchrow("SELECT key_id, wrapped_key, key_rotated_at FROM agent_schedules WHERE id = $1::uuid",
+                              sid)
+    assert after["key_id"] == "k2" and after["wrapped_key"] != before and after["key_rotated_at"] is not None
+    async with scheduler_stack(db_url, encryption_keys=keyring("k2", k2=K2), schedule_poll_interval_ms=100) as stack:
+        async def fired() -> str | None:
+            return await db.fetchval("SELECT id::text FROM agent_runs WHERE labels->>'agentrt.schedule' = "
+                                     "'monthly' LIMIT 1")
+
+        run_id = await wait_for(fired, 20, "a fire")
+        assert await db.fetchval("SELECT key_id FROM run_data_keys WHERE run_id = $1::uuid", run_id) == "k2"
+        lease = await wait_for(lambda: claim_run(stack, run_id), 20, "the fired run's lease")
+        assert json.loads(lease.run.input_json)["card"] == SECRET
+        listed = await stack.runs.ListSchedules(rs.ListSchedulesRequest(), metadata=stack.md())
+        assert json.loads(listed.schedules[0].spec.input_json)["card"] == "[redacted]"
+
+
+async def claim_run(stack, run_id: str):
+    """The next lease of a payer run, when it is `run_id`'s (the submitted run goes first)."""
+    lease = await claim(stack, agents=("payer",))
+    return lease if lease is not None and lease.run.run_id == run_id else None
+
+
+async def test_a_schedule_whose_key_no_kek_opens_is_put_off_and_the_others_still_fire(db_url, db):
+    from executor_support import wait_for
+
+    async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1), schedule_poll_interval_ms=0) as stack:
+        await register(stack)
+        sealed = await stack.runs.CreateSchedule(rs.CreateScheduleRequest(name="a-sealed", spec=charge_spec(SECRET)),
+                                                 metadata=stack.md())
+        await stack.runs.CreateSchedule(rs.CreateScheduleRequest(name="b-plain", spec=rs.ScheduleSpec(
+            agent_name="plain", input_json="{}", interval_ms=1000)), metadata=stack.md())
+    async with scheduler_stack(db_url, encryption_keys=keyring("k2", k2=K2), schedule_poll_interval_ms=100):
+        async def plain_fired() -> str | None:
+            return await db.fetchval("SELECT id::text FROM agent_runs WHERE labels->>'agentrt.schedule' = "
+                                     "'b-plain' LIMIT 1")
+
+        async def put_off() -> bool:  # tried, and to be tried again in a minute
+            return bool(await db.fetchval("SELECT due_at > clock_timestamp() + interval '30 seconds' "
+                                          "FROM agent_schedules WHERE id = $1::uuid", sealed.schedule.schedule_id))
+
+        await wait_for(plain_fired, 20, "the plain schedule's fire")
+        await wait_for(put_off, 20, "the sealed schedule put off")
+        assert await db.fetchval("SELECT fires FROM agent_schedules WHERE id = $1::uuid",
+                                 sealed.schedule.schedule_id) == 0
+        assert await db.fetchval("SELECT count(*) FROM agent_runs WHERE labels->>'agentrt.schedule' = 'a-sealed'") == 0
