@@ -17,7 +17,7 @@ from scheduler.queries import Q
 from scheduler.sealing import KeyError_, Keyring, RunKey, Sensitivity, load_keyring, transform
 from scheduler.store_core import WORK_SCOPE, StoreBase, db_call
 from shared.canonical import canonical_json
-from shared.db import execute, fetch, fetchrow
+from shared.db import Query, execute, fetch, fetchrow
 from shared.errors import EncryptionKeyMissing
 
 _NO_KEY = object()
@@ -107,15 +107,25 @@ class KeyStore(StoreBase):
 
     @db_call
     async def rotate_keys(self, *, after: uuid.UUID | None = None, max_batches: int | None = None) -> Rotated:
-        """Re-wraps every data key wrapped by another KEK than the keyring's current one."""
+        """Re-wraps every data key wrapped by another KEK than the keyring's current one: the runs',
+        then the schedules' (migration 0018); `max_batches` counts both."""
         ring = self.keyring()
+        runs, batches = await self._rotate(ring, "run", Q.data_keys_to_rotate, Q.rewrap_data_keys, "run_id",
+                                           "run_ids", after, max_batches)
+        schedules, _ = await self._rotate(ring, "schedule", Q.schedule_keys_to_rotate, Q.rewrap_schedule_keys, "id",
+                                          "ids", None, None if max_batches is None else max_batches - batches)
+        self.__dict__.setdefault("_keys", OrderedDict()).clear()
+        return Rotated(runs + schedules, await self.data_key_counts())
+
+    async def _rotate(self, ring: Keyring, what: str, select: Query, rewrap: Query, id_column: str, ids_param: str,
+                      after: uuid.UUID | None, max_batches: int | None) -> tuple[int, int]:
+        """One kind of data key re-wrapped in SKIP LOCKED batches in id order: (keys, batches)."""
         current = ring.current_key_id()
-        position = after or uuid.UUID(int=0)
-        rewrapped = batches = 0
+        position, rewrapped, batches = after or uuid.UUID(int=0), 0, 0
         while max_batches is None or batches < max_batches:
             async with self.work_pool.acquire() as conn, conn.transaction():
                 await execute(conn, Q.set_scope, scope=WORK_SCOPE)  # every tenant's keys (a CLI's pool has no scope)
-                rows = await fetch(conn, Q.data_keys_to_rotate, current_key_id=current, after=position,
+                rows = await fetch(conn, select, current_key_id=current, after=position,
                                    batch=self.settings.rotate_batch)
                 if not rows:
                     break
@@ -124,44 +134,15 @@ class KeyStore(StoreBase):
                     try:
                         plain = ring.unwrap(row["key_id"], bytes(row["wrapped_key"]))
                     except KeyError_ as exc:
-                        raise EncryptionKeyMissing(f"run {row['run_id']}: {exc}; keep that key in the keyring "
+                        raise EncryptionKeyMissing(f"{what} {row[id_column]}: {exc}; keep that key in the keyring "
                                                  "until rotation has finished") from None
                     wrapped.append(ring.wrap(plain)[1])
-                await execute(conn, Q.rewrap_data_keys, current_key_id=current,
-                              run_ids=[r["run_id"] for r in rows], old_key_ids=[r["key_id"] for r in rows],
-                              wrapped_keys=wrapped)
+                await execute(conn, rewrap, current_key_id=current, old_key_ids=[r["key_id"] for r in rows],
+                              wrapped_keys=wrapped, **{ids_param: [r[id_column] for r in rows]})
             rewrapped += len(rows)
             batches += 1
-            position = rows[-1]["run_id"]
-        rewrapped += await self._rotate_schedule_keys(ring, current, None if max_batches is None
-                                                      else max_batches - batches)
-        self.__dict__.setdefault("_keys", OrderedDict()).clear()
-        return Rotated(rewrapped, await self.data_key_counts())
-
-    async def _rotate_schedule_keys(self, ring: Keyring, current: str, max_batches: int | None) -> int:
-        """The schedules' data keys (migration 0018), after the runs', the same way."""
-        position, rewrapped, batches = uuid.UUID(int=0), 0, 0
-        while max_batches is None or batches < max_batches:
-            async with self.work_pool.acquire() as conn, conn.transaction():
-                await execute(conn, Q.set_scope, scope=WORK_SCOPE)
-                rows = await fetch(conn, Q.schedule_keys_to_rotate, current_key_id=current, after=position,
-                                   batch=self.settings.rotate_batch)
-                if not rows:
-                    break
-                wrapped: list[bytes] = []
-                for row in rows:
-                    try:
-                        plain = ring.unwrap(row["key_id"], bytes(row["wrapped_key"]))
-                    except KeyError_ as exc:
-                        raise EncryptionKeyMissing(f"schedule {row['id']}: {exc}; keep that key in the keyring "
-                                                 "until rotation has finished") from None
-                    wrapped.append(ring.wrap(plain)[1])
-                await execute(conn, Q.rewrap_schedule_keys, current_key_id=current, ids=[r["id"] for r in rows],
-                              old_key_ids=[r["key_id"] for r in rows], wrapped_keys=wrapped)
-            rewrapped += len(rows)
-            batches += 1
-            position = rows[-1]["id"]
-        return rewrapped
+            position = rows[-1][id_column]
+        return rewrapped, batches
 
     @db_call
     async def data_key_counts(self) -> dict[str, int]:
