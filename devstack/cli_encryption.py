@@ -17,19 +17,11 @@ from typing import Any
 from shared.errors import InvalidArgument
 
 
-async def _with_store(args: argparse.Namespace, action: Any) -> Any:
-    from scheduler.config import SchedulerSettings
-    from scheduler.store import Store, connect_pool
+def _with_store(args: argparse.Namespace, action: Any) -> Any:
+    from devstack.cli_retention import with_store
 
-    overrides: dict[str, Any] = {"database_url": args.database_url} if args.database_url else {}
-    if getattr(args, "batch", None) is not None:
-        overrides["rotate_batch"] = args.batch
-    settings = SchedulerSettings(**overrides)
-    pool = await connect_pool(settings.database_url, min_size=1, max_size=1, command_timeout=60)
-    try:
-        return await action(Store(pool, settings))
-    finally:
-        await pool.close()
+    batch = getattr(args, "batch", None)
+    return with_store(args.database_url, action, **({"rotate_batch": batch} if batch is not None else {}))
 
 
 def _rotate(args: argparse.Namespace) -> int:

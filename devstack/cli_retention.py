@@ -31,11 +31,14 @@ def _keep_days(value: int) -> int:
     return value
 
 
-async def _with_store(database_url: str | None, action: Callable[[Any], Awaitable[T]]) -> T:
+async def with_store(database_url: str | None, action: Callable[[Any], Awaitable[T]], **overrides: Any) -> T:
+    """`action` on a one-connection Store from the settings (and `overrides`), closed after; the
+    database-side CLI commands (retention, encryption) run through it."""
     from scheduler.config import SchedulerSettings
     from scheduler.store import Store, connect_pool
 
-    overrides: dict[str, Any] = {"database_url": database_url} if database_url else {}
+    if database_url:
+        overrides["database_url"] = database_url
     settings = SchedulerSettings(**overrides)
     pool = await connect_pool(settings.database_url, min_size=1, max_size=1, command_timeout=60)
     try:
@@ -57,12 +60,12 @@ def _run(args: argparse.Namespace) -> int:
         counts = await sweep(store, batch_runs=args.batch_runs, pause_s=args.pause_ms / 1000, dry_run=args.dry_run)
         return {"dry_run": args.dry_run, **counts.as_dict()}
 
-    print(json.dumps(asyncio.run(_with_store(args.database_url, act)), sort_keys=True))
+    print(json.dumps(asyncio.run(with_store(args.database_url, act)), sort_keys=True))
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
-    rows = asyncio.run(_with_store(args.database_url, lambda store: store.retention_policies()))
+    rows = asyncio.run(with_store(args.database_url, lambda store: store.retention_policies()))
     for row in rows:
         print(json.dumps({"tenant": row["tenant_id"], "keep_days": row["keep_days"],
                           "updated_at": row["updated_at"].isoformat()}, sort_keys=True))
@@ -73,14 +76,14 @@ def _list(args: argparse.Namespace) -> int:
 
 def _set(args: argparse.Namespace) -> int:
     tenant, days = _tenant(args.tenant), _keep_days(args.keep_days)
-    row = asyncio.run(_with_store(args.database_url, lambda store: store.set_retention_policy(tenant, days)))
+    row = asyncio.run(with_store(args.database_url, lambda store: store.set_retention_policy(tenant, days)))
     print(f"tenant {row['tenant_id']}: terminal runs kept {row['keep_days']} days after they finish")
     return 0
 
 
 def _clear(args: argparse.Namespace) -> int:
     tenant = _tenant(args.tenant)
-    if not asyncio.run(_with_store(args.database_url, lambda store: store.clear_retention_policy(tenant))):
+    if not asyncio.run(with_store(args.database_url, lambda store: store.clear_retention_policy(tenant))):
         raise InvalidArgument("--tenant", f"no retention policy for tenant {tenant}")
     print(f"tenant {tenant}: " + ("no default policy: runs without one of their own are kept for ever"
                                   if tenant == "*" else "the default policy applies"))
