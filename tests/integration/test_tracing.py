@@ -7,6 +7,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from support import claim, eid, lease_ref, scheduler_stack
 
+from scheduler.queries import Q
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.tracing import inject_metadata
@@ -205,7 +206,8 @@ async def test_rpc_spans_follow_the_rpc_conventions_and_sql_spans_name_their_que
         operation, query = span.attributes["db.operation.name"], span.attributes["agentrt.query"]
         assert operation in ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH") and query
         assert span.name == span.attributes["db.query.summary"] == f"{operation} {query}"
-        assert "41" not in span.attributes["db.query.text"] and "$1" in span.attributes["db.query.text"]
+        text = span.attributes["db.query.text"]
+        assert "41" not in text and ("$1" in text or not getattr(Q, query).params), text  # placeholders only
     assert any(s.attributes["db.operation.name"] in ("INSERT", "WITH") for s in sql), [s.name for s in sql]
     assert reply.run.run_id
 

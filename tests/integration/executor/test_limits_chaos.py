@@ -29,7 +29,7 @@ from support import scheduler_stack, submit
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 REPO = Path(__file__).resolve().parents[3]
 END = (pb.RUN_STATUS_COMPLETED, pb.RUN_STATUS_FAILED, pb.RUN_STATUS_PAUSED_INDOUBT, pb.RUN_STATUS_PAUSED_HUMAN)
 LIMITS = {"tenant-a": 3, "tenant-b": 2}
@@ -71,8 +71,8 @@ async def test_killed_executors_never_let_a_concurrency_limit_be_passed(db_url, 
                 "tenant_limits": {"tenant-a": {"max_running": LIMITS["tenant-a"]}},
                 "agent_limits": {"chaos": {"max_running": AGENT_MAX}}, "require_registered_agents": True}
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    async with mock_tool(tmp_path, latency_ms=120) as mock, scheduler_stack(db_url, **settings) as stack:
-        steps = [{"id": f"s{n}", "tool": "t.chaos", "args": {"n": n}} for n in range(3)]
+    async with mock_tool(tmp_path, latency_ms=300) as mock, scheduler_stack(db_url, **settings) as stack:
+        steps = [{"id": f"s{n}", "tool": "t.chaos", "args": {"n": n}} for n in range(5)]
         write_agent(tmp_path / "agents", scripted_agent(
             "chaos", [*steps, {"id": "done", "finish": "ok"}], [http_tool(mock.url, "t.chaos")],
             concurrency={"key": "${input.customer_id}", "max": 1}))
@@ -114,18 +114,27 @@ async def test_killed_executors_never_let_a_concurrency_limit_be_passed(db_url, 
 
             sampling = asyncio.create_task(sampler())
             rng, kills_holding, generation = random.Random(17), 0, 3
-            for _ in range(KILLS):
+            # KILLS kills, each of an executor holding a live lease: on a loaded machine a fresh
+            # executor may take a while to claim, so each kill waits for a holder (bounded).
+            kill_deadline = time.monotonic() + 90
+            while kills_holding < KILLS and time.monotonic() < kill_deadline:
                 await asyncio.sleep(1.5)
-                holders = {row["lease_owner"] for row in await db.fetch(HOLDERS)} & set(procs)
+                holders: set[str] = set()
+                while not holders and time.monotonic() < kill_deadline:
+                    holders = {row["lease_owner"] for row in await db.fetch(HOLDERS)} & set(procs)
+                    if not holders:
+                        if await db.fetchval("SELECT count(*) FROM agent_runs WHERE status <> 'COMPLETED'") == 0:
+                            break  # every run is done: nothing left to hold
+                        await asyncio.sleep(0.1)
                 if not holders:
-                    continue
+                    break
                 victim = rng.choice(sorted(holders))
                 end_process(procs.pop(victim))  # SIGKILL while it holds at least one live lease
                 kills_holding += 1
                 name = f"ex-{generation}"
                 generation += 1
                 procs[name] = start_executor(stack, tmp_path / "agents", name, tmp_path / f"{name}.log")
-            finals = [await wait_status(stack, run.run_id, *END, within=45, tenant=run.tenant_id) for run in runs]
+            finals = [await wait_status(stack, run.run_id, *END, within=90, tenant=run.tenant_id) for run in runs]
             stop.set()
             await sampling
         finally:
