@@ -2,7 +2,7 @@
 client certificates it signs, written as PEM files.
 
 Never for production: keys are written unencrypted. The chart takes real
-certificates from a Secret or cert-manager (README, Security).
+certificates from a Secret or cert-manager (docs/keys-and-tls.md).
 """
 
 from __future__ import annotations

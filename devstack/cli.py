@@ -16,15 +16,22 @@ from typing import Any, NoReturn
 
 from devstack.loop import run as run_loop
 
+# gRPC's C core logs through absl straight to stderr, and by default at INFO: a failed TLS handshake
+# printed a raw line before the CLI's own one-line error. ERROR keeps real faults; the variable is read
+# once, when grpc is first imported (below this line), and an explicit GRPC_VERBOSITY still wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 
 
 def _setup_logging(settings: Any) -> None:
     """Text or JSON lines on stderr, as the component's `log_level` and `log_format` say (shared/logs.py)."""
-    from shared.logs import setup_logging
+    from shared.logs import capture_native_stderr, setup_logging
 
     setup_logging(settings.log_level, settings.log_format, settings.service_name)
+    if settings.log_format == "json":
+        capture_native_stderr()  # gRPC C-core's own lines, as JSON records too
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -116,9 +123,18 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     return 0
 
 
+def _modules_from_here() -> None:
+    """Agent modules are importable from the current directory, as with `python -m` (the
+    `agentrt` script's own directory is what Python puts first on the path otherwise)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def cmd_executor(args: argparse.Namespace) -> int:
     from executor.config import ExecutorSettings
     from executor.main import serve
+
+    _modules_from_here()
 
     overrides: dict[str, Any] = {}
     if args.scheduler:
@@ -127,10 +143,30 @@ def cmd_executor(args: argparse.Namespace) -> int:
         overrides["agents_path"] = args.agents
     if args.slots:
         overrides["slots"] = args.slots
-    settings = ExecutorSettings(**overrides)
+    settings = _with_local_session(ExecutorSettings(**overrides), overrides)
     _setup_logging(settings)
     run_loop(serve(settings), settings.event_loop)
     return 0
+
+
+def _with_local_session(settings: Any, overrides: dict[str, Any]) -> Any:
+    """An executor started where `agentrt dev` runs joins its stack: the scheduler address and the
+    session's executor token from .agentrt/client.json, for what flags, environment and config
+    file leave unset (a token goes in clear only over loopback, as the dev stack's own executors do)."""
+    from devstack import local_config
+
+    given = settings.model_fields_set
+    local = local_config.for_scheduler(settings.scheduler_addr if "scheduler_addr" in given else None)
+    if not local:
+        return settings
+    extra: dict[str, Any] = {}
+    if "scheduler_addr" not in given:
+        extra["scheduler_addr"] = local["scheduler_addr"]
+    if "work_token" not in given and local.get("work_token"):
+        extra["work_token"] = local["work_token"]
+        if "scheduler_insecure" not in given and not settings.scheduler_tls:
+            extra["scheduler_insecure"] = True
+    return type(settings)(**overrides, **extra) if extra else settings
 
 
 def cmd_mocktool(args: argparse.Namespace) -> int:
@@ -213,6 +249,23 @@ def cmd_outbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_console(args: argparse.Namespace) -> int:
+    from console.config import ConsoleSettings
+    from console.main import serve
+
+    overrides: dict[str, Any] = {}
+    for option, field in (("scheduler", "scheduler_addr"), ("listen", "listen_addr"), ("tls_ca", "tls_ca"),
+                          ("tls_cert", "tls_cert"), ("tls_key", "tls_key"), ("tls_server_name", "tls_server_name")):
+        if getattr(args, option, None):
+            overrides[field] = getattr(args, option)
+    if args.insecure:
+        overrides["insecure"] = True
+    settings = ConsoleSettings(**overrides)
+    _setup_logging(settings)
+    run_loop(serve(settings), settings.event_loop)
+    return 0
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     import warnings
 
@@ -220,6 +273,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"platformdirs(\..*)?$")
     from devstack.stack import run_dev
 
+    _modules_from_here()  # --agents mypkg.agents, as the executors (run with python -m) import it
     return run_dev(args)
 
 
@@ -252,11 +306,25 @@ def _service_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.set_defaults(func=cmd_scheduler)
 
     p = sub.add_parser("executor", help="run an executor (claims fenced work from the scheduler)")
-    p.add_argument("--scheduler", help="scheduler host:port (default: AGENTRT_SCHEDULER_ADDR or 127.0.0.1:50051)")
-    p.add_argument("--agents", help="agent definitions: a directory or comma-separated files "
-                                    "(default: AGENTRT_AGENTS_PATH)")
+    p.add_argument("--scheduler", help="scheduler host:port (default: AGENTRT_SCHEDULER_ADDR, the `agentrt dev` "
+                                       "session's .agentrt/client.json, or 127.0.0.1:50051)")
+    p.add_argument("--agents", help="agents to serve, comma-separated: Python modules of code-first agents "
+                                    "(mypkg.agents, importable from here), definition files, or a directory "
+                                    "of them (default: AGENTRT_AGENTS_PATH)")
     p.add_argument("--slots", type=int, help="concurrent runs (default: AGENTRT_SLOTS or 4)")
     p.set_defaults(func=cmd_executor)
+
+    p = sub.add_parser("console", help="run the operator console (web pages over the scheduler's RunService)")
+    p.add_argument("--scheduler", help="scheduler host:port (default: AGENTRT_CONSOLE_SCHEDULER_ADDR or "
+                                       "127.0.0.1:50051)")
+    p.add_argument("--listen", help="HTTP host:port (default: AGENTRT_CONSOLE_LISTEN_ADDR or 127.0.0.1:8080)")
+    p.add_argument("--tls-ca", help="CA of the scheduler's certificate (default AGENTRT_CONSOLE_TLS_CA): TLS on")
+    p.add_argument("--tls-cert", help="client certificate for mutual TLS (default AGENTRT_CONSOLE_TLS_CERT)")
+    p.add_argument("--tls-key", help="client key for mutual TLS (default AGENTRT_CONSOLE_TLS_KEY)")
+    p.add_argument("--tls-server-name", help="name to check in the scheduler's certificate (default: its host)")
+    p.add_argument("--insecure", action="store_true",
+                   help="send the signed-in person's credential in clear to a scheduler that is not on loopback")
+    p.set_defaults(func=cmd_console)
 
     p = sub.add_parser("mocktool", help="the mock tool HTTP server (test infrastructure, SQLite store)")
     p.add_argument("--host", default="127.0.0.1")
@@ -318,6 +386,8 @@ def _dev_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--kafka-bootstrap", default=os.environ.get("AGENTRT_KAFKA_BOOTSTRAP"),
                    help="use this Kafka instead of the embedded broker (default: AGENTRT_KAFKA_BOOTSTRAP)")
     p.add_argument("--listen", default="127.0.0.1:50051", help="scheduler address (default 127.0.0.1:50051)")
+    p.add_argument("--console", default="",
+                   help="the operator console's host:port (default: a free loopback port; none = no console)")
     p.add_argument("--tenant", default=os.environ.get("AGENTRT_TENANT") or "demo",
                    help="tenant of the demo runs (default AGENTRT_TENANT or demo)")
     p.add_argument("--auth", choices=["api_key", "none"], default="api_key",
@@ -341,6 +411,9 @@ def _dev_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="stop after this many seconds once up (0 = run until Ctrl-C)")
     p.add_argument("--summary-json", type=Path, help="also write the closing summary to this file as JSON")
     p.add_argument("--plain", action="store_true", help="progress as log lines, not a live view")
+    p.add_argument("--agents", help="your agents, served by the stack's executors beside the demo: Python modules "
+                                    "(mypkg.agents), definition files or a directory, comma-separated; "
+                                    "restart `agentrt dev` after changing them")
     p.set_defaults(func=cmd_dev)
 
 
@@ -351,7 +424,6 @@ def build_parser() -> argparse.ArgumentParser:
     _relay_commands(sub)
     _dev_command(sub)
 
-    from devstack.acceptance.cli import add_commands as add_acceptance_commands
     from devstack.cli_admin import add_commands as add_admin_commands
     from devstack.cli_encryption import add_commands as add_encryption_commands
     from devstack.cli_events import add_commands as add_event_commands
@@ -367,8 +439,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_retention_commands(sub)
     add_encryption_commands(sub)
     add_limit_commands(sub)
-    add_acceptance_commands(sub)
+    _acceptance_commands(sub)
+    _version_options(parser, sub)
     return parser
+
+
+def _acceptance_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """`agentrt acceptance` and `agentrt chaos` come with a checkout: the wheel leaves the suite out."""
+    try:
+        from devstack.acceptance.cli import add_commands
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("devstack.acceptance", "devstack.acceptance.cli"):
+            raise
+        return
+    add_commands(sub)
+
+
+def _version_options(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """`agentrt --version` and `agentrt <command> --version` (each service's): the package's one version."""
+    from shared.version import agentrt_version
+
+    text = f"agentrt {agentrt_version()}"
+    parser.add_argument("--version", action="version", version=text)
+    for command in sub.choices.values():
+        command.add_argument("--version", action="version", version=text, help="print the version and exit")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -378,17 +472,41 @@ def _one_line(exc: BaseException) -> str:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "settings"
         return f"invalid setting {field}: {first['msg']}"
-    from shared.errors import AgentrtError, InvalidArgument
+    from shared.errors import AgentNotRegistered, AgentrtError, InvalidArgument
 
     if isinstance(exc, InvalidArgument):
         return exc.message  # "run_id: is not a UUID: ..." names its field once
+    if isinstance(exc, AgentNotRegistered):  # the API names its request field; a CLI user needs the flag
+        return f"{exc.reason}: {exc.message.replace(AgentNotRegistered.API_HINT, AgentNotRegistered.CLI_HINT)}"
     if isinstance(exc, AgentrtError):
         return f"{exc.reason}: {exc.message}"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+EXIT_READER_GONE = 141  # as a process killed by SIGPIPE (128 + 13): what `yes | head` reports
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe could only be reported
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """`agentrt runs export RUN | head`: the reader took what it wanted and closed the pipe. That is
+    no error: stop quietly, and point stdout at /dev/null so the exit's own flush has nowhere to fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_READER_GONE
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
@@ -396,9 +514,33 @@ def main(argv: list[str] | None = None) -> int:
         return func(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise
     except Exception as exc:
-        print(f"agentrt {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"agentrt {args.command}: error: {_tls_mistake(exc, args) or _one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _tls_mistake(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """The two TLS mistakes said plainly: plaintext to a TLS port (the server hangs up: "Socket closed")
+    and TLS to a plaintext port (the handshake reads a non-TLS answer: WRONG_VERSION_NUMBER)."""
+    from shared.errors import Unavailable
+
+    if not isinstance(exc, Unavailable) or not hasattr(args, "tls_ca"):
+        return None
+    addr = getattr(args, "addr", None) or os.environ.get("AGENTRT_ADDR") or "the scheduler"
+    tls_ca = args.tls_ca or os.environ.get("AGENTRT_TLS_CA")
+    text = exc.message
+    if not tls_ca and ("Socket closed" in text or "Connection reset" in text):
+        return (f"UNAVAILABLE: {addr} hung up on a plaintext connection: it probably serves TLS; "
+                "pass its CA with --tls-ca FILE (or AGENTRT_TLS_CA)")
+    if tls_ca and "WRONG_VERSION_NUMBER" in text:
+        return (f"UNAVAILABLE: {addr} answered the TLS handshake in plaintext: it does not serve TLS; "
+                "drop --tls-ca (and AGENTRT_TLS_CA), or turn TLS on at the scheduler")
+    if tls_ca and "CERTIFICATE_VERIFY_FAILED" in text:
+        return (f"UNAVAILABLE: {addr}'s certificate is not signed by the CA in {tls_ca} "
+                "(or does not name the address: --tls-server-name)")
+    return None
 
 
 if __name__ == "__main__":

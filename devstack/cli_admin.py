@@ -1,4 +1,4 @@
-"""`agentrt keys …` and `agentrt audit list`: API keys and the audit trail (README, Security).
+"""`agentrt keys …` and `agentrt audit list`: API keys and the audit trail (docs/keys-and-tls.md).
 
 Through RunService with an admin credential, or, for the first key of a deployment,
 `keys create --database-url` straight into PostgreSQL as the operator at the shell

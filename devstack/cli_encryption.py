@@ -1,4 +1,4 @@
-"""`agentrt encryption rotate|status`: the KEKs that wrap the runs' data keys (README, Security).
+"""`agentrt encryption rotate|status`: the KEKs that wrap the runs' data keys (docs/encryption.md).
 
 `rotate` re-wraps every data key that another KEK than the keyring's current one wraps, in
 batches (one short transaction each, rows locked SKIP LOCKED), while the scheduler keeps

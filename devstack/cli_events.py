@@ -2,7 +2,8 @@
 
 Bootstrap and topic from --bootstrap / --topic, else AGENTRT_KAFKA_BOOTSTRAP /
 AGENTRT_TOPIC, else the `relay:` section of AGENTRT_CONFIG_FILE (what the relay
-publishes to). Reads without a consumer group, so tailing moves no one's offsets.
+publishes to), else the broker of this directory's `agentrt dev` session
+(.agentrt/client.json). Reads without a consumer group, so tailing moves no one's offsets.
 --max and --timeout bound it for scripts; Ctrl-C ends it quietly.
 """
 
@@ -16,6 +17,7 @@ import sys
 import time
 from typing import Any, ClassVar
 
+from devstack import local_config
 from shared.client.event_tail import EventTail, KafkaUnreachable, Unreadable, event_as_json
 from shared.cloudevents import AgentEvent
 from shared.errors import AgentrtError, InvalidArgument, Unavailable
@@ -93,6 +95,11 @@ def cmd_tail(args: argparse.Namespace) -> int:
     if args.topic:
         overrides["topic"] = args.topic
     settings = TailSettings(**overrides)
+    bootstrap = local_config.load().get("kafka_bootstrap")
+    if bootstrap and "kafka_bootstrap" not in settings.model_fields_set:
+        # Neither flag, environment nor config file named one: the broker of this directory's
+        # `agentrt dev` session (its port changes every session).
+        settings = TailSettings(**overrides, kafka_bootstrap=bootstrap)
     logging.getLogger("aiokafka").setLevel(settings.kafka_log_level)  # broker trouble is reported once, below
     try:
         return asyncio.run(_tail(args, settings))
@@ -104,7 +111,8 @@ def add_commands(sub: Any) -> None:
     events = sub.add_parser("events", help="agent events on Kafka").add_subparsers(dest="events_command",
                                                                                     required=True)
     p = events.add_parser("tail", help="print agent events (CloudEvents) as they arrive")
-    p.add_argument("--bootstrap", help="Kafka host:port[,host:port] (default AGENTRT_KAFKA_BOOTSTRAP)")
+    p.add_argument("--bootstrap", help="Kafka host:port[,host:port] (default AGENTRT_KAFKA_BOOTSTRAP, "
+                                         "else .agentrt/client.json of `agentrt dev`)")
     p.add_argument("--topic", help="topic (default AGENTRT_TOPIC or agentrt.events)")
     p.add_argument("--from-beginning", action="store_true", help="everything on the topic, not only new events")
     p.add_argument("--run", action="append", help="only this run id (repeatable)")

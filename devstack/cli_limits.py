@@ -1,4 +1,4 @@
-"""`agentrt limits set|clear|list`: runtime flow limits through RunService (README: Flow control).
+"""`agentrt limits set|clear|list`: runtime flow limits through RunService (docs/flow-control.md).
 
 Changing one needs an admin credential for every tenant ('*'); each change is audited
 (`agentrt audit list --action limit.set`). Every scheduler replica applies it within

@@ -1,4 +1,4 @@
-"""`agentrt retention run|list|set|clear`: retention of terminal runs (README, Security).
+"""`agentrt retention run|list|set|clear`: retention of terminal runs (docs/retention.md).
 
 `run` sweeps once, as the scheduler's background task does (`--dry-run`
 counts and changes nothing); `set` and `clear` write the per-tenant policies

@@ -3,7 +3,9 @@
 Human-readable output by default, `--json` for scripts. Address from --addr or
 AGENTRT_ADDR (default 127.0.0.1:50051). The credential from --api-key / AGENTRT_API_KEY
 or --token / AGENTRT_TOKEN (OIDC) decides the tenant; --tenant / AGENTRT_TENANT picks one
-when it may act for several (and is required with auth_mode none). TLS with --tls-ca /
+when it may act for several (and is required with auth_mode none). In a directory where
+`agentrt dev` runs, .agentrt/client.json supplies the address, the session's key and its
+default tenant for whatever flags and environment leave open (devstack/local_config.py). TLS with --tls-ca /
 AGENTRT_TLS_CA (plus --tls-cert/--tls-key for mutual TLS); a credential goes in clear
 only to a loopback address or with --insecure.
 """
@@ -18,11 +20,13 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from devstack import local_config
 from shared.client.runs import AgentrtClient, History, RunInfo
 from shared.errors import InvalidArgument
 from shared.transport import ClientTls, open_channel
 
-RUN_COLUMNS = ("run_id", "agent_name", "status", "version", "fencing_token", "attempt_count", "current_step_key")
+RUN_COLUMNS = ("run_id", "agent_name", "status", "version", "fencing_token", "attempt_count", "current_step_key",
+               "waiting_for")
 
 
 def _option(args: argparse.Namespace, name: str, env: str) -> str | None:
@@ -38,12 +42,19 @@ def client_tls(args: argparse.Namespace) -> ClientTls | None:
 
 
 def _client(args: argparse.Namespace) -> AgentrtClient:
+    explicit_addr = getattr(args, "addr", None) or os.environ.get("AGENTRT_ADDR") or None
+    # The `agentrt dev` session of this directory fills what flags and environment leave open.
+    local = local_config.for_scheduler(explicit_addr)
     tenant = _option(args, "tenant", "AGENTRT_TENANT")
     api_key, token = _option(args, "api_key", "AGENTRT_API_KEY"), _option(args, "token", "AGENTRT_TOKEN")
+    if not (api_key or token):
+        api_key = local.get("api_key") or None
+    if not tenant and not token:
+        tenant = local.get("tenant") or None
     if not (tenant or api_key or token):
         raise InvalidArgument("--api-key", "give a credential (--api-key / AGENTRT_API_KEY, --token / "
                               "AGENTRT_TOKEN) or, with auth_mode none, the tenant (--tenant / AGENTRT_TENANT)")
-    addr = args.addr or os.environ.get("AGENTRT_ADDR") or "127.0.0.1:50051"
+    addr = explicit_addr or local.get("scheduler_addr") or "127.0.0.1:50051"
     try:
         return AgentrtClient(addr, tenant=tenant, api_key=api_key if not token else None, token=token,
                              tls=client_tls(args), insecure=bool(getattr(args, "insecure", False)),
@@ -145,15 +156,16 @@ async def _cancel(args: argparse.Namespace, client: AgentrtClient) -> None:
 
 
 async def _tree(args: argparse.Namespace, client: AgentrtClient) -> None:
-    nodes, truncated = await client.tree(args.run_id, max_runs=args.limit)
+    nodes, token = await client.tree_page(args.run_id, max_runs=args.limit, page_token=args.page_token or "")
     if args.json:
-        _print_json({"runs": [{**run.as_dict(), "depth": depth} for depth, run in nodes], "truncated": truncated})
+        _print_json({"runs": [{**run.as_dict(), "depth": depth} for depth, run in nodes], "truncated": bool(token),
+                     "next_page_token": token})
         return
     for depth, run in nodes:
         reason = run.terminal_reason or run.pause_reason or ""
         print(f"{'  ' * depth}{run.run_id}  {run.agent_name:20} {run.status:15} {reason[:80]}".rstrip())
-    if truncated:
-        print(f"(more descendants: --limit {args.limit * 2 if args.limit else 2000})")
+    if token:
+        print(f"(more descendants: --page-token {token})")
 
 
 async def _signal(args: argparse.Namespace, client: AgentrtClient) -> None:
@@ -309,9 +321,11 @@ def _runner(handler: Callable[[argparse.Namespace, AgentrtClient], Awaitable[Non
 
 
 def _common(parser: argparse.ArgumentParser, *, tenant: bool = True) -> None:
-    parser.add_argument("--addr", help="scheduler address (default AGENTRT_ADDR or 127.0.0.1:50051)")
+    parser.add_argument("--addr", help="scheduler address (default AGENTRT_ADDR, "
+                        ".agentrt/client.json or 127.0.0.1:50051)")
     if tenant:
-        parser.add_argument("--tenant", help="tenant id (default AGENTRT_TENANT; the credential's tenant when unset)")
+        parser.add_argument("--tenant", help="tenant id (default AGENTRT_TENANT, else .agentrt/client.json's; "
+                                             "the credential's tenant when unset)")
     parser.add_argument("--api-key", help="API key (default AGENTRT_API_KEY)")
     parser.add_argument("--token", help="OIDC/JWT bearer token (default AGENTRT_TOKEN)")
     parser.add_argument("--tls-ca", help="CA of the scheduler's certificate (default AGENTRT_TLS_CA): TLS on")
@@ -423,7 +437,8 @@ def _operate_commands(runs: Any) -> None:
     p = runs.add_parser("tree", help="show a run and its descendants (child runs) with their statuses")
     _common(p)
     p.add_argument("run_id")
-    p.add_argument("--limit", type=int, default=0, help="at most this many runs (default 1000)")
+    p.add_argument("--limit", type=int, default=0, help="at most this many runs per page (default 1000)")
+    p.add_argument("--page-token", help="the next page, from the line a truncated page ends with")
     p.set_defaults(func=_runner(_tree))
 
     p = runs.add_parser("signal", help="send a named signal to a run (a run waiting for it wakes at once)")

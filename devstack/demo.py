@@ -28,6 +28,7 @@ REASONS = ("wrong size", "damaged in transit", "changed my mind", "arrived late"
 COMPLETED = "completed"
 AWAITING_APPROVAL = "awaiting approval"
 IN_PROGRESS = "in progress"
+CANCELLED = "cancelled"  # by a person (agentrt runs cancel): settled, and not a problem of the stack
 UNEXPECTED = "unexpected"
 
 
@@ -66,6 +67,8 @@ class DemoRun:
     def outcome(self, *, auto_approve: bool) -> str:
         if self.status == "COMPLETED":
             return COMPLETED
+        if self.status == "CANCELLED":
+            return CANCELLED
         at_approval = self.status == "PAUSED_HUMAN" and self.needs_approval and self.step.startswith(APPROVAL_NODE)
         if at_approval:
             return IN_PROGRESS if auto_approve else AWAITING_APPROVAL

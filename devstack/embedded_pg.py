@@ -76,8 +76,15 @@ class EmbeddedPostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        # Own session: a terminal's Ctrl-C meant for `agentrt dev` must not reach pg_ctl or the server.
+        # As root the user is dropped by `setpriv`, not by subprocess's user=/group=: those make
+        # Python fork() instead of vfork(), and a fork() in a process full of gRPC threads runs their
+        # fork handlers in the child, which crashed it once (SIGSEGV before pg_ctl even started).
+        if self._owner:
+            args = ("setpriv", f"--reuid={self._owner['user']}", f"--regid={self._owner['group']}",
+                    "--clear-groups", *args)
         return subprocess.run(args, check=True, capture_output=True, text=True, timeout=timeout,
-                              **self._owner)  # type: ignore[call-overload]
+                              start_new_session=True)
 
     def _prepare_dir(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)

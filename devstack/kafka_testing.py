@@ -20,13 +20,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from devstack.embedded_pg import free_port
+
 TEST_BOOTSTRAP_ENV = "AGENTRT_TEST_KAFKA_BOOTSTRAP"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def tansu_binary() -> str:

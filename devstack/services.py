@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
@@ -42,6 +43,7 @@ class Service:
         self.health_url = health_url
         self.stop_timeout_s = stop_timeout_s
         self.incarnation = 0
+        self.url = ""  # an HTTP service's address (the console's)
         self.kills = 0
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -124,3 +126,24 @@ async def grpc_serving(addr: str) -> bool:
     except grpc.aio.AioRpcError:
         return False
 
+
+
+async def start_console(stack: Any) -> None:
+    """`agentrt dev`'s operator console, on --console's address or a free loopback port (--console none:
+    none), once it answers; its URL printed. `stack` is devstack/stack.py's: it holds the service from
+    the moment it starts, so a Ctrl-C while it starts stops it too."""
+    from devstack.embedded_pg import free_port
+
+    if stack.args.console == "none":
+        return
+    listen = stack.args.console or f"127.0.0.1:{free_port()}"
+    url = f"http://{listen.replace('127.0.0.1', 'localhost')}"
+    service = Service("console", ["console", "--scheduler", stack.args.listen, "--listen", listen],
+                      stack.child_env(), stack.log_dir, health_url=f"{url}/healthz")
+    service.url = url
+    service.start()
+    stack.console_service = service
+    stack.services.append(service)
+    await stack.unless_stopped(service.wait_healthy(60.0))
+    key = f"; sign in with the key in {stack.data_dir / 'api_key'}" if stack.api_key else ""
+    print(f"console on {url}{key}", flush=True)

@@ -35,15 +35,16 @@ import aiohttp
 from rich.console import Console
 from rich.live import Live
 
-from devstack import demo, summary
+from devstack import demo, local_config, summary
 from devstack.cli_events import TailSettings
+from devstack.dev_args import validate
 from devstack.embedded_pg import EmbeddedPostgres, free_port, pid_alive
 from devstack.kafka_testing import TansuBroker
-from devstack.services import Service, ServiceFailed
+from devstack.services import Service, ServiceFailed, start_console
 from devstack.watch import EventCounter, View
 from shared.client.event_tail import KafkaUnreachable
 from shared.client.runs import AgentrtClient
-from shared.errors import AgentrtError, InvalidArgument
+from shared.errors import AgentrtError
 
 EXAMPLE_MODULE = "devstack.examples.refund_triage"  # a code-first agent every dev executor serves too
 # Dev-sized timings (a killed executor's runs are taken over within seconds).
@@ -65,24 +66,11 @@ DEV_DEFAULTS = {
 REFRESH_S = 0.5
 PLAIN_EVERY_S = 5.0
 STARTUP_TIMEOUT_S = 60.0
+KEY_LIFETIME = "12h"  # the session's every-tenant admin key: revoked at stop, expires anyway after this
 
 
-def validate(args: argparse.Namespace) -> None:
-    if args.runs < 0:
-        raise InvalidArgument("--runs", "must be 0 or more")
-    if not 1 <= args.executors <= 16:
-        raise InvalidArgument("--executors", "must be between 1 and 16")
-    if args.chaos_interval <= 0:
-        raise InvalidArgument("--chaos-interval", "must be a positive number of seconds")
-    if args.timeout <= 0:
-        raise InvalidArgument("--timeout", "must be a positive number of seconds")
-    if not 0 <= args.tool_latency_ms <= 60_000:
-        raise InvalidArgument("--tool-latency-ms", "must be between 0 and 60000")
-    if args.exit_when_done and args.runs == 0:
-        raise InvalidArgument("--exit-when-done", "needs --runs N with N > 0")
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise InvalidArgument("--listen", f"{args.listen!r} is not host:port")
+class StartInterrupted(Exception):
+    """Ctrl-C / SIGTERM while the stack was starting: stop what started, say so in one line."""
 
 
 def wait_gone(pid: int, within_s: float) -> None:
@@ -115,6 +103,7 @@ class DevStack:
         self.executors: list[Service] = []
         self.relay: Service | None = None
         self.scheduler: Service | None = None
+        self.console_service: Service | None = None  # the operator console (--console)
         self.events: EventCounter | None = None
         self.agent: Any = None
         self.runs: list[demo.DemoRun] = []
@@ -125,6 +114,11 @@ class DevStack:
         self.settled_once = False
         self.api_key: str | None = None  # the session's admin key (--auth api_key)
         self.work_token: str | None = None  # the session's executor token (--auth api_key)
+        self.api_key_id: str | None = None  # revoked at stop
+        self.stop = asyncio.Event()  # set by Ctrl-C / SIGTERM
+        self.leftover_key_id = local_config.leftover_key_id(self.data_dir)
+        self.paused: list[Any] = []  # the tenant's other runs waiting for a person (RunInfo), newest first
+        self.announced: set[str] = set()  # of those, the ones --plain has printed
 
     def say(self, text: str) -> None:
         if self.view is not None and self.live_view:
@@ -135,7 +129,7 @@ class DevStack:
     # ------------------------------------------------------------------ lifecycle
 
     async def main(self) -> int:
-        stop = asyncio.Event()
+        stop = self.stop
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
@@ -143,12 +137,38 @@ class DevStack:
         try:
             await self.start_all()
             code = await self.supervise(stop)
+        except StartInterrupted:
+            print("agentrt dev: interrupted while starting; stopping what had started", file=sys.stderr, flush=True)
+            code = 1 if self.args.exit_when_done else 0  # as any stop
         except (ServiceFailed, KafkaUnreachable) as exc:
-            print(f"agentrt dev: error: {exc}", file=sys.stderr, flush=True)
-            code = 1
+            if stop.is_set():  # a stage that failed because of the interruption is no error of its own
+                print("agentrt dev: interrupted while starting; stopping what had started", file=sys.stderr,
+                      flush=True)
+                code = 1 if self.args.exit_when_done else 0
+            else:
+                print(f"agentrt dev: error: {exc}", file=sys.stderr, flush=True)
+                code = 1
         finally:
             await self.stop_all()
         return code
+
+    def starting(self) -> None:
+        """Between start stages: a Ctrl-C that arrived ends the start here."""
+        if self.stop.is_set():
+            raise StartInterrupted()
+
+    async def unless_stopped(self, work: Any) -> Any:
+        """Awaits `work` (a coroutine that may be cancelled, such as a health wait) unless Ctrl-C comes first."""
+        task = asyncio.ensure_future(work)
+        stopped = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            raise StartInterrupted()
+        return task.result()
 
     def child_env(self, **forced: str) -> dict[str, str]:
         return {**DEV_DEFAULTS, **os.environ, "AGENTRT_DATABASE_URL": self.database_url,
@@ -158,6 +178,7 @@ class DevStack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
         self.database_url = self.args.database_url or await asyncio.to_thread(self._start_postgres)
+        self.starting()
         if self.args.kafka_bootstrap:
             self.kafka_bootstrap = self.args.kafka_bootstrap
         else:
@@ -169,10 +190,13 @@ class DevStack:
                   flush=True)
         tail_settings = TailSettings(kafka_bootstrap=self.kafka_bootstrap)
         self.topic = tail_settings.topic
+        self.starting()
         await self._migrate()
+        self.starting()
 
         listen = self.args.listen
         await self._make_key()
+        self.starting()
         # With authentication on, WorkService takes a session token too (the scheduler refuses to leave it open).
         self.work_token = secrets.token_hex(24) if self.args.auth != "none" else None
         work = {"AGENTRT_WORK_TOKEN": self.work_token} if self.work_token else {}
@@ -190,8 +214,10 @@ class DevStack:
         for service in (self.scheduler, mock, self.relay):
             service.start()
         self.services = [self.scheduler, mock, self.relay]
-        await self.scheduler.wait_healthy(STARTUP_TIMEOUT_S)
+        await self.unless_stopped(self.scheduler.wait_healthy(STARTUP_TIMEOUT_S))
         print(f"scheduler serving on {listen} (health + reflection on); logs in {self.log_dir}", flush=True)
+        if self.leftover_key_id and self.leftover_key_id != self.api_key_id:
+            await self.revoke_key(self.leftover_key_id, "started (the earlier session was not stopped)")
 
         self.agent = demo.install_agent(self.data_dir / "agents", self.mock_url)
         tenant = self.args.tenant
@@ -199,7 +225,9 @@ class DevStack:
             health = f"127.0.0.1:{free_port()}"
             executor = Service(f"exec-{n}", ["executor"], self.child_env(
                 # The demo's definition file, and the code-first example (devstack/examples) by module name.
-                AGENTRT_SCHEDULER_ADDR=listen, AGENTRT_AGENTS_PATH=f"{self.data_dir / 'agents'},{EXAMPLE_MODULE}",
+                # Then the user's own agents (--agents), beside the demo.
+                AGENTRT_SCHEDULER_ADDR=listen, AGENTRT_AGENTS_PATH=",".join(
+                    [str(self.data_dir / "agents"), EXAMPLE_MODULE, *([self.args.agents] if self.args.agents else [])]),
                 AGENTRT_EXAMPLE_TOOLS_URL=self.mock_url,
                 AGENTRT_HEALTH_ADDR=health, AGENTRT_RECONCILE_TENANTS=json.dumps([tenant]),
                 # The reconciler acts with the session's key and WorkService calls carry the session's
@@ -210,14 +238,20 @@ class DevStack:
             executor.start({"AGENTRT_WORKER_ID": f"exec-{n}.1"})
             self.executors.append(executor)
         self.services[2:2] = self.executors
-        await asyncio.gather(mock.wait_healthy(STARTUP_TIMEOUT_S), self.relay.wait_healthy(STARTUP_TIMEOUT_S),
-                             *(e.wait_healthy(STARTUP_TIMEOUT_S) for e in self.executors))
+        await self.unless_stopped(asyncio.gather(
+            mock.wait_healthy(STARTUP_TIMEOUT_S), self.relay.wait_healthy(STARTUP_TIMEOUT_S),
+            *(e.wait_healthy(STARTUP_TIMEOUT_S) for e in self.executors)))
+        self.starting()
         await self.mock_faults("DELETE")  # what an earlier session queued and no call consumed
         print(f"mock tool server on {self.mock_url}; relay → {self.topic}; "
-              f"{len(self.executors)} executors serving agent {demo.AGENT_NAME}", flush=True)
+              f"{len(self.executors)} executors serving agent {demo.AGENT_NAME}"
+              + (f" and your agents from {self.args.agents} (restart `agentrt dev` after changing them)"
+                 if self.args.agents else ""), flush=True)
+        await start_console(self)  # the operator console, as self.console_service (--console none: none)
         self.events = EventCounter(tail_settings, self.topic)
         await self.events.start()
         self.write_state()
+        self.write_client_config()
 
     def _start_postgres(self) -> str:
         port_file = self.data_dir / "pg.port"
@@ -241,25 +275,64 @@ class DevStack:
         if self.args.auth != "api_key":
             print("auth_mode none: anyone who reaches the scheduler may act for every tenant", flush=True)
             return
+        # Short-lived, and revoked at stop: a key of every tenant should not outlive its session.
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "devstack.cli", "keys", "create", "--database-url", self.database_url,
-            "--role", "admin", "--tenant", "*", "--name", f"agentrt-dev {self.session}", "--expires", "7d",
+            "--role", "admin", "--tenant", "*", "--name", f"agentrt-dev {self.session}", "--expires", KEY_LIFETIME,
             "--reason", "agentrt dev session", "--json", env=self.child_env(), stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE)
+            stderr=asyncio.subprocess.PIPE, start_new_session=True)
         out, err = await proc.communicate()
         if proc.returncode != 0:
             raise ServiceFailed(f"keys create failed: {err.decode(errors='replace').strip()[-300:]}")
-        self.api_key = json.loads(out)["secret"]
+        created = json.loads(out)
+        self.api_key, self.api_key_id = created["secret"], created["key_id"]
         key_file = self.data_dir / "api_key"
         key_file.write_text(self.api_key + "\n")
         key_file.chmod(0o600)
-        print(f"admin API key of this session (every tenant) in {key_file}; for the CLI: "
-              f"export AGENTRT_API_KEY=$(cat {key_file})", flush=True)
+        print(f"admin API key of this session (every tenant, revoked at stop) in {key_file}; every `agentrt` "
+              f"command run here finds it, with the stack's addresses, in {local_config.path(self.data_dir)}",
+              flush=True)
+
+    def write_client_config(self, stopped: bool = False) -> None:
+        """<data-dir>/client.json (0600): what `agentrt` commands run here need (devstack/local_config.py)."""
+        if self.args.data_dir.resolve() != (Path.cwd() / local_config.DEFAULT_DIR).resolve():
+            note = f"; commands find it when run in {self.data_dir.parent}"
+        else:
+            note = ""
+        values: dict[str, Any] = {
+            "session": self.session, "stopped": stopped, "scheduler_addr": self.args.listen,
+            "kafka_bootstrap": self.kafka_bootstrap, "topic": self.topic,
+            # The default tenant of commands run here (the session's key may act for every tenant).
+            "tenant": self.args.tenant, "auth_mode": self.args.auth,
+            "approvals_file": str(self.data_dir / local_config.APPROVALS_FILE),
+        }
+        if not stopped:
+            values.update({"api_key": self.api_key, "api_key_id": self.api_key_id, "work_token": self.work_token})
+        target = local_config.write(self.data_dir, values)
+        if not stopped:
+            print(f"client settings in {target} (mode 0600){note}", flush=True)
+
+    async def revoke_key(self, key_id: str | None = None, why: str = "stopped") -> None:
+        """At stop, while the scheduler still serves: the session's key is refused from now on. At start,
+        `key_id` is the key of an earlier session that never stopped (killed): revoked with this one's."""
+        key_id = key_id or self.api_key_id
+        if not (self.api_key and key_id and self.scheduler is not None and self.scheduler.alive):
+            return
+        try:
+            async with AgentrtClient(self.args.listen, tenant=self.args.tenant, api_key=self.api_key,
+                                     timeout_s=5, max_retries=1) as client:
+                await client.revoke_key(key_id, reason=f"agentrt dev session {self.session} {why}")
+        except AgentrtError as exc:
+            if key_id == self.api_key_id:  # an earlier session's key may be gone or in another database
+                print(f"could not revoke the key {key_id} ({exc.reason}); it expires within {KEY_LIFETIME}",
+                      flush=True)
 
     async def _migrate(self) -> None:
+        # Own session, as every service: a terminal's Ctrl-C reaches only `agentrt dev`, which
+        # lets the migration finish (it is short and transactional) and then stops.
         proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", "migrate",
                                                     env=self.child_env(), stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT)
+                                                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         out, _ = await proc.communicate()
         text = out.decode(errors="replace").strip()
         if proc.returncode != 0:
@@ -270,7 +343,8 @@ class DevStack:
         if self.events is not None:
             with contextlib.suppress(Exception):
                 await self.events.stop()
-        order = [*self.executors, self.relay, self.scheduler,
+        await self.revoke_key()
+        order = [*self.executors, self.console_service, self.relay, self.scheduler,
                  *(s for s in self.services if s.name == "mocktool")]
         await asyncio.gather(*(e.stop() for e in self.executors))
         for service in order[len(self.executors):]:
@@ -285,8 +359,11 @@ class DevStack:
         stopped = ", ".join(s.name for s in order if s is not None)
         extra = " and ".join(x for x in ("the broker" if self.broker else "",
                                          "embedded PostgreSQL" if self.pg else "") if x)
-        print(f"stopped {stopped}{', then ' + extra if extra else ''}", flush=True)
+        if stopped or extra:
+            print("stopped " + (f"{stopped}, then {extra}" if stopped and extra else stopped or extra), flush=True)
         self.write_state(stopped=True)
+        if self.api_key is not None or self.scheduler is not None:
+            self.write_client_config(stopped=True)
 
     def write_state(self, stopped: bool = False) -> None:
         """<data-dir>/stack.json: addresses and pids, for scripts and for `agentrt … --addr`."""
@@ -294,6 +371,7 @@ class DevStack:
             "session": self.session, "tenant": self.args.tenant, "stopped": stopped,
             "scheduler_addr": self.args.listen, "kafka_bootstrap": self.kafka_bootstrap, "topic": self.topic,
             "database_url": self.database_url, "mock_url": self.mock_url, "logs": str(self.log_dir),
+            "console_url": self.console_service.url if self.console_service else "",
             "pids": {s.name: s.pid for s in self.services},
             "health": {s.name: s.health_addr or s.health_url for s in self.services},
             "broker_pid": self.broker_pid, "postgres_pid": self.postgres_pid,
@@ -383,27 +461,58 @@ class DevStack:
         print("stopping (signal)", flush=True)
         return 1 if args.exit_when_done else 0
 
+    def here(self) -> bool:
+        """Is --data-dir the .agentrt/ of the current directory (where commands find client.json)?"""
+        return self.data_dir == (Path.cwd() / local_config.DEFAULT_DIR).resolve()
+
     def cli(self, *words: str) -> str:
+        """A command that works as printed: run here, client.json gives the address, the session's key
+        and its default tenant; run elsewhere, they are spelled out (with key_hint's export)."""
+        if self.here():
+            return f"agentrt {' '.join(words)}"
         return f"agentrt {' '.join(words)} --tenant {self.args.tenant} --addr {self.args.listen}"
 
     def key_hint(self) -> list[str]:
-        if not self.api_key:
+        if not self.api_key or self.here():
             return []
         return [f"  export AGENTRT_API_KEY=$(cat {self.data_dir / 'api_key'})   # the CLI's credential"]
 
     def announce_approvals(self) -> None:
-        for run in self.runs:
-            if run.outcome(auto_approve=self.args.auto_approve) == demo.AWAITING_APPROVAL and not run.announced:
+        waiting = [run for run in self.runs
+                   if run.outcome(auto_approve=self.args.auto_approve) == demo.AWAITING_APPROVAL]
+        lines = [f"{self.cli('runs', 'resume', run.run_id, '--approve')}   # refund {run.input['refund_amount']}"
+                 for run in waiting]
+        # Your own agents' runs (agentrt dev --agents, or submitted by hand) that wait for a person.
+        lines += [f"{self.cli('runs', 'resume', run.run_id, '--approve')}   # {run.agent_name}" for run in self.paused]
+        for run in waiting:
+            if not run.announced:
                 run.announced = True
-                self.say(f"run {run.run_id} waits for approval (refund {run.input['refund_amount']}): "
-                         + self.cli("runs", "resume", run.run_id, "--approve"))
+                if not self.live_view:  # the live view shows them in its "needs you" panel instead
+                    print(f"run {run.run_id} waits for approval (refund {run.input['refund_amount']}): "
+                          + self.cli("runs", "resume", run.run_id, "--approve"), flush=True)
+        for other in self.paused:
+            if other.run_id not in self.announced and not self.live_view:
+                print(f"run {other.run_id} of {other.agent_name} waits for a person: "
+                      + self.cli("runs", "resume", other.run_id, "--approve"), flush=True)
+            self.announced.add(other.run_id)
+        if self.view is not None and lines != self.view.needs_you:
+            self.view.needs_you = lines
+            self.write_approvals(lines)
+
+    def write_approvals(self, lines: list[str]) -> None:
+        """<data-dir>/approvals.txt: the commands that approve what waits now (empty when nothing does)."""
+        where = "" if self.here() else "# run where AGENTRT_API_KEY is exported (see above)\n"
+        text = (f"# runs of session {self.session} waiting for approval; each line works as printed"
+                + (f" in {Path.cwd()}" if self.here() else "") + "\n" + where + "".join(f"{line}\n" for line in lines))
+        (self.data_dir / local_config.APPROVALS_FILE).write_text(text)
 
     def hints(self) -> list[str]:
         return ["every demo run is completed or waiting for approval; the stack keeps running. Try:",
                 *self.key_hint(),
                 "  " + self.cli("runs", "list"),
                 "  " + self.cli("status"),
-                f"  agentrt events tail --bootstrap {self.kafka_bootstrap} --from-beginning",
+                "  agentrt events tail --from-beginning" if self.here()
+                else f"  agentrt events tail --bootstrap {self.kafka_bootstrap} --from-beginning",
                 "Ctrl-C stops everything."]
 
     def check_services(self) -> None:
@@ -415,6 +524,9 @@ class DevStack:
         assert self.view is not None
         try:
             self.view.stats = await client.stats()
+            ours = {r.run_id for r in self.runs}
+            paused, _ = await client.list(statuses=["PAUSED_HUMAN"], page_size=50)
+            self.paused = [r for r in paused if r.run_id not in ours]
             open_runs = [r for r in self.runs if r.run_id and r.status not in ("COMPLETED", "FAILED", "CANCELLED")]
             for start in range(0, len(open_runs), 50):
                 batch = open_runs[start:start + 50]

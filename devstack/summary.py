@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from devstack.demo import AWAITING_APPROVAL, COMPLETED, DemoRun
+from devstack.demo import AWAITING_APPROVAL, CANCELLED, COMPLETED, DemoRun
 from devstack.watch import EventCounter
 from executor.agents import AgentDefinition
 from shared.client.runs import AgentrtClient, History
@@ -118,10 +118,10 @@ async def build(client: AgentrtClient, runs: list[DemoRun], mock_url: str | None
     summary: dict[str, Any] = {
         "runs": {"submitted": len(runs), "by_status": dict(collections.Counter(r.status for r in runs)),
                  "completed": outcomes[COMPLETED], "awaiting_approval": outcomes[AWAITING_APPROVAL],
-                 "approved_by_dev": sum(r.resumed for r in runs),
+                 "approved_by_dev": sum(r.resumed for r in runs), "cancelled": outcomes[CANCELLED],
                  "not_done": [{"run_id": r.run_id, "status": r.status, "step": r.step, "reason": r.reason}
                               for r in runs if r.outcome(auto_approve=auto_approve) not in
-                              (COMPLETED, AWAITING_APPROVAL)]},
+                              (COMPLETED, AWAITING_APPROVAL, CANCELLED)]},
         "tool_requests": tool_requests(await mock_requests(mock_url), set(found), agent) if mock_url else {},
         "in_doubt": in_doubt(found),
         "takeover_lookups": takeovers(found),
@@ -149,6 +149,7 @@ def text(summary: dict[str, Any]) -> list[str]:
              f"  runs: {runs['submitted']} submitted; {runs['completed']} completed, "
              f"{runs['awaiting_approval']} waiting for approval (agentrt runs resume RUN --approve)"
              + (f", {runs['approved_by_dev']} approved by --auto-approve" if runs["approved_by_dev"] else "")
+             + (f", {runs['cancelled']} cancelled" if runs["cancelled"] else "")
              + f"; by status {runs['by_status']}"]
     if summary["tool_requests"]:
         lines.append("  tool requests per idempotency key (from the mock tool server's store):")

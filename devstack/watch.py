@@ -19,7 +19,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from devstack.demo import AWAITING_APPROVAL, COMPLETED, IN_PROGRESS, UNEXPECTED, DemoRun
+from devstack.demo import AWAITING_APPROVAL, CANCELLED, COMPLETED, IN_PROGRESS, UNEXPECTED, DemoRun
 from devstack.services import Service
 from shared.client.event_tail import EventTail, Unreadable
 from shared.kafka_client import KafkaClientSettings
@@ -95,6 +95,9 @@ class View:
     events: EventCounter | None
     stats: dict[str, Any] = field(default_factory=dict)
     notes: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=6))
+    # What waits for a person: one line per run, the exact command that approves it. Its own panel,
+    # which the scrolling notes never overwrite; the same lines are in .agentrt/approvals.txt.
+    needs_you: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
     def note(self, text: str) -> None:
@@ -136,7 +139,8 @@ class View:
         runs.add_column("runs", justify="right")
         for status, count in sorted(f["by_status"].items()):
             runs.add_row(status, str(count))
-        outcome_styles = {COMPLETED: "green", AWAITING_APPROVAL: "yellow", IN_PROGRESS: "cyan", UNEXPECTED: "red"}
+        outcome_styles = {COMPLETED: "green", AWAITING_APPROVAL: "yellow", IN_PROGRESS: "cyan", UNEXPECTED: "red",
+                          CANCELLED: "dim"}
         for outcome, count in sorted(f["outcomes"].items()):
             runs.add_row(Text(outcome, style=outcome_styles.get(outcome, "")), str(count))
 
@@ -167,6 +171,9 @@ class View:
         elapsed = time.monotonic() - self.started
         title = f"agentrt dev · session {self.session} · {elapsed:.0f}s · Ctrl-C stops everything"
         parts: list[Any] = [Panel(top, title=title)]
+        if self.needs_you:
+            parts.append(Panel(Text("\n".join(self.needs_you)), title=f"needs you ({len(self.needs_you)})",
+                               border_style="yellow", title_align="left"))
         if self.notes:
             parts.append(Text("\n".join(self.notes), style="dim"))
         return Group(*parts)

@@ -55,7 +55,7 @@ class _ToolBase(_Strict):
     description: str = ""
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     # Only read for its sensitive marks ("x-agentrt-sensitive": true on a property): the answer's
-    # marked fields are stored sealed (README: Security).
+    # marked fields are stored sealed (docs/encryption.md).
     output_schema: dict[str, Any] | None = None
     contract: ToolContract = Field(default_factory=ToolContract)
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
@@ -98,6 +98,60 @@ class PythonTool(_ToolBase):
         if self.contract.lookup != (self.lookup_callable is not None):
             raise ValueError("contract.lookup and lookup_callable go together")
         return self
+
+
+class McpServerAddress(_Strict):
+    """Where an MCP server is: a streamable-HTTP `url`, or a `command` the executor starts and talks to over stdio."""
+
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    command: list[str] | None = Field(default=None, min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)  # stdio only: over the SDK's default environment
+    cwd: str | None = None  # stdio only
+    headers: dict[str, str] = Field(default_factory=dict)  # streamable HTTP only
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerAddress:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("an MCP server needs exactly one of url, command")
+        return self
+
+    def describe(self) -> str:
+        return self.url or " ".join(self.command or ())
+
+
+class McpToolOverride(_Strict):
+    """An agent's word on one tool of an MCP server, over what the server's annotations say."""
+
+    idempotent: bool | None = None  # default: readOnlyHint or idempotentHint
+    fenced: bool | None = None  # the server refuses a stale agentrt/fencing-token
+    requires_approval: bool | None = None
+    # A tool of the same server that answers {"idempotency_key": ...} with {"found": true, "response": ...}
+    # or {"found": false}: the in-doubt lookup.
+    lookup_tool: str | None = Field(default=None, pattern=_NAME)
+    timeout_s: float | None = Field(default=None, gt=0, le=3600)
+
+
+class McpServerTools(_Strict):
+    """`tools: [{kind: mcp, server: {...}}]`: every tool the server lists when the executor starts."""
+
+    kind: Literal["mcp"]
+    server: McpServerAddress
+    prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._/-]{0,100}$")  # served as prefix + the server's name
+    include: list[str] | None = None  # only these of the server's tools (default: all)
+    tools: dict[str, McpToolOverride] = Field(default_factory=dict)
+    timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=600)
+
+
+class McpTool(_ToolBase):
+    """One tool of an MCP server, as listed at start (executor.tools.mcp); never written by hand."""
+
+    kind: Literal["mcp"]
+    server: McpServerAddress
+    remote_name: str
+    lookup_tool: str | None = None
+    annotations: dict[str, Any] = Field(default_factory=dict)
+    connect_timeout_s: float = 10.0
 
 
 ToolDefinition = Annotated[HttpTool | PythonTool, Field(discriminator="kind")]
@@ -190,25 +244,81 @@ class ScriptedDecider(_Strict):
 
 
 class ContextPolicy(_Strict):
-    """What of a long run's history goes to the model: the last turns, each tool answer capped."""
+    """What of a long run's history goes to the model (docs/models.md, Bounded context): the last
+    `last_turns` steps verbatim, each tool answer capped at `max_tool_answer_chars` with a pointer to the
+    full answer; with `summarise`, the steps before the window are folded into a running summary by a
+    model call of their own, `summarise_every` steps at a time, kept in the run's checkpoint."""
 
     last_turns: int = Field(default=40, ge=1, le=64)  # tool/sleep/input turns (64 answers stay loaded)
     max_tool_answer_chars: int = Field(default=4000, ge=100)
+    summarise: bool = False
+    # Steps past the window summarised together; last_turns + summarise_every <= 64 (the answers in memory).
+    summarise_every: int = Field(default=16, ge=1, le=63)
+    summary_max_chars: int = Field(default=4000, ge=200, le=12_000)  # the summary lives in the checkpoint
+    summary_prompt: str = ""  # instructions for the summarisation call (empty: the built-in ones)
+    # The prompt's budget in tokens, estimated at 4 characters a token: over it, the window shrinks (to a
+    # quarter, then a sixteenth) before the call, as on a context-too-long answer. None: no estimate.
+    max_prompt_tokens: int | None = Field(default=None, ge=100)
+
+    @model_validator(mode="after")
+    def _window(self) -> ContextPolicy:
+        if self.summarise and self.last_turns + self.summarise_every > 64:
+            raise _FieldProblem("summarise_every", "last_turns + summarise_every must be at most 64")
+        return self
 
 
-class OpenAIDecider(_Strict):
-    kind: Literal["openai"]
-    base_url: str = Field(pattern=r"^https?://")
-    model: str
-    api_key_env: str | None = None  # env var with the key; else the executor's openai_api_key
-    temperature: float = Field(default=0.0, ge=0, le=2)
+class ModelDeciderBase(_Strict):
+    """What the `openai` and `anthropic` deciders share (docs/models.md)."""
+
+    model: str = Field(min_length=1)
+    # Where the key comes from: a file (its first line; e.g. a mounted secret), else this environment
+    # variable, else the executor's setting for the provider. Keys never enter checkpoints, logs or spans.
+    api_key_file: str | None = None
+    api_key_env: str | None = None
+    temperature: float | None = Field(default=0.0, ge=0, le=2)
     max_output_tokens: int | None = Field(default=None, gt=0)
     timeout_s: float = Field(default=60.0, gt=0)
+    # Per-definition prices (USD per 1,000 tokens); 0 = the executor's model_prices table.
     usd_per_1k_input_tokens: float = Field(default=0.0, ge=0)
     usd_per_1k_output_tokens: float = Field(default=0.0, ge=0)
     allow_sleep: bool = True
     allow_wait_for_input: bool = True
+    # Several tool calls in one reply: each becomes its own ledgered step, in the reply's order.
+    parallel_tool_calls: bool = True
+    # JSON Schema of the final answer (agentrt_finish's `result`): a result that does not fit is an
+    # invalid decision, recorded and retried.
+    result_schema: dict[str, Any] | None = None
     context: ContextPolicy = Field(default_factory=ContextPolicy)
+
+    @model_validator(mode="after")
+    def _result_schema(self) -> ModelDeciderBase:
+        if self.result_schema is not None:
+            try:
+                jsonschema.Draft202012Validator.check_schema(self.result_schema)
+            except jsonschema.SchemaError as exc:
+                raise _FieldProblem("result_schema", f"not a valid JSON Schema: {exc.message}") from None
+        return self
+
+
+class OpenAIDecider(ModelDeciderBase):
+    """OpenAI's Chat Completions (`api: chat`, also any OpenAI-compatible endpoint: vLLM, Ollama...) or
+    Responses API (`api: responses`), through the official `openai` SDK."""
+
+    kind: Literal["openai"]
+    base_url: str = Field(pattern=r"^https?://")
+    api: Literal["chat", "responses"] = "chat"
+
+
+class AnthropicDecider(ModelDeciderBase):
+    """Anthropic's Messages API through the official `anthropic` SDK."""
+
+    kind: Literal["anthropic"]
+    base_url: str = Field(default="https://api.anthropic.com", pattern=r"^https?://")
+    max_output_tokens: int | None = Field(default=4096, gt=0)  # the Messages API requires max_tokens
+    temperature: float | None = Field(default=None, ge=0, le=1)  # None: the model's default
+    # cache_control breakpoints on the stable prefix (tools + system, the input and summary) and on the
+    # conversation's end, so each call reads what the previous one wrote.
+    prompt_caching: bool = True
 
 
 class PythonDecider(_Strict):
@@ -220,7 +330,8 @@ class PythonDecider(_Strict):
     pure: bool = False
 
 
-DeciderDefinition = Annotated[ScriptedDecider | OpenAIDecider | PythonDecider, Field(discriminator="kind")]
+DeciderDefinition = Annotated[ScriptedDecider | OpenAIDecider | AnthropicDecider | PythonDecider,
+                              Field(discriminator="kind")]
 
 
 class Budgets(_Strict):
@@ -269,8 +380,17 @@ class AgentDefinition(_Strict):
     # Priority of runs submitted without one: 1 (lowest) .. 9 (highest); unset = the scheduler's default.
     priority: int | None = Field(default=None, ge=1, le=9)
     concurrency: Concurrency | None = None
+    # The signals the agent declares: name -> JSON Schema of the payload. The scheduler refuses a signal of
+    # a declared name that does not fit (INVALID_ARGUMENT) and seals its "x-agentrt-sensitive" properties;
+    # undeclared names are taken as they are.
+    signals: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # JSON Schema of the input a human gives ResumeRun: its marked properties are sealed.
+    resume_input_schema: dict[str, Any] | None = None
     decider: DeciderDefinition
     tools: list[ToolDefinition] = Field(default_factory=list)
+    # The `kind: mcp` entries of `tools`, moved here when parsed; their tools join `tools` when the
+    # executor has listed them (executor.tools.mcp.list_mcp_tools).
+    mcp_servers: list[McpServerTools] = Field(default_factory=list)
     budgets: Budgets = Field(default_factory=Budgets)
     policy: Policy = Field(default_factory=Policy)
     model: ModelInfo = Field(default_factory=ModelInfo)
@@ -281,6 +401,16 @@ class AgentDefinition(_Strict):
     def source(self) -> str:
         return self._source
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mcp_entries(cls, data: Any) -> Any:
+        tools = data.get("tools") if isinstance(data, dict) else None
+        if not isinstance(tools, list) or not any(isinstance(t, dict) and t.get("kind") == "mcp" for t in tools):
+            return data
+        servers = [t for t in tools if isinstance(t, dict) and t.get("kind") == "mcp"]
+        return {**data, "tools": [t for t in tools if not (isinstance(t, dict) and t.get("kind") == "mcp")],
+                "mcp_servers": [*data.get("mcp_servers", ()), *servers]}
+
     @model_validator(mode="after")
     def _references(self) -> AgentDefinition:
         if self.input_schema is not None:
@@ -288,6 +418,15 @@ class AgentDefinition(_Strict):
                 jsonschema.Draft202012Validator.check_schema(self.input_schema)
             except jsonschema.SchemaError as exc:
                 raise _FieldProblem("input_schema", f"not a valid JSON Schema: {exc.message}") from None
+        for where, schema in (*((f"signals.{n}", v) for n, v in self.signals.items()),
+                              ("resume_input_schema", self.resume_input_schema)):
+            if schema is not None:
+                try:
+                    jsonschema.Draft202012Validator.check_schema(schema)
+                except jsonschema.SchemaError as exc:
+                    raise _FieldProblem(where, f"not a valid JSON Schema: {exc.message}") from None
+        if any(not re.fullmatch(_NAME, n) for n in self.signals):
+            raise _FieldProblem("signals", f"signal names must match {_NAME}")
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
             raise ValueError("tool names must be unique")
@@ -297,7 +436,8 @@ class AgentDefinition(_Strict):
                 raise ValueError("decider.plan: node ids must be unique")
             for index, node in enumerate(self.decider.plan):
                 where = f"decider.plan.{index}"
-                if node.tool is not None and node.tool not in names:
+                # An MCP server's tools are known once listed: checked again then (check_plan_tools).
+                if node.tool is not None and node.tool not in names and not self.mcp_servers:
                     raise _FieldProblem(f"{where}.tool", f"unknown tool {node.tool!r}")
                 if node.next is not None and node.next not in ids:
                     raise _FieldProblem(f"{where}.next", f"unknown node {node.next!r}")
@@ -305,7 +445,17 @@ class AgentDefinition(_Strict):
                     raise _FieldProblem(f"{where}.on_failure", "must be fail, continue or a node id")
         return self
 
-    def tool(self, name: str) -> HttpTool | PythonTool | None:
+    def check_plan_tools(self) -> None:
+        """Every tool a scripted plan names is served (after the MCP servers' tools were listed)."""
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise DefinitionError(self.source, "tools", "tool names must be unique (an MCP server's tools included)")
+        if isinstance(self.decider, ScriptedDecider):
+            for index, node in enumerate(self.decider.plan):
+                if node.tool is not None and node.tool not in names:
+                    raise DefinitionError(self.source, f"decider.plan.{index}.tool", f"unknown tool {node.tool!r}")
+
+    def tool(self, name: str) -> HttpTool | PythonTool | McpTool | None:
         for tool in self.tools:
             if tool.name == name:
                 return tool
@@ -322,7 +472,8 @@ class _FieldProblem(ValueError):
 
 def _field_and_problem(exc: ValidationError) -> tuple[str, str]:
     first = exc.errors()[0]
-    field = ".".join(str(p) for p in first["loc"] if p not in ("http", "python", "scripted", "openai"))
+    field = ".".join(str(p) for p in first["loc"] if p not in ("http", "python", "scripted", "openai", "anthropic"))
+    field = field.replace("mcp_servers.", "tools.mcp.", 1)
     message = str(first.get("msg", "invalid"))
     message = re.sub(r"^(Value error|Assertion failed), ", "", message)
     if "|" in message and not field:
@@ -427,6 +578,10 @@ class AgentCatalog:
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
+
+    def replace(self, definition: AgentDefinition) -> None:
+        """Puts `definition` in place of the loaded one of its name and version (its MCP tools listed)."""
+        self._by_name[definition.name][definition.version] = definition
 
     def all(self) -> list[AgentDefinition]:
         return [d for versions in self._by_name.values() for d in versions.values()]

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from shared.config import ComponentSettings
 from shared.transport import ClientTls, require_tls
+
+
+class ModelPrice(BaseModel):
+    """What a model's tokens cost, in US dollars per million (as providers publish them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    input: float = Field(0.0, ge=0)  # uncached prompt tokens
+    output: float = Field(0.0, ge=0)
+    cached_input: float | None = Field(None, ge=0)  # prompt tokens read from the cache (None: as input)
+    cache_write: float | None = Field(None, ge=0)  # prompt tokens written to the cache (None: as input)
 
 
 class ExecutorSettings(ComponentSettings):
@@ -42,8 +52,13 @@ class ExecutorSettings(ComponentSettings):
     # calls and scheduler writes until this many seconds, then exit.
     shutdown_grace_s: float = Field(10.0, ge=0)
     worker_id: str = ""
-    # Key for `openai` deciders whose definition names no api_key_env.
+    # Keys for `openai` / `anthropic` deciders whose definition names no api_key_file or api_key_env.
     openai_api_key: SecretStr | None = None
+    anthropic_api_key: SecretStr | None = None
+    # Model prices by model name (the decider's `model`, else the name the provider answered with), e.g.
+    # AGENTRT_MODEL_PRICES='{"claude-sonnet-4-5": {"input": 3, "output": 15, "cached_input": 0.3,
+    # "cache_write": 3.75}}'. Each call's cost is charged to the run's cost budget before the next call.
+    model_prices: dict[str, ModelPrice] = Field(default_factory=dict)
     # The scheduler's executor token (its `work_token`), sent on every WorkService call; only
     # over TLS unless scheduler_insecure says plaintext on purpose.
     work_token: SecretStr | None = None

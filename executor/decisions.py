@@ -86,7 +86,7 @@ class SpawnChildren:
 
 
 InvalidKind = Literal["parse_failure", "refusal", "content_filter", "invalid_arguments", "unknown_tool",
-                      "empty", "agent_state_too_large", "decider_error"]
+                      "empty", "agent_state_too_large", "decider_error", "invalid_request"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,15 @@ class Invalid:
 
 class DeciderUnavailable(Exception):
     """The model endpoint could not answer (connection, timeout, 429, 5xx): retry the run later."""
+
+
+class DeciderRateLimited(DeciderUnavailable):
+    """The provider said when to come back (a 429 with retry-after): the run sleeps until then, which
+    spends no attempt (a durable sleep resets the run's attempt count)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 Decision = ToolCall | Finish | Fail | Sleep | WaitForInput | WaitForSignal | SpawnChildren | Invalid

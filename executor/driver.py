@@ -21,7 +21,7 @@ from executor.advance import Action, Advancer, DecideAgain, EndRun, ExecuteTool,
 from executor.agents import AgentDefinition
 from executor.checkpoint import State, UnsupportedCheckpoint, Waiting
 from executor.deciders.base import DeciderUnavailable
-from executor.decisions import Proposal
+from executor.decisions import DeciderRateLimited, Proposal
 from executor.faults import InjectedCrash
 from executor.lease import HeldLease
 from executor.migrations import load_state
@@ -33,7 +33,7 @@ from executor.steps import RunIds, initial_state, next_attempt
 from executor.toolcalls import ToolCalls
 from executor.wake import wake
 from shared import tracing
-from shared.errors import AgentrtError, DecisionNotCheckpointed, InvalidArgument, VersionConflict
+from shared.errors import AgentrtError, DecisionNotCheckpointed, InvalidArgument, SpawnLimitExceeded, VersionConflict
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.logs import payload_digest
@@ -199,6 +199,10 @@ class RunDriver:
                         state, action = await self.s.shutdown.race(advancer.advance(state),
                                                                    self.s.shutdown.stopping)
                         state, action = self.wait_met(state, action)
+                    except DeciderRateLimited as exc:  # the provider said when: sleep until then, no attempt spent
+                        await self.lease.finish(ws.FINISH_OUTCOME_SLEEP, f"model rate limited: {exc}"[:4000],
+                                                sleep_ms=min(MAX_SLEEP_MS, max(1, int(exc.retry_after_s * 1000))))
+                        return
                     except DeciderUnavailable as exc:  # inference has no side effect: try again later
                         await self.lease.finish(
                             ws.FINISH_OUTCOME_RETRY, f"decider unavailable: {exc}",
@@ -327,12 +331,13 @@ class RunDriver:
 
     async def spawn(self, waiting: Waiting) -> ws.SpawnChildrenResponse | None:
         """SpawnChildren for the wait's spawn (idempotent: a repeat finds the children it made); None when the
-        scheduler refused it (an agent nobody serves, an input its schema refuses): the run has failed then."""
+        scheduler refused it (an agent nobody serves, an input its schema refuses, a tree past its depth or
+        size bound): the run has failed then."""
         spawn = waiting.spawn or {}
         try:
             return await self.s.client.spawn_children(self.lease.ref, waiting.step_key, spawn.get("children", []),
                                                       spawn.get("join", "all"), bool(spawn.get("detach")))
-        except InvalidArgument as exc:
+        except (InvalidArgument, SpawnLimitExceeded) as exc:
             await self.lease.finish(ws.FINISH_OUTCOME_FAILED, f"spawn at {waiting.step_key} refused: {exc.message}",
                                     error_class="permanent:spawn_refused")
             return None

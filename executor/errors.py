@@ -46,15 +46,22 @@ ERROR_CODES: dict[str, ErrorClass] = {
     "refused": E.DEFINITE_NO_EFFECT,  # HTTP 4xx (not 408/429): the downstream did nothing
     "stale_fence": E.DEFINITE_NO_EFFECT,  # a fenced downstream refused an older fencing token
     "tool_refused": E.DEFINITE_NO_EFFECT,  # a python tool raised ToolRefused
+    # A python tool's arguments did not bind to its function's signature: the call never started.
+    "tool_not_callable": E.DEFINITE_NO_EFFECT,
     # The tool answered, but its answer is over the scheduler's max_tool_response_bytes: the step is
     # recorded as a definite failure (the decider sees why; never in doubt, never a stuck run).
     "response_too_large": E.DEFINITE_NO_EFFECT,
+    # An MCP tool answered with isError: it says it failed (executor/tools/mcp.py); the decider sees why.
+    "tool_error": E.DEFINITE_NO_EFFECT,
     # Retryable transient: nothing was accepted; try again later with backoff.
     "rate_limited": E.RETRYABLE_TRANSIENT,  # HTTP 429 before acceptance
     "connect_failed": E.RETRYABLE_TRANSIENT,  # no connection, so no byte of the request was sent
     "tool_busy": E.RETRYABLE_TRANSIENT,  # a python tool raised ToolRetryLater
     "scheduler_unavailable": E.RETRYABLE_TRANSIENT,  # retried with the same event id (client.py)
-    "model_unavailable": E.RETRYABLE_TRANSIENT,  # the decider's endpoint failed: inference has no side effect
+    "model_unavailable": E.RETRYABLE_TRANSIENT,
+    # An idempotent tool's unknown outcome (an MCP tool with readOnlyHint or idempotentHint): sending it
+    # again has no further effect, so it is retried rather than frozen.
+    "retried_unknown": E.RETRYABLE_TRANSIENT,  # the decider's endpoint failed: inference has no side effect
     # Unknown outcome: the request may have taken effect. Freeze, then reconcile.
     "timeout": E.UNKNOWN_OUTCOME,
     "connection_reset": E.UNKNOWN_OUTCOME,

@@ -17,6 +17,8 @@ from shared.faults import ACTIONS, FaultArm, act, parse_fault_spec
 log = logging.getLogger(__name__)
 
 POINTS = frozenset({
+    "before_claim",  # a claimer is about to ask for work (`raise` ends that claimer: the supervision test)
+    "before_registration_refresh",  # the registration refresh task starts (`raise` ends that task)
     "after_claim_commit",  # a lease was granted, nothing done under it yet
     "before_heartbeat",  # a heartbeat is due and not yet sent
     "before_signal_consume_commit",  # signals taken into the state, the checkpoint consuming them not yet sent

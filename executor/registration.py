@@ -19,7 +19,7 @@ from executor.agents import AgentCatalog, AgentDefinition
 from executor.client import WorkClient
 from executor.shutdown import Shutdown, Stopped
 from shared.canonical import canonical_json
-from shared.errors import AgentrtError
+from shared.errors import AgentrtError, ExecutorTokenRequired
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.sensitive import sensitivity_of
 
@@ -32,7 +32,10 @@ def registrations(catalog: AgentCatalog) -> list[ws.AgentRegistration]:
                                  default_priority=a.priority or 0,
                                  concurrency_key=a.concurrency.key if a.concurrency else "",
                                  concurrency_max=a.concurrency.max if a.concurrency else 0,
-                                 sensitive_json=_sensitive(a))
+                                 sensitive_json=_sensitive(a),
+                                 signals_json=canonical_json(a.signals) if a.signals else "",
+                                 resume_input_schema_json=canonical_json(a.resume_input_schema)
+                                 if a.resume_input_schema else "")
             for a in sorted(catalog.all(), key=lambda a: (a.name, a.version))]
 
 
@@ -51,9 +54,19 @@ class Registration:
         self.registered = asyncio.Event()  # set once the scheduler has the agents
         self.supported = True  # False while the scheduler answers UNIMPLEMENTED
 
-    async def register_once(self) -> bool:
+    async def register_once(self, first: bool = False) -> bool:
+        """`first`: the call at start, where a refused executor token ends the process with one line
+        (no retry can fix a missing or wrong token; the refresh loop keeps retrying other failures)."""
         try:
             answer = await self.client.register_agents(self.worker_id, self.agents, self.ttl_ms)
+        except ExecutorTokenRequired as exc:
+            if first:
+                raise ExecutorTokenRequired(
+                    "the scheduler refuses this executor's token (missing or wrong): set AGENTRT_WORK_TOKEN "
+                    "to the scheduler's work_token, or start the executor in the directory where `agentrt dev` "
+                    "runs (it reads .agentrt/client.json)") from None
+            log.warning("registering agents failed (%s: %s); trying again", exc.reason, exc.message)
+            return False
         except AgentrtError as exc:
             log.warning("registering agents failed (%s: %s); trying again", exc.reason, exc.message)
             return False

@@ -74,7 +74,16 @@ from executor.decisions import (
     WaitForInput,
     WaitForSignal,
 )
-from executor.tools.base import LookupOutcome, ToolCallContext, ToolOutcome, ToolRefused, ToolRetryLater
+from executor.tools.base import (
+    LookupOutcome,
+    ToolCallContext,
+    ToolOutcome,
+    ToolRefused,
+    ToolRetryLater,
+    bind_or_refuse,
+    signature_of,
+)
+from executor.tools.python import check_signature
 
 __all__ = [
     "Child", "CodeAgent", "CodeTool", "Context", "Fail", "Finish", "HistoryItem", "LookupOutcome", "Sleep",
@@ -226,6 +235,8 @@ class CodeTool:
         self.definition = definition
         self.args_model = args_model
         self.lookup_func = lookup
+        self.signature = signature_of(func)
+        self.lookup_signature = signature_of(lookup) if lookup is not None else None
 
     async def __call__(self, arguments: dict[str, Any], ctx: ToolCallContext) -> Any:
         value: Any = arguments
@@ -236,6 +247,9 @@ class CodeTool:
                 first = exc.errors()[0]
                 where = ".".join(str(p) for p in first["loc"]) or "(arguments)"
                 raise ToolRefused(f"{self.definition.name}: {where}: {first['msg']}") from None
+        # The executor binds its own call to this object; the function inside is bound here, so a call
+        # it cannot take is a definite failure (it never ran), not an exception from inside the tool.
+        bind_or_refuse(self.definition.callable, self.signature, value, ctx)
         result = self.func(value, ctx)
         if inspect.isawaitable(result):
             result = await result
@@ -243,6 +257,7 @@ class CodeTool:
 
     async def lookup(self, idempotency_key: str, ctx: ToolCallContext) -> LookupOutcome:
         assert self.lookup_func is not None
+        bind_or_refuse(f"{self.definition.callable}.lookup", self.lookup_signature, idempotency_key, ctx)
         result = self.lookup_func(idempotency_key, ctx)
         if inspect.isawaitable(result):
             result = await result
@@ -272,6 +287,13 @@ def tool(name: str, args: type[BaseModel] | None = None, *, description: str = "
     """
     def wrap(func: Callable[..., Any]) -> CodeTool:
         path = _path(func)
+        # The executor calls the tool object, whose own signature always fits: the function inside is
+        # checked here, when the module that declares it is imported (so at the executor's start).
+        for problem in (check_signature(path, func, "(args, ToolCallContext)"),
+                        check_signature(f"{path}.lookup", lookup, "(idempotency_key, ToolCallContext)")
+                        if lookup is not None else None):
+            if problem is not None:
+                raise TypeError(f"tool {name}: {problem}")
         definition = PythonTool(
             kind="python", name=name, description=description or (inspect.getdoc(func) or "").split("\n")[0],
             input_schema=_schema(args), timeout_s=timeout_s, callable=path,
@@ -320,11 +342,16 @@ def agent(*, name: str, version: str, tools: Sequence[CodeTool | ToolDefinition]
           input: type[BaseModel] | None = None,
           max_steps: int = 0, max_tokens: int = 0, max_cost_usd: float = 0.0, deadline_s: float = 0.0,
           policy: Policy | None = None, prompt_version: str = "", pure: bool = False,
+          signals: Mapping[str, type[BaseModel]] | None = None, resume_input: type[BaseModel] | None = None,
           ) -> Callable[[Callable[[Context], Any]], CodeAgent]:
     """Declares an agent whose decider is the decorated function (see the module's docstring).
 
     `input`, a pydantic model, declares the run's input: its JSON Schema is registered with the
     scheduler, which refuses a submit whose input does not match (INVALID_ARGUMENT with the path).
+    `signals` declares the signals the agent takes (name -> pydantic model of the payload), and
+    `resume_input` the input a human gives ResumeRun: a signal of a declared name that does not fit
+    its schema is refused (INVALID_ARGUMENT), and fields marked `json_schema_extra={"x-agentrt-sensitive":
+    True}` are sealed as marked input is. Undeclared signals are taken as they are.
     `pure=True` promises the function is deterministic and does no I/O: the executor may then
     decide the next step before a tool result commits and save both in one transaction.
     """
@@ -335,6 +362,8 @@ def agent(*, name: str, version: str, tools: Sequence[CodeTool | ToolDefinition]
         definitions = [t.definition if isinstance(t, CodeTool) else t for t in tools]
         data = {"name": name, "version": version, "description": description or (inspect.getdoc(func) or ""),
                 "input_schema": _schema(input) if input is not None else None,
+                "signals": {n: _schema(model) for n, model in (signals or {}).items()},
+                "resume_input_schema": _schema(resume_input) if resume_input is not None else None,
                 "decider": PythonDecider(kind="python", callable=_path(func), pure=pure), "tools": definitions,
                 "budgets": Budgets(max_steps=max_steps, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
                                    deadline_s=deadline_s),

@@ -51,6 +51,8 @@ def _used(state: State, proposal: Proposal) -> Usage:
 
 def _entry(state: State, proposal: Proposal, step_key: str, entry_kind: Any, **detail: Any) -> HistoryEntry:
     tool = proposal.decision.tool if isinstance(proposal.decision, ToolCall) else None
+    # A model decider's running summary made for this decision (executor/deciders/llm.py): in the journal.
+    detail["summary"] = proposal.extra.get("summary")
     return HistoryEntry(index=state.step_index, node=proposal.node, step_key=step_key, kind=entry_kind, tool=tool,
                         detail={k: v for k, v in detail.items() if v is not None})
 

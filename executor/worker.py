@@ -7,6 +7,12 @@ starting steps (model calls are cancelled) → withdraw the agents → let in-fl
 writes finish for most of the grace period → cancel tool calls → cancel what
 is left → close adapters, deciders and the channel. Leases left behind lapse
 and are taken over. `stop()` is safe to call twice.
+
+Supervision: the claimers and the registration refresh are awaited together
+(`until_a_task_dies`, first completed, as Temporal's worker waits on its pollers).
+One that ends while the executor serves would leave a process that looks
+alive and claims or registers nothing, so `executor/main.py` stops the worker
+and exits non-zero with one log line naming the task; the platform restarts it.
 """
 
 from __future__ import annotations
@@ -37,12 +43,17 @@ from executor.metrics import executor_metrics
 from executor.registration import Registration
 from executor.shutdown import Shutdown, Stopped
 from executor.tools import ToolRegistry
+from executor.tools.mcp import list_mcp_tools
 from shared.errors import AgentrtError
 from shared.logs import bind_run
 from shared.metrics import Metrics
 from shared.transport import open_channel
 
 log = logging.getLogger(__name__)
+
+
+class WorkerTaskDied(RuntimeError):
+    """A claimer or the registration refresh ended while the executor was serving."""
 
 
 class Worker:
@@ -76,12 +87,15 @@ class Worker:
 
     async def start(self) -> None:
         s = self.settings
+        await list_mcp_tools(self.catalog)  # the MCP servers' tools join their agents' definitions
         agents = self.catalog.all()
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max(100, s.slots)))
         try:
             tools = ToolRegistry(agents, self._session, self.tracer)
             key = s.openai_api_key.get_secret_value() if s.openai_api_key else None
-            deciders = DeciderRegistry(agents, self._session, key, self.tracer)
+            deciders = DeciderRegistry(
+                agents, self._session, key, self.tracer, prices=s.model_prices,
+                anthropic_api_key=s.anthropic_api_key.get_secret_value() if s.anthropic_api_key else None)
         except BaseException:
             await self._session.close()
             raise
@@ -95,8 +109,14 @@ class Worker:
                                  worker_id=self.worker_id, faults=self.faults, shutdown=self.shutdown,
                                  tracer=self.tracer)
         self.registration = Registration(client, self.catalog, self.worker_id, s.registration_ttl_ms, self.shutdown)
-        await self.registration.register_once()  # before the first claim; the refresh task retries a failure
-        self._registration_task = asyncio.create_task(self.registration.run(), name="agent-registration")
+        try:
+            # Before the first claim; the refresh task retries a failure, but a refused token ends us here.
+            await self.registration.register_once(first=True)
+        except BaseException:
+            await self._channel.close()
+            await self._session.close()
+            raise
+        self._registration_task = asyncio.create_task(self._refresh_registration(), name="agent-registration")
         await self._start_health()
         self._exported_metrics = executor_metrics(self)
         self.metrics_port = self._exported_metrics.serve(s.metrics_addr)
@@ -104,6 +124,27 @@ class Worker:
         self._claimers = [asyncio.create_task(self._claim_loop(), name=f"claimer-{i}") for i in range(s.claimers)]
         log.info("executor %s serving %s with %d slots via %s", self.worker_id, ", ".join(self.catalog.names()),
                  s.slots, s.scheduler_addr)
+
+    async def _refresh_registration(self) -> None:
+        assert self.registration is not None
+        self.faults.hit("before_registration_refresh")
+        await self.registration.run()
+
+    async def until_a_task_dies(self) -> WorkerTaskDied:
+        """The first of the claimers and the registration refresh to end before shutdown, as the reason
+        this executor must stop (each runs until `stop()` otherwise)."""
+        tasks = [*self._claimers, *([self._registration_task] if self._registration_task else [])]
+        assert tasks, "start() first"
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        task = min(done, key=tasks.index)
+        if task.cancelled():
+            why = "was cancelled"
+        elif (error := task.exception()) is not None:
+            why = f"died: {type(error).__name__}: {error}"
+        else:
+            why = "ended"
+        return WorkerTaskDied(f"executor {self.worker_id}: task {task.get_name()} {why}; "
+                              "stopping (exit 1) so that it is restarted")
 
     async def _start_health(self) -> None:
         if not self.settings.health_addr:
@@ -123,6 +164,7 @@ class Worker:
         client, stopping = self.services.client, self.shutdown.stopping
         pause = 0.1
         while not stopping.is_set():
+            self.faults.hit("before_claim")
             await self._slots.acquire()
             try:
                 lease = await self.shutdown.race(

@@ -29,7 +29,9 @@ def _generate(out: Path) -> list[Path]:
     import grpc_tools
 
     include = Path(grpc_tools.__file__).parent / "_proto"
-    protos = sorted(PROTO_DIR.rglob("*.proto"))
+    # Only the agentrt module: the vendored google/rpc files are for other
+    # languages; Python clients import them from googleapis-common-protos.
+    protos = sorted((PROTO_DIR / "agentrt").rglob("*.proto"))
     out.mkdir(parents=True, exist_ok=True)
     args = [
         "grpc_tools.protoc",

@@ -44,6 +44,7 @@ class RelayMetrics:
     held_back_total: int = 0  # rows a round could not publish; each is sent again in a later round
     lag: Lag | None = None
     started: float = field(default_factory=time.monotonic)
+    database_healthy: bool = True  # the last probe found a primary (RelayServer._report_health)
 
     @property
     def broker_healthy(self) -> bool:

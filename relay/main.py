@@ -33,6 +33,7 @@ from relay.retention import run_retention
 from relay.store import RelayStore, connect_pool
 from relay.wakeup import OutboxListener
 from shared.db import require_schema
+from shared.errors import Unavailable
 from shared.metrics import Metrics
 from shared.tracing import setup_tracing
 
@@ -121,14 +122,23 @@ class RelayServer:
         await self._health.set(HEALTH_SERVICE, health_pb2.HealthCheckResponse.SERVING)
 
     async def _report_health(self, stopping: asyncio.Event) -> None:
-        # "" is liveness (the process works); "agentrt.relay" is readiness (Kafka answers).
+        # "" is liveness (the process works); "agentrt.relay" is readiness: Kafka answers and a
+        # primary is reachable (probed every second: NOT_SERVING through a failover, docs/ha.md).
         serving = True
         while not stopping.is_set():
-            healthy = self.metrics.broker_healthy
+            if self.store is not None:
+                try:
+                    self.metrics.database_healthy = await asyncio.wait_for(self.store.primary_reachable(), 5)
+                except (Unavailable, TimeoutError):
+                    self.metrics.database_healthy = False
+            healthy = self.metrics.broker_healthy and self.metrics.database_healthy
             if healthy != serving and self._health is not None:
                 status = health_pb2.HealthCheckResponse.SERVING if healthy else \
                     health_pb2.HealthCheckResponse.NOT_SERVING
                 await self._health.set(HEALTH_SERVICE, status)
+                log.info("readiness %s (broker %s, database %s)", "SERVING" if healthy else "NOT_SERVING",
+                         "up" if self.metrics.broker_healthy else "failing",
+                         "a primary" if self.metrics.database_healthy else "no primary")
                 serving = healthy
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), 1.0)

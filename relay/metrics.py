@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shared.db import connection_families
 from shared.metrics import Metrics
 
 
@@ -29,6 +30,9 @@ class _RelayCollector(Collector):
                                   value=m.held_back_total)
         yield GaugeMetricFamily("agentrt_relay_broker_healthy", "1 while publishing succeeds",
                                 value=1 if m.broker_healthy else 0)
+        yield GaugeMetricFamily("agentrt_relay_database_healthy", "1 while a primary answers the relay's probe",
+                                value=1 if m.database_healthy else 0)
+        yield from connection_families()
         if m.lag is not None:
             yield GaugeMetricFamily("agentrt_relay_outbox_pending", "Events not yet published", value=m.lag.pending)
             yield GaugeMetricFamily("agentrt_relay_outbox_oldest_age_seconds", "Age of the oldest unpublished event",

@@ -3,8 +3,8 @@
 Delivery is at least once and in order per run (docs/design.md §outbox-and-relay).
 
 Per-run order rests on three facts:
-- a run's events go to one partition (key = run id, Kafka's murmur2
-  partitioner), in outbox id order;
+- a run's events go to one partition (key = ce_subject = the outbox row's
+  run_id, Kafka's murmur2 partitioner), in outbox id order;
 - each round sends at most one record batch per partition and waits for every
   answer before the next round, and a Kafka record batch is appended whole or
   not at all, so a failure never leaves a hole with later events of the same
@@ -224,7 +224,7 @@ class Publisher:
                 event_id=row.event_id, event_type=row.event_type, source=s.cloudevents_source,
                 run_id=row.run_id, time=row.time_text, tenant_id=row.tenant_id,
                 fencing_token=row.fencing_token, run_version=row.run_version, outbox_id=row.id,
-                traceparent=traceparent, tracestate=tracestate)
+                traceparent=traceparent, tracestate=tracestate, creation=(row.traceparent, row.tracestate))
             size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
             if size > s.max_message_bytes:
                 reason = f"record is {size} bytes, over max_message_bytes {s.max_message_bytes}"

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import asyncpg
 
-from shared.db import CONNECTION_ERRORS, init_connection, load_queries
+from shared.db import CONNECTION_ERRORS, DB_STATS, expire_stale, init_connection, keep_session, load_queries
 from shared.errors import AgentrtError, NotFound, Unavailable
 
 Q = load_queries(Path(__file__).parent / "sql" / "queries.sql")
@@ -34,7 +34,8 @@ def db_call(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return await func(*args, **kwargs)
-        except CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:  # shared.db's table of a lost database or primary
+            await expire_stale(exc, getattr(args[0], "pool", None) if args else None)
             raise Unavailable(f"database unavailable: {type(exc).__name__}: {exc}") from exc
 
     return wrapper
@@ -70,7 +71,8 @@ async def connect_pool(dsn: str, *, min_size: int, max_size: int, command_timeou
     # The relay reads and marks every tenant's events: its sessions are in the row-level security
     # work scope (scheduler migration 0016).
     pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init_connection,
-                                     command_timeout=command_timeout, server_settings={"agentrt.scope": "work"})
+                                     command_timeout=command_timeout, reset=keep_session,
+                                     server_settings={"agentrt.scope": "work"})
     assert pool is not None
     return pool
 
@@ -96,6 +98,16 @@ class RelayStore:
                 "every relay must use the same shard count",
                 configured=shard_count, database=existing)
         await self.pool.execute(Q["ensure_shards"], shard_count)
+
+    @db_call
+    async def primary_reachable(self) -> bool:
+        """Whether a session answers from a primary that takes writes; on a standby (or a read-only
+        server) the pool drops its sessions, which reconnect through the DSN."""
+        if await self.pool.fetchval(Q["primary_probe"]):
+            return True
+        await self.pool.expire_connections()
+        DB_STATS.pools_expired += 1
+        return False
 
     @db_call
     async def heartbeat_member(self, relay_id: str, ttl_ms: int) -> int:

@@ -13,6 +13,8 @@ from typing import Any
 
 import asyncpg
 
+from shared.db import CONNECTION_ERRORS
+
 log = logging.getLogger(__name__)
 CHANNEL = "agentrt_outbox"
 
@@ -43,7 +45,7 @@ class OutboxListener:
                 await asyncio.wait({stop, lost}, return_when=asyncio.FIRST_COMPLETED)
                 stop.cancel()
                 lost.cancel()
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:  # shared.db's table, e.g. no primary yet
                 log.warning("outbox listener disconnected (%s); the relay polls until it is back", exc)
             finally:
                 self.connected.clear()

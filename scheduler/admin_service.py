@@ -23,7 +23,7 @@ from scheduler import validate as v
 from scheduler.auth import ANY_TENANT, KeyCache, Principal, new_api_key
 from scheduler.flow_limits import LimitKey, LimitRow, check_key, check_value
 from scheduler.roles import ROLE_ORDER
-from scheduler.rpc import MAX_PAGE_SIZE, principal, rpc
+from scheduler.rpc import principal, rpc
 from scheduler.store import ApiKeyRow, AuditEntry, Store
 from shared.canonical import canonical_json, uuid7
 from shared.errors import InvalidArgument, TenantForbidden
@@ -35,14 +35,25 @@ ROLE_OF = {rs.API_KEY_ROLE_VIEWER: "viewer", rs.API_KEY_ROLE_SUBMITTER: "submitt
            rs.API_KEY_ROLE_OPERATOR: "operator", rs.API_KEY_ROLE_ADMIN: "admin"}
 ROLE_NUMBER = {name: number for number, name in ROLE_OF.items()}
 assert tuple(ROLE_OF.values()) == ROLE_ORDER
-MAX_KEY_LIFETIME_S = 10 * 366 * 24 * 3600
 
 
-def request_id_of(context: grpc.aio.ServicerContext, fallback: str | None = None) -> str:
+def request_id_of(context: grpc.aio.ServicerContext, given: str | None = None) -> str:
+    """The id an audit row records: the request's own request_id, else the call's x-request-id
+    metadata, else a new one."""
+    if given:
+        return given
     value = next((val for key, val in (context.invocation_metadata() or ()) if key == REQUEST_ID_HEADER), None)
     if isinstance(value, str) and value:
         return v.require_text(REQUEST_ID_HEADER, value, max_len=200)
-    return fallback or str(uuid7())
+    return str(uuid7())
+
+
+# Never change: a retried CreateApiKey must name the key its first attempt made.
+_KEY_REQUESTS = uuid.UUID("9a4e2f17-6c3b-5d80-8e15-2b7f0c9d4a61")
+
+
+def _request_id(request: Any) -> str | None:
+    return v.optional_text("request_id", request.request_id, max_len=200)
 
 
 def audit_entry(context: grpc.aio.ServicerContext, note: rs.AuditNote, *, reason: str | None = None,
@@ -99,9 +110,7 @@ def _untoken(token: str, filter_key: str) -> dict[str, Any]:
 
 
 def _page_size(value: int) -> int:
-    if value < 0 or value > MAX_PAGE_SIZE:
-        raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
-    return value or 50
+    return value or 50  # its range: scheduler/bounds.py
 
 
 def _time(message: Any, field: str) -> dt.datetime | None:
@@ -186,10 +195,12 @@ class AdminRpcs:
                 raise TenantForbidden(f"this credential may not create keys for tenant {tenant!r}", tenant=tenant)
         if role != "admin" and (len(tenants) > 1 or tenants == [ANY_TENANT]):
             raise InvalidArgument("tenants", "only an admin key may hold several tenants or '*'")
-        if request.expires_in_s < 0 or request.expires_in_s > MAX_KEY_LIFETIME_S:
-            raise InvalidArgument("expires_in_s", f"must be between 0 (never) and {MAX_KEY_LIFETIME_S}")
-        audit = audit_entry(context, request.note)
-        key_id, secret, digest = new_api_key()
+        request_id = _request_id(request)
+        audit = audit_entry(context, request.note, request_id=request_id)
+        # With a request id, the key a retry would make is the one its first attempt made: found, it is
+        # ALREADY_EXISTS. The text shown names that id (it named a random one, which no lookup finds).
+        key_id, secret, digest = new_api_key(
+            uuid.uuid5(_KEY_REQUESTS, f"{caller.id}\x1f{request_id}") if request_id is not None else None)
         key = await self.store.create_api_key(key_id=key_id, name=name, tenants=tenants, role=role,
                                               secret_hash=digest, expires_in_s=request.expires_in_s, audit=audit,
                                               trace=current_trace())
@@ -219,7 +230,7 @@ class AdminRpcs:
     @rpc
     async def RevokeApiKey(self, request: rs.RevokeApiKeyRequest, context: grpc.aio.ServicerContext) -> rs.ApiKey:
         key_id = v.require_uuid("key_id", request.key_id)
-        audit = audit_entry(context, request.note)
+        audit = audit_entry(context, request.note, request_id=_request_id(request))
         key = await self.store.revoke_api_key(key_id, within=_managed_tenants(principal()), audit=audit,
                                               trace=current_trace())
         if self.keys is not None:
@@ -230,7 +241,7 @@ class AdminRpcs:
     async def SetLimit(self, request: rs.SetLimitRequest, context: grpc.aio.ServicerContext) -> rs.FlowLimit:
         key = _limit_key(request, lambda: self._tenant(context))
         value = check_value(key, request.value)
-        audit = audit_entry(context, request.note)
+        audit = audit_entry(context, request.note, request_id=_request_id(request))
         row = await self.store.set_limit(key, value, audit=audit, trace=current_trace())
         return limit_to_proto(row)
 
@@ -238,7 +249,7 @@ class AdminRpcs:
     async def ClearLimit(self, request: rs.ClearLimitRequest,
                          context: grpc.aio.ServicerContext) -> rs.ClearLimitResponse:
         key = _limit_key(request, lambda: self._tenant(context))
-        audit = audit_entry(context, request.note)
+        audit = audit_entry(context, request.note, request_id=_request_id(request))
         row = await self.store.clear_limit(key, audit=audit, trace=current_trace())
         if row is None:
             return rs.ClearLimitResponse(cleared=False)

@@ -14,7 +14,7 @@ mutual TLS with a client certificate whose identity (CN or DNS SAN) is in
 `work_client_identities`. With neither configured WorkService is open
 (development only).
 
-auth_mode `none` trusts `x-tenant-id` as before: every caller may do everything.
+auth_mode `none` trusts `x-tenant-id`: every caller may do everything.
 """
 
 from __future__ import annotations
@@ -106,9 +106,10 @@ def local_principal(user: str) -> Principal:
 
 # --- API keys -------------------------------------------------------------------------
 
-def new_api_key() -> tuple[uuid.UUID, str, bytes]:
-    """A fresh key: its id, the text shown once, and the hash the database keeps."""
-    key_id = uuid.uuid4()
+def new_api_key(key_id: uuid.UUID | None = None) -> tuple[uuid.UUID, str, bytes]:
+    """A fresh key: its id (`key_id`, else a new one), the text shown once (which names the id), and the
+    hash the database keeps."""
+    key_id = key_id or uuid.uuid4()
     secret = secrets.token_hex(32)
     return key_id, f"{KEY_PREFIX}{key_id.hex}_{secret}", secret_hash(secret)
 
@@ -288,6 +289,12 @@ class RunAuth:
         if principal.several_tenants and not principal.may("tenants.several"):
             raise PermissionDenied("a credential for several tenants needs the admin role",
                                    verb="tenants.several", principal=principal.id)
+        # The tenant gate, here and not in each handler: an `x-tenant-id` the credential may not act
+        # for is refused for every method, also those scoped by the credential rather than by the
+        # header (keys, limits, audit), which would otherwise answer and write as if it were not sent.
+        metadata = context.invocation_metadata()
+        if v.tenant_values(metadata):
+            principal.tenant_of_call(metadata)
         return principal
 
 

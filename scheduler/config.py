@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from scheduler.bounds import MAX_COUNT, MAX_PAYLOAD_BYTES, MAX_WAIT_MS, MAX_WEIGHT, MIN_WEIGHT
 from scheduler.roles import parse_auth_mode
 from shared.config import ComponentSettings
 from shared.transport import ServerTls
@@ -17,10 +18,11 @@ class TenantLimits(BaseModel):
     """One tenant's overrides of the per-tenant limits (unset: the scheduler-wide setting)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_queued_runs: int | None = Field(None, ge=0)  # 0 = no limit
-    max_submits_per_s: int | None = Field(None, ge=0)  # 0 = no limit
-    max_running: int | None = Field(None, ge=0)  # 0 = no limit
-    weight: float | None = Field(None, gt=0, le=1_000)  # fair-share weight (unset: 1)
+    max_queued_runs: int | None = Field(None, ge=0, le=MAX_COUNT)  # 0 = no limit
+    max_submits_per_s: int | None = Field(None, ge=0, le=MAX_COUNT)  # 0 = no limit
+    max_running: int | None = Field(None, ge=0, le=MAX_COUNT)  # 0 = no limit
+    # Fair-share weight (unset: 1).
+    weight: float | None = Field(None, ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)
 
 
 _RATE_UNITS = {"s": 1_000, "sec": 1_000, "second": 1_000, "min": 60_000, "minute": 60_000, "h": 3_600_000,
@@ -33,7 +35,7 @@ class ToolLimit(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     rate: str | None = None
-    concurrency: int | None = Field(None, ge=1)
+    concurrency: int | None = Field(None, ge=1, le=MAX_COUNT)
 
     @field_validator("rate")
     @classmethod
@@ -49,9 +51,11 @@ class ToolLimit(BaseModel):
 
 
 def parse_rate(text: str) -> tuple[int, int]:
+    """(calls, window ms). The calls are a LIMIT of the tool_usage query (bigint): at most MAX_COUNT."""
     count, _, unit = text.replace(" ", "").partition("/")
-    if not count.isdigit() or int(count) < 1 or unit not in _RATE_UNITS:
-        raise ValueError(f"rate {text!r}: write calls per window, e.g. 100/min, 5/s or 1000/h")
+    if not (count.isascii() and count.isdigit()) or not 1 <= int(count) <= MAX_COUNT or unit not in _RATE_UNITS:
+        raise ValueError(f"rate {text[:60]!r}: 1 to {MAX_COUNT} calls per window (s, min or h), "
+                         "e.g. 100/min, 5/s or 1000/h")
     return int(count), _RATE_UNITS[unit]
 
 
@@ -59,7 +63,7 @@ class AgentLimits(BaseModel):
     """One agent's limits (every tenant's runs of it together)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_running: int = Field(0, ge=0)  # 0 = no limit
+    max_running: int = Field(0, ge=0, le=MAX_COUNT)  # 0 = no limit
 
 
 @dataclass(frozen=True)
@@ -106,22 +110,22 @@ class SchedulerSettings(ComponentSettings):
     listen_addr: str = "0.0.0.0:50051"
     lease_duration_ms: int = Field(30_000, ge=1_000, le=3_600_000)
     # Advised to executors with each lease; unset = a third of the lease duration.
-    heartbeat_interval_ms: int | None = Field(None, ge=100)
-    backoff_base_ms: int = Field(1_000, ge=1)
-    backoff_cap_ms: int = Field(300_000, ge=1)
-    backoff_jitter_ms: int = Field(1_000, ge=0)
+    heartbeat_interval_ms: int | None = Field(None, ge=100, le=1_200_000)
+    backoff_base_ms: int = Field(1_000, ge=1, le=MAX_WAIT_MS)
+    backoff_cap_ms: int = Field(300_000, ge=1, le=MAX_WAIT_MS)
+    backoff_jitter_ms: int = Field(1_000, ge=0, le=MAX_WAIT_MS)
     default_max_attempts: int = Field(12, ge=1, le=1_000)
     # Priority of a run submitted without one whose agent definition sets none: 1 (lowest) .. 9.
     default_priority: int = Field(5, ge=1, le=9)
     # Per-tenant quotas on SubmitRun (0 = no limit): QUEUED runs at once, and submits in any one-second
     # window (database time). Over either: RESOURCE_EXHAUSTED with RetryInfo, nothing written.
-    max_queued_runs_per_tenant: int = Field(0, ge=0)
-    max_submits_per_s_per_tenant: int = Field(0, ge=0)
+    max_queued_runs_per_tenant: int = Field(0, ge=0, le=MAX_COUNT)
+    max_submits_per_s_per_tenant: int = Field(0, ge=0, le=MAX_COUNT)
     # The RetryInfo delay of a submit refused because the tenant's queue is full.
     queue_full_retry_after_ms: int = Field(1_000, ge=1, le=3_600_000)
     # Concurrency: a tenant's leased runs at once (0 = no limit), counted while each lease is live by
     # database time; per agent in agent_limits; per concurrency key in the agent definition.
-    max_running_per_tenant: int = Field(0, ge=0)
+    max_running_per_tenant: int = Field(0, ge=0, le=MAX_COUNT)
     # Fair share: claims interleave tenants by weight (tenant_limits.<tenant>.weight, default 1) within a
     # priority, so one tenant's backlog delays only itself. Off: due runs go by priority, then enqueue order.
     fair_share: bool = True
@@ -145,43 +149,54 @@ class SchedulerSettings(ComponentSettings):
     # Runtime limits (table flow_limits, `agentrt limits set`) override the settings above; each replica
     # reads them again this often (the replica that served the change at once). 0 = on every use.
     limits_refresh_ms: int = Field(1_000, ge=0, le=60_000)
+    # Child runs (docs/child-runs.md): SpawnChildren refuses (FAILED_PRECONDITION, SPAWN_LIMIT_EXCEEDED,
+    # nothing written) children deeper than max_spawn_depth below their root run (its children are at
+    # depth 1), or more than max_descendants_per_root runs below one root, at any depth, ended or not.
+    # A cancel cancels a whole tree in one transaction: this bounds it.
+    max_spawn_depth: int = Field(10, ge=1, le=1_000)
+    max_descendants_per_root: int = Field(1_000, ge=1, le=1_000_000)
     claim_lookahead: int = Field(16, ge=1, le=1_000)
     concurrency_recheck_ms: int = Field(500, ge=10, le=60_000)
-    max_payload_bytes: int = Field(1_048_576, ge=1_024)
+    max_payload_bytes: int = Field(1_048_576, ge=1_024, le=MAX_PAYLOAD_BYTES)
     # Per-field limits (bytes of JSON text of one field of one call, never of a whole run); unset =
     # max_payload_bytes. Executors learn them with each lease (Lease.limits).
-    max_tool_request_bytes: int | None = Field(None, ge=1_024)  # BeginToolCall / next.request_json
-    max_tool_response_bytes: int | None = Field(None, ge=1_024)  # response_json of a tool's outcome
-    max_checkpoint_bytes: int | None = Field(None, ge=1_024)  # every state_json
+    # BeginToolCall / next.request_json; response_json of a tool's outcome.
+    max_tool_request_bytes: int | None = Field(None, ge=1_024, le=MAX_PAYLOAD_BYTES)
+    max_tool_response_bytes: int | None = Field(None, ge=1_024, le=MAX_PAYLOAD_BYTES)
+    max_checkpoint_bytes: int | None = Field(None, ge=1_024, le=MAX_PAYLOAD_BYTES)  # every state_json
     # One journal entry's detail_json; unset = 64 KiB (max_payload_bytes when smaller).
-    max_journal_entry_bytes: int | None = Field(None, ge=256)
+    max_journal_entry_bytes: int | None = Field(None, ge=256, le=MAX_PAYLOAD_BYTES)
     # Checkpoint versions kept per run; older (superseded) ones are deleted in the background.
     # 0 = keep every version (the default).
-    checkpoint_keep_last: int = Field(0, ge=0)
-    checkpoint_prune_interval_s: float = Field(30.0, gt=0)
+    checkpoint_keep_last: int = Field(0, ge=0, le=MAX_COUNT)
+    checkpoint_prune_interval_s: float = Field(30.0, gt=0, le=86_400, allow_inf_nan=False)
     checkpoint_prune_batch_runs: int = Field(500, ge=1, le=100_000)  # runs looked at per statement
-    # Retention of terminal runs (README, Security): a sweep every run_retention_interval_s, in
+    # Retention of terminal runs (docs/retention.md): a sweep every run_retention_interval_s, in
     # batches of run_retention_batch_runs runs with run_retention_pause_ms between them. How long
     # runs are kept is the database's (table retention_policies: `agentrt retention set`).
     run_retention_enabled: bool = True
-    run_retention_interval_s: float = Field(300.0, gt=0)
+    run_retention_interval_s: float = Field(300.0, gt=0, le=86_400, allow_inf_nan=False)
     run_retention_batch_runs: int = Field(100, ge=1, le=10_000)
     run_retention_pause_ms: int = Field(200, ge=0, le=60_000)
-    claim_poll_interval_ms: int = Field(500, ge=10)
+    claim_poll_interval_ms: int = Field(500, ge=10, le=60_000)
     # How often each replica looks for due schedules (0 = this replica fires none).
-    schedule_poll_interval_ms: int = Field(500, ge=0)
-    max_claim_wait_ms: int = Field(30_000, ge=0)
-    db_pool_min: int = Field(2, ge=1)
-    db_pool_max: int = Field(20, ge=1)
-    db_command_timeout_s: float = Field(30.0, gt=0)
-    shutdown_grace_s: float = Field(10.0, ge=0)
+    schedule_poll_interval_ms: int = Field(500, ge=0, le=3_600_000)
+    max_claim_wait_ms: int = Field(30_000, ge=0, le=3_600_000)
+    db_pool_min: int = Field(2, ge=1, le=10_000)
+    db_pool_max: int = Field(20, ge=1, le=10_000)
+    db_command_timeout_s: float = Field(30.0, gt=0, le=86_400, allow_inf_nan=False)
+    # Readiness follows the database (docs/ha.md): this often the scheduler asks whether its pools
+    # reach a primary that takes writes; RunService and WorkService answer NOT_SERVING on the health
+    # service while none does ("" stays SERVING: the process is alive). 0 = no probe.
+    db_probe_interval_s: float = Field(2.0, ge=0, le=3_600, allow_inf_nan=False)
+    shutdown_grace_s: float = Field(10.0, ge=0, le=3_600, allow_inf_nan=False)
     # A span per named SQL statement (shared/db.py), where spans are exported: off by default for speed.
     trace_sql: bool = False
     # Database health metrics (scheduler/db_health.py), read this often with metrics_addr set; 0 = off.
-    db_health_interval_s: float = Field(60.0, ge=0)
+    db_health_interval_s: float = Field(60.0, ge=0, le=86_400, allow_inf_nan=False)
     # pg_stat_statements (where installed and loaded): a statement is slow at this mean time or more;
     # the slowest this many are exported by query id.
-    db_slow_statement_ms: float = Field(100.0, gt=0)
+    db_slow_statement_ms: float = Field(100.0, gt=0, le=3_600_000, allow_inf_nan=False)
     db_slow_statement_top: int = Field(5, ge=0, le=50)
     # SubmitRun refuses an agent (or version) that no live executor has registered (AGENT_NOT_REGISTERED)
     # unless the submit sets allow_unregistered; false admits every agent (inputs are still checked
@@ -202,7 +217,7 @@ class SchedulerSettings(ComponentSettings):
     require_row_security: bool = False
     # How RunService callers authenticate: api_key, jwt, api_key,jwt, or none (every caller may act
     # for any tenant named in x-tenant-id: development only, logged as a warning at start).
-    # Sensitive values (README: Security): the KEK keyring, {"current": id, "keys": {id: base64 of 32
+    # Sensitive values (docs/encryption.md): the KEK keyring, {"current": id, "keys": {id: base64 of 32
     # bytes}}, from this file or from AGENTRT_ENCRYPTION_KEYS. Unset: agents that mark sensitive fields
     # are refused at submit (FAILED_PRECONDITION), nothing is stored in the clear by mistake.
     encryption_keys_file: str | None = None
@@ -223,8 +238,8 @@ class SchedulerSettings(ComponentSettings):
     jwt_algorithms: list[str] = Field(default_factory=lambda: ["RS256", "ES256"])
     jwt_tenant_claim: str = "tenant"  # a string or a list of tenants
     jwt_roles_claim: str = "roles"  # a string or a list; a dotted path reaches into objects
-    jwt_jwks_refresh_s: float = Field(300.0, gt=0)
-    jwt_leeway_s: float = Field(30.0, ge=0, le=600)
+    jwt_jwks_refresh_s: float = Field(300.0, gt=0, le=86_400, allow_inf_nan=False)
+    jwt_leeway_s: float = Field(30.0, ge=0, le=600, allow_inf_nan=False)
     # TLS on the gRPC port (PEM files, read again when they change on disk). A client CA turns
     # on mutual TLS: every client must present a certificate it signed.
     tls_cert_file: str | None = None

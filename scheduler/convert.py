@@ -8,12 +8,11 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from scheduler.rows import CheckpointRow, EventRow, ExecutionRow, JournalRow, RunRow, SignalRow
+from scheduler.states import RunStatus
 from shared.canonical import canonical_json
 from shared.gen.agentrt.v1 import common_pb2 as pb
 
-RUN_STATUS = {name: getattr(pb, f"RUN_STATUS_{name}") for name in
-              ("QUEUED", "RUNNING", "WAITING_TOOL", "PAUSED_INDOUBT", "PAUSED_HUMAN", "COMPLETED", "FAILED",
-               "CANCELLED")}
+RUN_STATUS = {status: getattr(pb, f"RUN_STATUS_{status.value}") for status in RunStatus}
 RUN_STATUS_NAME = {number: name for name, number in RUN_STATUS.items()}
 TOOL_STATUS = {name: getattr(pb, f"TOOL_EXECUTION_STATUS_{name}") for name in
                ("OUTBOUND_INTENT", "SUCCEEDED", "FAILED", "IN_DOUBT", "NOT_EXECUTED")}
@@ -50,6 +49,31 @@ def signal_to_proto(row: SignalRow) -> pb.Signal:
     return signal
 
 
+def waiting_for(row: RunRow) -> str:
+    """Run.waiting_for: what the row says the run waits for (common.proto lists the forms).
+    Only the row's own timestamps are compared, never this process's clock."""
+    if row.status is RunStatus.PAUSED_HUMAN:
+        return f"approval: {row.pause_reason}" if row.pause_reason else "approval"
+    if row.status is RunStatus.PAUSED_INDOUBT:
+        return "reconciliation of an in-doubt tool call"
+    if row.status is not RunStatus.QUEUED:
+        return ""
+    at = row.next_attempt_at.isoformat() if row.next_attempt_at else ""
+    if row.awaiting_signal:
+        return f"signal {row.awaiting_signal}" + (f" (times out at {at})" if at else "")
+    if row.awaiting_join:
+        return f"children: {row.join_done}/{row.join_total} ended (join {row.join_mode or 'ALL'})"
+    if row.waiting_on:
+        return f"a free slot ({row.waiting_on} limit)"
+    # asyncpg reads the column's default '-infinity' (due at once) as a naive datetime.min.
+    if row.next_attempt_at is None or row.next_attempt_at.tzinfo is None \
+            or row.next_attempt_at <= row.updated_at:
+        return ""  # due when it was last written (submitted, resumed): waits for an executor only
+    if row.attempt_count == 0:  # a durable sleep resets the attempts; a retry keeps counting them
+        return f"timer until {at}"
+    return f"retry at {at} (attempt {row.attempt_count + 1} of {row.max_attempts})"
+
+
 def run_to_proto(row: RunRow) -> pb.Run:
     run = pb.Run(
         run_id=str(row.id),
@@ -74,6 +98,7 @@ def run_to_proto(row: RunRow) -> pb.Run:
         last_trace_id=trace_id_of(row.last_traceparent),
         priority=row.priority,
         parent_run_id=str(row.parent_run_id) if row.parent_run_id else "",
+        waiting_for=waiting_for(row),
     )
     run.budget.max_steps = row.budget_max_steps
     run.budget.max_tokens = row.budget_max_tokens

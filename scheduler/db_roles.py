@@ -1,4 +1,4 @@
-"""The runtime database roles: least privilege for each service (README, Security).
+"""The runtime database roles: least privilege for each service (docs/database-roles.md).
 
 `agentrt roles apply` (or `agentrt migrate --apply-roles`), run as the owner
 of the schema, creates the four login roles when missing and sets their
@@ -45,7 +45,18 @@ SERVICES = ("scheduler", "relay", "consumer", "readonly")
 PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 # The function through which expired runs (ledger rows included) are deleted, and who may call it.
 RETENTION_FUNCTION = "agentrt_retention_purge(integer,boolean,timestamptz,uuid)"
-FUNCTIONS: dict[str, tuple[str, ...]] = {"scheduler": (RETENTION_FUNCTION,)}
+# Every tenant's runtime limits, read in the work scope from any transaction (migration 0019).
+FLOW_LIMITS_FUNCTION = "agentrt_flow_limits()"
+FUNCTIONS: dict[str, tuple[str, ...]] = {"scheduler": (RETENTION_FUNCTION, FLOW_LIMITS_FUNCTION)}
+
+# Row-level security (migrations 0016, 0017, 0019; docs/database-roles.md): every table with a column that
+# names a tenant or a run (tenant_id, tenants, run_id, *_run_id) has forced row-level security and a
+# policy, except these, each with the reason it holds no tenant's rows to hide. The test
+# tests/integration/test_rls.py finds such tables in the catalog and reads this list.
+RLS_EXEMPT_TABLES: dict[str, str] = {
+    "api_keys": "looked up by the hash of a key's secret before a call has a tenant; no runtime role but "
+                "the scheduler's may read it (its `tenants` names what the key may act for)",
+}
 
 _S, _SI, _SIU, _ALL = ("SELECT",), ("SELECT", "INSERT"), ("SELECT", "INSERT", "UPDATE"), (
     "SELECT", "INSERT", "UPDATE", "DELETE")

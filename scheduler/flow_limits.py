@@ -1,5 +1,5 @@
 """Runtime flow limits (migration 0015): rows of flow_limits that override the scheduler's settings
-for every replica, their checks, and the settings they make (README: Flow control).
+for every replica, their checks, and the settings they make (docs/flow-control.md).
 
 A row names one setting: (scope, tenant_id, subject, limit_name) = value.
 
@@ -9,17 +9,20 @@ A row names one setting: (scope, tenant_id, subject, limit_name) = value.
 | agent  | —                          | agent   | max_running                                            |
 | tool   | — (all tenants) or tenant  | tool    | rate, concurrency                                      |
 
-Values are text as in the config file: counts (0 = no limit), a weight, a rate such as `50/s`
+Values are text as in the config file, within scheduler/bounds.py's ranges: counts 0 .. 10^9
+(0 = no limit), a weight 0.001 .. 1000, a rate such as `50/s` (1 .. 10^9 calls per window)
 (`0` = no rate limit). A row wins over the config file; clearing it gives the config's value back.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.bounds import MAX_COUNT, MAX_WEIGHT, MIN_WEIGHT
 from scheduler.config import AgentLimits, SchedulerSettings, TenantLimits, ToolLimit, parse_rate
 from shared.errors import InvalidArgument
 
@@ -27,7 +30,7 @@ SCOPES = ("tenant", "agent", "tool")
 NAMES = {"tenant": ("weight", "max_queued_runs", "max_submits_per_s", "max_running"),
          "agent": ("max_running",), "tool": ("rate", "concurrency")}
 EVERY_TENANT = "*"
-MAX_COUNT = 1_000_000_000
+log = logging.getLogger(__name__)
 _DEFAULT_SETTING = {"max_queued_runs": "max_queued_runs_per_tenant",
                     "max_submits_per_s": "max_submits_per_s_per_tenant", "max_running": "max_running_per_tenant"}
 
@@ -96,9 +99,9 @@ def check_value(key: LimitKey, value: str) -> str:
         try:
             weight = float(text)
         except ValueError:
-            raise InvalidArgument("value", "a weight is a number above 0, at most 1000") from None
-        if not (math.isfinite(weight) and 0 < weight <= 1_000):
-            raise InvalidArgument("value", "a weight is a number above 0, at most 1000")
+            raise InvalidArgument("value", f"a weight is a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}") from None
+        if not (math.isfinite(weight) and MIN_WEIGHT <= weight <= MAX_WEIGHT):
+            raise InvalidArgument("value", f"a weight is a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}")
         return repr(weight)
     if key.name == "rate":
         if text == "0":
@@ -108,14 +111,14 @@ def check_value(key: LimitKey, value: str) -> str:
         except ValueError as exc:
             raise InvalidArgument("value", f"{exc} (or 0: no rate limit)") from None
         return text.replace(" ", "")
-    if not text.isdigit() or int(text) > MAX_COUNT:
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_COUNT:  # int() refuses "²", isdigit not
         raise InvalidArgument("value", f"{key.name} is a whole number from 0 (no limit) to {MAX_COUNT}")
     return str(int(text))
 
 
 def overlay(settings: SchedulerSettings, rows: Iterable[LimitRow]) -> SchedulerSettings:
     """The settings with every row applied (a new object; `settings` is left as it is)."""
-    rows = list(rows)
+    rows = [row for row in rows if _applicable(row)]
     if not rows:
         return settings
     update: dict[str, Any] = {}
@@ -147,6 +150,20 @@ def overlay(settings: SchedulerSettings, rows: Iterable[LimitRow]) -> SchedulerS
         t: kept for t, per in tenant_tools.items()
         if (kept := {tool: ToolLimit(**own) for tool, own in per.items() if own.get("rate") or own.get("concurrency")})}
     return settings.model_copy(update=update)
+
+
+def _applicable(row: LimitRow) -> bool:
+    """A stored row this version would accept from SetLimit. One written before its bound existed
+    (a rate of 99999999999999999999/s) is left out, and logged, rather than failing every call it
+    would govern: clear it, or set it again within its range."""
+    try:
+        check_key(row.key.scope, row.key.tenant_id, row.key.subject, row.key.name)
+        check_value(row.key, row.value)
+    except InvalidArgument as error:
+        log.warning("flow limit %s/%s/%s/%s = %r is out of range and not applied: %s", row.key.scope,
+                    row.key.tenant_id, row.key.subject, row.key.name, row.value[:60], error.message)
+        return False
+    return True
 
 
 def limits_of_tenant(settings: SchedulerSettings, tenant: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,11 +20,12 @@ from prometheus_client.registry import Collector
 
 from scheduler.db_health import DbHealthCollector, refresh_db_health
 from scheduler.rows import GlobalStats
+from scheduler.states import RunStatus
+from shared.db import connection_families
 from shared.metrics import Metrics, trace_exemplar
 
 log = logging.getLogger(__name__)
-STATUSES = ("QUEUED", "RUNNING", "WAITING_TOOL", "PAUSED_INDOUBT", "PAUSED_HUMAN", "COMPLETED", "FAILED",
-            "CANCELLED")
+STATUSES = tuple(status.value for status in RunStatus)
 OTHER_TENANTS = "_other"  # the claim-wait label of tenants past the labelled ones
 
 
@@ -44,6 +46,10 @@ class SchedulerMetrics:
                                   "by method and error reason", ("method", "reason"))
         self.in_doubt_marks = m.counter("agentrt_tool_in_doubt_marks_total",
                                         "Tool calls marked IN_DOUBT (unknown outcome; the run pauses)")
+        # A sealed value that does not open under its run's (or schedule's) key: copied or altered at rest.
+        self.sealed_value_failures = m.counter("agentrt_sealed_value_failures_total",
+                                               "Sealed values that failed their integrity check when opened, "
+                                               "by field", ("field",))
         self.database_bytes = m.gauge("agentrt_db_size_bytes", "Size of the scheduler's database")
         self.client_connections = m.gauge("agentrt_db_client_connections", "Client connections to the server")
         self.max_connections = m.gauge("agentrt_db_max_connections", "The server's max_connections")
@@ -81,6 +87,10 @@ class SchedulerMetrics:
     def retention_batch(self, deleted: dict[str, int]) -> None:
         for table, rows in deleted.items():
             self.retention_deleted.labels(table).inc(rows)
+
+    def sealed_value_failed(self, field: str) -> None:
+        # The field's name without list indexes: the label's values stay bounded.
+        self.sealed_value_failures.labels(re.sub(r"\[\d+\]", "", field)).inc()
 
     def refused(self, method: str, reason: str) -> None:
         self.refusals.labels(method, reason).inc()
@@ -144,3 +154,4 @@ class _PoolCollector(Collector):
         yield connections
         yield GaugeMetricFamily("agentrt_db_pool_max_connections", "The pool's max_size",
                                 value=self._pool.get_max_size())
+        yield from connection_families()

@@ -16,6 +16,8 @@ from typing import Any
 
 import asyncpg
 
+from shared.db import CONNECTION_ERRORS
+
 log = logging.getLogger(__name__)
 CHANNEL = "agentrt_work"
 NOTIFY_SQL = "SELECT pg_notify('agentrt_work', '')"
@@ -71,7 +73,7 @@ class WorkNotifier:
             self._poked.clear()
             try:
                 await pool.execute(NOTIFY_SQL)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:  # shared.db's table, e.g. no primary yet
                 log.warning("could not send the work wake-up (%s); other replicas poll", exc)
             await asyncio.sleep(SEND_WINDOW_S)
 
@@ -92,7 +94,7 @@ class WorkNotifier:
                 await asyncio.wait({stop, lost}, return_when=asyncio.FIRST_COMPLETED)
                 stop.cancel()
                 lost.cancel()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:  # shared.db's table, e.g. no primary yet
                 log.warning("work notifier disconnected (%s); claims poll until it is back", exc)
             finally:
                 self.connected.clear()

@@ -29,7 +29,15 @@ class LiveVersion(NamedTuple):
     default_priority: int | None = None  # None: the scheduler's default_priority
     concurrency_key: str | None = None  # the key template, e.g. "${input.customer_id}"
     concurrency_max: int | None = None
-    sensitive: dict[str, Any] | None = None  # the marked paths (shared/sensitive.py); None: nothing marked
+    # The marked paths (shared/sensitive.py), and under "declared" the schemas of the declared signals and
+    # ResumeRun input ({"signals": {name: schema}, "resume": schema}); None: nothing marked or declared.
+    sensitive: dict[str, Any] | None = None
+
+    def signal_schema(self, name: str) -> dict[str, Any] | None:
+        """The JSON Schema of signal `name` (None: undeclared, any JSON payload is taken)."""
+        signals = ((self.sensitive or {}).get("declared") or {}).get("signals") or {}
+        schema = signals.get(name)
+        return schema if isinstance(schema, dict) else None
 
 
 _PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
@@ -70,7 +78,8 @@ def json_path(path: Any) -> str:
     return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
 
 
-def check_input(schema: dict[str, Any], value: Any, agent: str, version: str) -> None:
+def check_input(schema: dict[str, Any], value: Any, agent: str, version: str, *, field: str = "input_json",
+                what: str = "input schema") -> None:
     """INVALID_ARGUMENT naming the JSON path of the first mismatch (the shallowest, then in path order)."""
     key = canonical_json(schema)
     validator = _VALIDATORS.get(key)
@@ -81,8 +90,25 @@ def check_input(schema: dict[str, Any], value: Any, agent: str, version: str) ->
     errors = sorted(validator.iter_errors(value), key=lambda e: (len(e.path), [str(p) for p in e.path]))
     if errors:
         first = errors[0]
-        raise InvalidArgument("input_json", f"{json_path(first.path)}: {first.message} "
-                                            f"(the input schema of {agent} version {version})")
+        raise InvalidArgument(field, f"{json_path(first.path)}: {first.message} (the {what} of {agent} version "
+                                     f"{version})")
+
+
+def serving(versions: dict[str, LiveVersion], agent_version: str) -> LiveVersion | None:
+    """The registration a run of `agent_version` ("" = the latest in natural order) is served by."""
+    if agent_version:
+        return versions.get(agent_version)
+    return versions[max(versions, key=natural_key)] if versions else None
+
+
+def check_signal(versions: dict[str, LiveVersion], agent: str, agent_version: str, name: str, payload: Any) -> None:
+    """INVALID_ARGUMENT (payload_json, naming the path) unless a signal the run's agent declares fits its
+    schema; an undeclared signal (or an agent no live executor serves) is taken with any JSON payload."""
+    live = serving(versions, agent_version)
+    schema = live.signal_schema(name) if live is not None else None
+    if schema is not None:
+        check_input(schema, payload, agent, agent_version or max(versions, key=natural_key), field="payload_json",
+                    what=f"schema of signal {name!r}")
 
 
 def admit(versions: dict[str, LiveVersion], agent_name: str, agent_version: str, input_value: Any,
@@ -96,13 +122,13 @@ def admit(versions: dict[str, LiveVersion], agent_name: str, agent_version: str,
         serving = ", ".join(sorted(versions, key=natural_key)) or "none"
         raise AgentNotRegistered(
             f"no live executor serves version {agent_version!r} of agent {agent_name!r} (versions served: "
-            f"{serving}); deploy it, or submit with allow_unregistered to queue the run",
+            f"{serving}); deploy it, {AgentNotRegistered.API_HINT}",
             agent_name=agent_name, agent_version=agent_version)
     if not versions:
         if allow_unregistered:
             return None
-        raise AgentNotRegistered(f"no live executor serves agent {agent_name!r}; deploy it, or submit with "
-                                 "allow_unregistered to queue the run", agent_name=agent_name)
+        raise AgentNotRegistered(f"no live executor serves agent {agent_name!r}; deploy it, "
+                                 f"{AgentNotRegistered.API_HINT}", agent_name=agent_name)
     chosen = agent_version or max(versions, key=natural_key)
     live = versions[chosen]
     if live.input_schema is not None:

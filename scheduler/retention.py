@@ -1,5 +1,5 @@
 """Retention of terminal runs: deletes expired runs with their checkpoints, ledger, journal and
-published outbox rows, in small batches, in the background (README, Security).
+published outbox rows, in small batches, in the background (docs/retention.md).
 
 What has expired is decided in the database by agentrt_retention_purge
 (migration 0012): the run is terminal, finished longer ago than its tenant's

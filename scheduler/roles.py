@@ -1,5 +1,5 @@
 """Who may do what: the one table of verbs per role, and the verb of every RPC
-(docs/design.md §security). The README prints this table (`python -m scheduler.roles`).
+(docs/design.md §security). docs/keys-and-tls.md prints this table (`python -m scheduler.roles`).
 
 Roles are cumulative: each grants its own verbs and every verb of the roles
 before it. A role without a call's verb is refused PERMISSION_DENIED
@@ -101,7 +101,7 @@ def verbs_of(roles: tuple[str, ...] | list[str]) -> frozenset[str]:
 
 
 def markdown_table() -> str:
-    """The README's role table: one row per verb, a column per role."""
+    """The role table of docs/keys-and-tls.md: one row per verb, a column per role."""
     lines = ["| verb | allows | " + " | ".join(ROLE_ORDER) + " |",
              "|---|---|" + "---|" * len(ROLE_ORDER)]
     for verb, text in VERBS.items():

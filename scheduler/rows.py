@@ -1,9 +1,10 @@
 """What the store hands the RPC layer: typed rows and named results, never asyncpg Records.
 
-Row classes are frozen dataclasses built from a record by field name (`RunRow.of(record)`);
-columns a statement adds beyond a class's fields are left out. Subscripting by column name
-(`row["status"]`) still works, for callers written against records. Results of writes are
-NamedTuples, so `version, replayed = await store.save_checkpoint(...)` reads as before.
+Row classes are frozen dataclasses built from a record by field name (`RunRow.of(record)`, through
+one constructor compiled per shape of record); columns a statement adds beyond a class's fields
+are left out. A row is also subscriptable by column name (`row["status"]`), as a record is.
+Results of writes are NamedTuples, so they unpack in place:
+`version, replayed = await store.save_checkpoint(...)`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NamedTuple, Self
+
+from scheduler.states import RunStatus, run_status
 
 # ------------------------------------------------------------------ rows
 
@@ -22,18 +25,65 @@ class Row:
 
     __slots__ = ()
     _names: ClassVar[tuple[str, ...]] = ()
+    # One constructor per shape of record (its column names), compiled on first sight.
+    _builders: ClassVar[dict[tuple[str, ...], Callable[[Any], Any]]]
+    # Fields read as an enum of the one vocabulary (e.g. a run's status as RunStatus).
+    _coerce: ClassVar[dict[str, Callable[[Any], Any]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._names = ()  # filled in once the dataclass decorator has run (see `of`)
+        cls._builders = {}
 
     @classmethod
     def of(cls, record: Mapping[str, Any], **overrides: Any) -> Self:
-        names = cls._names or cls._field_names()
-        present = set(record.keys())
-        values = {name: record[name] for name in names if name in present}
-        values.update(overrides)
-        return cls(**values)
+        """The row of `record`'s columns named like its fields; other columns are left out."""
+        if overrides:
+            names = cls._names or cls._field_names()
+            present = set(record.keys())
+            values = {name: record[name] for name in names if name in present}
+            values.update(overrides)
+            for name, coerce in cls._coerce.items():
+                if name in values:
+                    values[name] = coerce(values[name])
+            return cls(**values)
+        columns = tuple(record.keys())
+        build = cls._builders.get(columns)
+        if build is None:
+            build = cls._builders[columns] = cls._compile(columns)
+        return build(record)  # type: ignore[no-any-return]
+
+    @classmethod
+    def _compile(cls, columns: tuple[str, ...]) -> Callable[[Any], Any]:
+        """A function that sets each field from the record by position (defaults for the fields the
+        record lacks), as the dataclass's own __init__ would, without building a dict per row.
+        A record that lacks a field with no default gets the dataclass's own TypeError."""
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        position = {name: i for i, name in enumerate(columns)}
+        env: dict[str, Any] = {"_new": object.__new__, "_set": object.__setattr__, "cls": cls}
+        lines = ["def build(record):", "    self = _new(cls)"]
+        for f in fields:
+            if f.name in position and f.name in cls._coerce:
+                env[f"_c_{f.name}"] = cls._coerce[f.name]
+                lines.append(f"    _set(self, {f.name!r}, _c_{f.name}(record[{position[f.name]}]))")
+            elif f.name in position:
+                lines.append(f"    _set(self, {f.name!r}, record[{position[f.name]}])")
+            elif f.default is not dataclasses.MISSING:
+                env[f"_d_{f.name}"] = f.default
+                lines.append(f"    _set(self, {f.name!r}, _d_{f.name})")
+            elif f.default_factory is not dataclasses.MISSING:
+                env[f"_f_{f.name}"] = f.default_factory
+                lines.append(f"    _set(self, {f.name!r}, _f_{f.name}())")
+            else:
+                names = [g.name for g in fields if g.name in position]
+                coerce = cls._coerce
+                return lambda record: cls(**{name: coerce[name](record[name]) if name in coerce else record[name]
+                                             for name in names})
+        if hasattr(cls, "__post_init__"):
+            lines.append("    self.__post_init__()")
+        lines.append("    return self")
+        exec("\n".join(lines), env)  # source built above from the dataclass's own field names
+        return env["build"]  # type: ignore[no-any-return]
 
     @classmethod
     def _field_names(cls) -> tuple[str, ...]:
@@ -57,11 +107,13 @@ class Row:
 class RunRow(Row):
     """An agent_runs row (`SELECT *`), plus what lock_run/read_run/end_run/claim_work add."""
 
+    _coerce: ClassVar[dict[str, Callable[[Any], Any]]] = {"status": run_status}
+
     id: uuid.UUID
     tenant_id: str
     agent_name: str
     agent_version: str
-    status: str
+    status: RunStatus
     version: int
     fencing_token: int
     lease_owner: str | None
@@ -105,16 +157,25 @@ class RunRow(Row):
     spawn_key: str | None = None
     spawn_index: int | None = None
     detached: bool = False
+    root_run_id: uuid.UUID | None = None  # a child's tree's top run (migration 0019)
+    spawn_depth: int = 0  # 0 for a top-level run, 1 for its children...
     depth: int | None = None  # run_tree only
+    awaiting_join: bool = False  # waits for its children (wait_children)
+    join_mode: str | None = None
+    join_total: int = 0
+    join_done: int = 0
+    waiting_on: str | None = None  # parked by flow control: tenant, agent or key
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChildRow(Row):
     """One child of a spawn group (spawn_group), as the join's answer shows it."""
 
+    _coerce: ClassVar[dict[str, Callable[[Any], Any]]] = {"status": run_status}
+
     id: uuid.UUID
     agent_name: str
-    status: str
+    status: RunStatus
     result: Any
     terminal_reason: str | None
     spawn_index: int
@@ -324,7 +385,7 @@ class Completed(NamedTuple):
     """CompleteToolCall (Tx2, with or without the run's end) and its NOT_EXECUTED form."""
 
     version: int
-    status: str
+    status: RunStatus
     replayed: bool
 
 
@@ -339,7 +400,7 @@ class Chained(NamedTuple):
 class Finished(NamedTuple):
     """FinishRun."""
 
-    status: str
+    status: RunStatus
     next_attempt_at: dt.datetime | None
     replayed: bool
 

@@ -21,6 +21,7 @@ import grpc
 from scheduler import convert
 from scheduler import validate as v
 from scheduler.auth import Principal
+from scheduler.bounds import MAX_WAIT_MS, check_request
 from scheduler.store import LeaseRef
 from scheduler.wire import MalformedRequest
 from shared.canonical import uuid7
@@ -47,11 +48,9 @@ DEFINITE_OUTCOME = {ws.TOOL_OUTCOME_SUCCEEDED: "SUCCEEDED", ws.TOOL_OUTCOME_FAIL
 FINISH_OUTCOME = {ws.FINISH_OUTCOME_COMPLETED: "COMPLETED", ws.FINISH_OUTCOME_FAILED: "FAILED",
            ws.FINISH_OUTCOME_PAUSED_HUMAN: "PAUSED_HUMAN", ws.FINISH_OUTCOME_RETRY: "RETRY",
            ws.FINISH_OUTCOME_SLEEP: "SLEEP"}
-MAX_PAGE_SIZE = 500
-MAX_JOURNAL_PAGE_SIZE = 5000  # ReadJournal
 DEFAULT_JOURNAL_PAGE_SIZE = 1000
 MAX_TOOL_RESULT_STEPS = 500  # GetToolResults
-MAX_SLEEP_MS = 366 * 24 * 3600 * 1000
+MAX_SLEEP_MS = MAX_WAIT_MS
 
 
 def rpc(handler: Handler[R]) -> Handler[R]:
@@ -60,8 +59,18 @@ def rpc(handler: Handler[R]) -> Handler[R]:
     First the servicer's `guard` (scheduler/auth.py) admits the caller, or refuses before
     anything is read; the principal it admits is `principal()` for the handler. Bytes that did
     not decode as the request message arrive as a MalformedRequest (wire.py) and are answered
-    INVALID_ARGUMENT before the handler runs.
+    INVALID_ARGUMENT before the handler runs, and so is a number outside its bound
+    (scheduler/bounds.py: one table for every numeric field of every request).
     """
+
+    async def core(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        # WriteBatch calls this for each item, as its own call. Bounds first: they read nothing.
+        check_request(request)
+        # The one sealing filter (scheduler/shield.py): whatever the handler writes about the run, it
+        # sees the run's marked values sealed or redacted already.
+        if not isinstance(request, MalformedRequest):
+            await self.shield.seal_request(request)
+        return await handler(self, request, context)
 
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
@@ -73,7 +82,7 @@ def rpc(handler: Handler[R]) -> Handler[R]:
                 annotate(principal=admitted.id)
             if isinstance(request, MalformedRequest):
                 raise request.error()
-            reply = await handler(self, request, context)
+            reply = await core(self, request, context)
             # The handler's annotate() bound the run for this call's records (shared/logs.py).
             log.debug("%s answered", handler.__name__)
             return reply
@@ -94,7 +103,7 @@ def rpc(handler: Handler[R]) -> Handler[R]:
                 _PRINCIPAL.reset(token)
         raise AssertionError("unreachable")
 
-    wrapper.core = handler  # type: ignore[attr-defined]  # the body without the status mapping (WriteBatch)
+    wrapper.core = core  # type: ignore[attr-defined]  # the body without the status mapping (WriteBatch)
     return wrapper
 
 

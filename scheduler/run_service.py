@@ -22,8 +22,8 @@ from scheduler.auth import RunAuth
 from scheduler.config import SchedulerSettings
 from scheduler.flow_limits import limits_of_tenant
 from scheduler.notifier import WorkNotifier
-from scheduler.registry import LiveVersion, admit, render_key
-from scheduler.rpc import HISTORY_PART, MAX_PAGE_SIZE, RESOLVE, RESUME, STATUS_FILTER, principal, rpc
+from scheduler.registry import LiveVersion, admit, check_signal, render_key
+from scheduler.rpc import HISTORY_PART, RESOLVE, RESUME, STATUS_FILTER, principal, rpc
 from scheduler.schedule_service import ScheduleRpcs
 from scheduler.shield import M, Shield, redact_message
 from scheduler.store import (
@@ -32,15 +32,16 @@ from scheduler.store import (
     ResolveOutcome,
     Store,
     SubmitSpec,
+    request_event_id,
 )
-from shared.canonical import canonical_json
+from scheduler.store_children import TreeCursor
+from shared.canonical import canonical_json, uuid7
 from shared.errors import AgentNotRegistered, InvalidArgument, PermissionDenied
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.tracing import annotate, current_trace
-
-MAX_TREE_RUNS = 10_000  # GetRunTree
+from shared.version import agentrt_version
 
 
 class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
@@ -68,14 +69,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         version = v.optional_text("agent_version", request.agent_version, max_len=100) or ""
         payload = v.parse_json("input_json", request.input_json, self.limit, default={})
         client_request_id = v.optional_text("client_request_id", request.client_request_id, max_len=200)
-        if request.max_attempts < 0 or request.max_attempts > 1000:
-            raise InvalidArgument("max_attempts", "must be between 0 (server default) and 1000")
-        budget = request.budget
-        if budget.max_steps < 0:
-            raise InvalidArgument("budget.max_steps", "must not be negative")
-        if budget.max_tokens < 0:
-            raise InvalidArgument("budget.max_tokens", "must not be negative")
-        v.require_non_negative("budget.max_cost_usd", budget.max_cost_usd)
+        budget = request.budget  # the numbers' ranges: scheduler/bounds.py, checked before the handler
         try:
             deadline = budget.deadline.ToDatetime(tzinfo=dt.UTC) if budget.HasField("deadline") else None
         except ValueError:  # seconds past year 9999 or nanos out of range
@@ -98,8 +92,12 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         if served is not None and served.concurrency_key:
             key = render_key(served.concurrency_key, payload)
         spec = dataclasses.replace(
-            spec, priority=requested_priority or default or self.settings.default_priority,
+            # Without a client_request_id the submit is not safe to retry; the run still gets one (returned
+            # in run.client_request_id) by which a later call or a person can name the request.
+            spec, client_request_id=spec.client_request_id or f"generated-{uuid7()}",
+            priority=requested_priority or default or self.settings.default_priority,
             concurrency_key=key, concurrency_max=served.concurrency_max if key and served else None,
+            labels=self.shield.submit_labels(served.sensitive, payload, spec.labels) if served else spec.labels,
             sealed=self.shield.seal_submit(served.sensitive, payload) if served is not None else None)
         row, created = await self.store.submit_run(tenant, spec, current_trace())
         if created and self.notifier is not None:
@@ -123,8 +121,6 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         tenant = self._tenant(context)
         statuses = sorted({v.require_enum("statuses", s, STATUS_FILTER) for s in request.statuses}) or None
         agent = v.require_name("agent_name", request.agent_name) if request.agent_name else None
-        if request.page_size < 0 or request.page_size > MAX_PAGE_SIZE:
-            raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
         size = request.page_size or 50
         filter_key = json.dumps([statuses, agent])
         after = _decode_page_token(request.page_token, filter_key) if request.page_token else None
@@ -142,14 +138,15 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         tenant = self._tenant(context)
         run_id = v.require_uuid("run_id", request.run_id)
         annotate(run_id=str(run_id))
-        if not 0 <= request.max_runs <= MAX_TREE_RUNS:
-            raise InvalidArgument("max_runs", f"must be between 0 (1000) and {MAX_TREE_RUNS}")
         limit = request.max_runs or 1000
-        rows = await self.store.run_tree(tenant, run_id, limit=limit + 1)
+        after = _decode_tree_token(request.page_token, run_id) if request.page_token else None
+        rows = await self.store.run_tree(tenant, run_id, limit=limit + 1, after=after)
         response = rs.GetRunTreeResponse(truncated=len(rows) > limit)
         for row in rows[:limit]:
             response.nodes.add(run=convert.run_to_proto(row), depth=row.depth or 0)
-        return response
+        if response.truncated:  # never a silent cut: the rest of the tree is one token away
+            response.next_page_token = _encode_tree_token(TreeCursor.after(rows[limit - 1]), run_id)
+        return redact_message(response)
 
     @rpc
     async def CancelRun(self, request: rs.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.Run:
@@ -158,8 +155,10 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         annotate(run_id=str(run_id))
         reason = v.optional_text("reason", request.reason, max_len=1000) or request.note.reason \
             or "cancelled by request"
-        audit = audit_entry(context, request.note, reason=reason)
-        row = await self.store.cancel_run(tenant, run_id, reason=reason, trace=current_trace(), audit=audit)
+        request_id = v.optional_text("request_id", request.request_id, max_len=200)
+        audit = audit_entry(context, request.note, reason=reason, request_id=request_id)
+        row = await self.store.cancel_run(tenant, run_id, reason=reason, request_id=request_id,
+                                          trace=current_trace(), audit=audit)
         return redact_message(convert.run_to_proto(row))
 
     @rpc
@@ -170,6 +169,10 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         name = v.require_name("name", request.name)
         payload = v.parse_json("payload_json", request.payload_json, self.limit, object_only=False)
         request_id = v.optional_text("request_id", request.request_id, max_len=200)
+        run = await self.store.get_run(tenant, run_id)  # NOT_FOUND for another tenant's run, before any check
+        # Checked in the clear: the edge's filter (scheduler/shield.py) has sealed its marked values already.
+        check_signal(await self.store.live_agent_versions(run.agent_name), run.agent_name, run.agent_version, name,
+                     await self.store.plain(run_id, payload))
         signal, row, created, woke = await self.store.signal_run(tenant, run_id, name=name, payload=payload,
                                                                  request_id=request_id, trace=current_trace())
         if woke and self.notifier is not None:
@@ -191,9 +194,11 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         operator = (stated or caller.id) if self.auth.open else caller.id
         said = f"operator: {stated}" if stated and stated != operator else None
         human_input = {"decision": decision, "input": value, "operator": operator, "comment": comment}
-        audit = audit_entry(context, request.note, comment=" | ".join(p for p in (said, comment) if p) or None)
-        row = await self.store.resume_run(tenant, run_id, human_input=human_input, trace=current_trace(),
-                                          audit=audit)
+        request_id = v.optional_text("request_id", request.request_id, max_len=200)
+        audit = audit_entry(context, request.note, comment=" | ".join(p for p in (said, comment) if p) or None,
+                            request_id=request_id)
+        row = await self.store.resume_run(tenant, run_id, human_input=human_input, request_id=request_id,
+                                          trace=current_trace(), audit=audit)
         return redact_message(convert.run_to_proto(row))
 
     @rpc
@@ -214,10 +219,15 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         rule_version = v.optional_text("rule_version", request.rule_version, max_len=200)
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
         event_id = v.optional_uuid("event_id", request.event_id)
+        request_id = v.optional_text("request_id", request.request_id, max_len=200)
+        if event_id is not None and request_id is not None:
+            raise InvalidArgument("request_id", "give request_id or event_id, not both")
+        if request_id is not None:
+            event_id = request_event_id(run_id, "ResolveToolExecution", request_id)
         evidence = {**evidence, "resolved_by": resolved_by, "rule_version": rule_version,
                     **({"stated_resolved_by": stated} if stated != resolved_by else {})}
         audit = audit_entry(context, request.note, comment=None if stated == resolved_by else f"resolved_by: {stated}",
-                            request_id=str(event_id) if event_id else None)
+                            request_id=request_id or (str(event_id) if event_id else None))
         run, execution = await self.store.resolve_tool_execution(
             tenant, run_id, step_key=step_key, outcome=cast(ResolveOutcome, outcome), result=result,
             remote_resource_id=remote_id, evidence=evidence, resolved_by=resolved_by, event_id=event_id,
@@ -230,8 +240,6 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         tenant = self._tenant(context)
         run_id = v.require_uuid("run_id", request.run_id)
         annotate(run_id=str(run_id))
-        if request.page_size < 0 or request.page_size > MAX_PAGE_SIZE:
-            raise InvalidArgument("page_size", f"must be between 0 and {MAX_PAGE_SIZE}")
         parts = frozenset(v.require_enum("include", p, HISTORY_PART) for p in request.include) or frozenset(
             HISTORY_PARTS)
         cursor = _decode_history_token(request.page_token, run_id, parts) if request.page_token else HistoryCursor()
@@ -280,7 +288,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
     async def _admit(self, tenant: str, spec: SubmitSpec, payload: Any,
                      allow_unregistered: bool) -> LiveVersion | None:
         """The agent registry's check (scheduler/registry.py), before anything is written. A retry of a
-        submit that created its run is answered as before, even when its agent is no longer served or its
+        submit that created its run is answered with that run, even when its agent is no longer served or its
         schema has changed since (submit_run still refuses another payload under the same id)."""
         allow = allow_unregistered or not self.settings.require_registered_agents
         versions = await self.store.live_agent_versions(spec.agent_name)
@@ -317,6 +325,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
             oldest_in_doubt_age_s=float(row.oldest_in_doubt_s or 0), outbox_pending=row.outbox_pending,
             outbox_oldest_pending_age_s=float(row.outbox_oldest_s or 0),
             auth_mode=self.settings.auth_mode, principal=principal().id, role=",".join(principal().roles),
+            server_version=agentrt_version(),
         )
         convert.set_time(stats, "database_time", row.db_now)
         return stats
@@ -337,6 +346,31 @@ def _decode_page_token(token: str, filter_key: str) -> tuple[dt.datetime, uuid.U
     if not same_filter:
         raise InvalidArgument("page_token", "was issued for a different filter")
     return created_at, run_id
+
+
+def _encode_tree_token(cursor: TreeCursor, run_id: uuid.UUID) -> str:
+    raw = json.dumps({"r": str(run_id), "d": cursor.depth,
+                      "p": str(cursor.parent_run_id) if cursor.parent_run_id else None, "k": cursor.spawn_key,
+                      "x": cursor.spawn_index, "i": str(cursor.run_id)})
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _decode_tree_token(token: str, run_id: uuid.UUID) -> TreeCursor:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        same_run = data["r"] == str(run_id)
+        depth, index = data["d"], data["x"]
+        if not isinstance(depth, int) or depth < 0 or not (index is None or isinstance(index, int)):
+            raise ValueError(token)
+        cursor = TreeCursor(depth, uuid.UUID(data["p"]) if data["p"] else None, data["k"], index,
+                            uuid.UUID(data["i"]))
+        if depth > 0 and (cursor.parent_run_id is None or not isinstance(cursor.spawn_key, str) or index is None):
+            raise ValueError(token)
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+        raise InvalidArgument("page_token", "is not a token this server issued") from None
+    if not same_run:
+        raise InvalidArgument("page_token", "was issued for another run's tree")
+    return cursor
 
 
 def _encode_history_token(cursor: HistoryCursor, run_id: uuid.UUID, parts: frozenset[str]) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from shared.canonical import canonical_json
@@ -33,6 +34,10 @@ from shared.sensitive import MARK, REDACTED, SEALED, marked_paths  # noqa: F401 
 _NONCE = 12
 
 Path_ = tuple[str, ...]
+
+
+class Unopened(Exception):
+    """A sealed value that does not open under the key tried (the caller names the field: SealedValueInvalid)."""
 
 
 class KeyError_(Exception):
@@ -98,30 +103,33 @@ def load_keyring(path: str | None, env_value: str | None) -> Keyring | None:
     return None
 
 
-def new_key_text(key_id: str, keys: Mapping[str, str] | None = None) -> str:
-    """A keyring text with a fresh key `key_id` made current (older keys kept for reading)."""
-    merged = dict(keys or {})
-    merged[key_id] = base64.b64encode(os.urandom(32)).decode()
-    return json.dumps({"current": key_id, "keys": merged})
-
-
 # -- which fields are marked -------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Sensitivity:
-    """The marked paths of one agent version: its input, and each tool's input and output."""
+    """The marked paths of one agent version: its input, each tool's input and output, each declared
+    signal's payload, and the input a human gives ResumeRun."""
 
     input: tuple[Path_, ...] = ()
     tools: Mapping[str, tuple[tuple[Path_, ...], tuple[Path_, ...]]] = field(default_factory=dict)
+    signals: Mapping[str, tuple[Path_, ...]] = field(default_factory=dict)
+    resume: tuple[Path_, ...] = ()
 
     @property
     def any(self) -> bool:
-        return bool(self.input) or any(i or o for i, o in self.tools.values())
+        return (bool(self.input) or any(i or o for i, o in self.tools.values()) or any(self.signals.values())
+                or bool(self.resume))
 
     def to_json(self) -> dict[str, Any]:
-        return {"input": [list(p) for p in self.input],
-                "tools": {name: {"input": [list(p) for p in i], "output": [list(p) for p in o]}
-                          for name, (i, o) in self.tools.items()}}
+        data: dict[str, Any] = {
+            "input": [list(p) for p in self.input],
+            "tools": {name: {"input": [list(p) for p in i], "output": [list(p) for p in o]}
+                      for name, (i, o) in self.tools.items()}}
+        if self.signals:  # only when declared: an agent that declares no signals stores no signal key
+            data["signals"] = {name: [list(p) for p in paths] for name, paths in self.signals.items()}
+        if self.resume:
+            data["resume"] = [list(p) for p in self.resume]
+        return data
 
     @classmethod
     def of_json(cls, data: Any) -> Sensitivity:
@@ -130,7 +138,9 @@ class Sensitivity:
         tools = {str(name): (tuple(tuple(p) for p in spec.get("input", [])),
                              tuple(tuple(p) for p in spec.get("output", [])))
                  for name, spec in (data.get("tools") or {}).items()}
-        return cls(tuple(tuple(p) for p in data.get("input", [])), tools)
+        signals = {str(name): tuple(tuple(p) for p in paths) for name, paths in (data.get("signals") or {}).items()}
+        return cls(tuple(tuple(p) for p in data.get("input", [])), tools, signals,
+                   tuple(tuple(p) for p in data.get("resume", [])))
 
     def tool_input(self, tool: str) -> tuple[Path_, ...]:
         return self.tools.get(tool, ((), ()))[0]
@@ -138,11 +148,18 @@ class Sensitivity:
     def tool_output(self, tool: str) -> tuple[Path_, ...]:
         return self.tools.get(tool, ((), ()))[1]
 
+    def all_tool_outputs(self) -> tuple[Path_, ...]:
+        return tuple(p for _, output in self.tools.values() for p in output)
+
+    def signal(self, name: str) -> tuple[Path_, ...]:
+        return self.signals.get(name, ())
+
 
 def check_sensitivity(data: Any) -> str | None:
     """What is wrong with a registration's sensitive_json (None: fine)."""
-    if not isinstance(data, dict) or set(data) - {"input", "tools"}:
-        return "must be an object with input (paths) and tools ({name: {input, output}})"
+    if not isinstance(data, dict) or set(data) - {"input", "tools", "signals", "resume"}:
+        return "must be an object with input (paths), tools ({name: {input, output}}), signals ({name: paths}) " \
+               "and resume (paths)"
 
     def paths_ok(value: Any) -> bool:
         return isinstance(value, list) and all(
@@ -155,6 +172,11 @@ def check_sensitivity(data: Any) -> str | None:
             isinstance(s, dict) and not set(s) - {"input", "output"} and paths_ok(s.get("input", []))
             and paths_ok(s.get("output", [])) for s in tools.values()):
         return "tools must map tool names to {input: paths, output: paths}"
+    signals = data.get("signals", {})
+    if not isinstance(signals, dict) or not all(paths_ok(p) for p in signals.values()):
+        return "signals must map signal names to paths"
+    if not paths_ok(data.get("resume", [])):
+        return "resume must be a list of paths"
     return None
 
 
@@ -178,8 +200,12 @@ class RunKey:
         return {SEALED: base64.b64encode(sealed).decode()}
 
     def open(self, sealed: str) -> Any:
-        raw = base64.b64decode(sealed)
-        return json.loads(AESGCM(self.data_key).decrypt(raw[:_NONCE], raw[_NONCE:], self.run_id.bytes))
+        """The plain value; Unopened when `sealed` is not a value sealed under this key for this run."""
+        try:
+            raw = base64.b64decode(sealed, validate=True)
+            return json.loads(AESGCM(self.data_key).decrypt(raw[:_NONCE], raw[_NONCE:], self.run_id.bytes))
+        except (InvalidTag, ValueError, TypeError) as exc:  # another run's (or key's) value, altered, not base64
+            raise Unopened(type(exc).__name__) from None
 
     def seal_paths(self, value: Any, paths: Iterable[Path_]) -> Any:
         """`value` with each marked path's value sealed (paths absent from it are skipped)."""
@@ -219,6 +245,15 @@ def _replace(value: Any, path: Path_, fn: Any) -> Any:
     if not isinstance(value, dict) or path[0] not in value:
         return value
     return {**value, path[0]: _replace(value[path[0]], path[1:], fn)}
+
+
+def redact_labels(labels: dict[str, str], secrets: Iterable[str]) -> dict[str, str]:
+    """Labels are free text shown wherever a run is listed (ListRuns, events, the CLI): a label whose value
+    holds a marked value is kept as "[redacted]", as other free text is."""
+    needles = [s for s in secrets if s]
+    if not needles:
+        return labels
+    return {k: (REDACTED if any(n in v for n in needles) else v) for k, v in labels.items()}
 
 
 def plain_values(value: Any, paths: Iterable[Path_]) -> list[str]:

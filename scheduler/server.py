@@ -8,13 +8,13 @@ the pool. `stop()` is safe to call twice; `async with SchedulerServer(...)` work
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from scheduler.auth import RunAuth, build_run_auth
 from scheduler.config import SchedulerSettings
@@ -22,6 +22,7 @@ from scheduler.metrics import SchedulerMetrics
 from scheduler.migrate import require_current_schema
 from scheduler.notifier import WorkNotifier
 from scheduler.pruner import CheckpointPruner
+from scheduler.reflection_v1 import enable_reflection
 from scheduler.retention import RunRetention
 from scheduler.schedule_service import ScheduleFirer
 from scheduler.service import RunServicer, WorkServicer
@@ -29,6 +30,7 @@ from scheduler.store import Store, connect_pool
 from scheduler.store_core import WORK_SCOPE, check_row_security
 from scheduler.wire import add_service
 from shared.db import trace_queries
+from shared.errors import AgentrtError
 from shared.gen.agentrt.v1 import run_service_pb2, work_service_pb2
 from shared.tracing import ServerSpans, records_spans, setup_tracing
 from shared.transport import server_credentials
@@ -43,7 +45,7 @@ def max_receive_bytes(settings: SchedulerSettings) -> int:
     """gRPC's receive limit: a bigger message is answered RESOURCE_EXHAUSTED before any handler runs.
 
     Room for a request carrying several JSON fields at their size limit, plus 1 MiB; within it,
-    an oversized field is refused INVALID_ARGUMENT by name (README, error table).
+    an oversized field is refused INVALID_ARGUMENT by name (docs/errors.md).
     """
     return settings.max_payload_bytes * 4 + (1 << 20)
 
@@ -64,6 +66,8 @@ class SchedulerServer:
         self.auth: RunAuth | None = None
         self.retention: RunRetention | None = None
         self.pruner: CheckpointPruner | None = None
+        self._primary_watch: asyncio.Task[None] | None = None
+        self.primary_serving = True  # the last probe's answer (readiness of RunService and WorkService)
 
     async def start(self) -> int:
         s = self.settings
@@ -89,6 +93,8 @@ class SchedulerServer:
         limit = max_receive_bytes(s)
         metered = s.metrics_addr or s.otel_metrics_exporter == "otlp"
         self.metrics = SchedulerMetrics(s.claim_wait_tenant_labels) if metered else None
+        if self.metrics is not None:
+            self.store.on_integrity_failure = self.metrics.sealed_value_failed
         server = grpc.aio.server(
             interceptors=[
                 ServerSpans(provider, self.metrics.observe_rpc if self.metrics else None).interceptor(),
@@ -105,9 +111,7 @@ class SchedulerServer:
             metrics=self.metrics))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME), server)
+        enable_reflection((*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)
         tls = s.server_tls
         if tls is None:
             self.port = server.add_insecure_port(s.listen_addr)
@@ -129,8 +133,36 @@ class SchedulerServer:
         self.pruner.start()
         self.firer = ScheduleFirer(self.store, s)
         self.firer.start()
+        if s.db_probe_interval_s > 0:
+            self._primary_watch = asyncio.create_task(self._watch_primary(s.db_probe_interval_s),
+                                                      name="primary-watch")
         log.info("scheduler listening on %s (port %d)", s.listen_addr, self.port)
         return self.port
+
+    async def _watch_primary(self, interval_s: float) -> None:
+        """RunService and WorkService answer NOT_SERVING while no primary is reachable (a failover),
+        SERVING again once one is; "" (liveness) stays SERVING: the scheduler rides it out."""
+        assert self.store is not None and self._health is not None
+        timeout = max(interval_s, self.settings.db_command_timeout_s)
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                reachable = await asyncio.wait_for(self.store.primary_reachable(), timeout)
+            except (AgentrtError, TimeoutError) as exc:
+                reachable, why = False, str(exc)
+            else:
+                why = "" if reachable else "the database answers as a standby (read-only)"
+            if reachable == self.primary_serving:
+                continue
+            self.primary_serving = reachable
+            status = health_pb2.HealthCheckResponse.SERVING if reachable else \
+                health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in SERVICE_NAMES:
+                await self._health.set(name, status)
+            if reachable:
+                log.info("a primary is reachable again: health SERVING")
+            else:
+                log.warning("no primary reachable (%s): health NOT_SERVING until one is", why)
 
     async def wait(self) -> None:
         if self._server is not None:
@@ -141,6 +173,10 @@ class SchedulerServer:
             return
         self._stopped = True
         grace = self.settings.shutdown_grace_s if grace is None else grace
+        if self._primary_watch is not None:
+            self._primary_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._primary_watch
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if self.firer is not None:

@@ -24,6 +24,14 @@ class RunStatus(StrEnum):
     CANCELLED = "CANCELLED"
 
 
+_BY_VALUE = {status.value: status for status in RunStatus}
+
+
+def run_status(value: str) -> RunStatus:
+    """The RunStatus of a database value (a dict lookup: rows are read on the hot path)."""
+    return _BY_VALUE[value]
+
+
 LEASED = frozenset({RunStatus.RUNNING, RunStatus.WAITING_TOOL})
 TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 

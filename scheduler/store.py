@@ -39,7 +39,7 @@ from scheduler.rows import (
 from scheduler.states import TERMINAL
 from scheduler.store_auth import ApiKeyRow, AuthStore, KeyForAuth
 from scheduler.store_children import ChildSpec, ChildStore
-from scheduler.store_core import COMMIT_UNKNOWN_COUNTER, connect_pool, db_call
+from scheduler.store_core import COMMIT_UNKNOWN_COUNTER, connect_pool, db_call, request_event_id
 from scheduler.store_keys import KeyStore
 from scheduler.store_limits import LimitsStore, TenantFlow
 from scheduler.store_registry import AgentSpec, RegistryStore
@@ -65,7 +65,6 @@ from scheduler.store_types import (
     tx2_binding,
 )
 from scheduler.store_work import WorkStore
-from shared.db import init_connection
 from shared.tracing import Trace
 
 
@@ -74,8 +73,6 @@ class Store(RunStore, WorkStore, ChildStore, RegistryStore, AuthStore, ScheduleS
     the agent registry (`RegistryStore`), API keys and the audit trail (`AuthStore`), schedules
     (`ScheduleStore`), runtime flow limits (`LimitsStore`)."""
 
-
-_init_connection = init_connection  # the name tests/integration/test_stateful.py still imports
 
 __all__ = [
     "COMMIT_UNKNOWN_COUNTER",
@@ -122,5 +119,6 @@ __all__ = [
     "bind_write",
     "connect_pool",
     "db_call",
+    "request_event_id",
     "tx2_binding",
 ]

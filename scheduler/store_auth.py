@@ -20,7 +20,7 @@ from scheduler.store_core import StoreBase, db_call, trace_params
 from scheduler.store_types import AuditEntry
 from shared.canonical import sha256_of, uuid7
 from shared.db import execute, fetch, fetchrow, fetchval
-from shared.errors import NotFound
+from shared.errors import AlreadyExists, NotFound
 from shared.tracing import NO_TRACE, Trace
 
 
@@ -94,13 +94,20 @@ class AuthStore(StoreBase):
     async def create_api_key(self, *, key_id: uuid.UUID, name: str, tenants: list[str], role: str,
                              secret_hash: bytes, expires_in_s: int, audit: AuditEntry,
                              trace: Trace = NO_TRACE) -> ApiKeyRow:
-        async with self.admin_tx("CreateApiKey") as conn:
-            row = await fetchrow(conn, Q.insert_api_key, id=key_id, name=name, tenants=tenants, role=role,
-                                 secret_hash=secret_hash, created_by=audit.principal, expires_in_s=expires_in_s)
-            assert row is not None
-            key = ApiKeyRow.of(row)
-            await write_audit(conn, audit, tenant_id=",".join(tenants), action="key.create", stream_id=key_id,
-                              after=_key_state(key), trace=trace)
+        try:
+            async with self.admin_tx("CreateApiKey") as conn:
+                row = await fetchrow(conn, Q.insert_api_key, id=key_id, name=name, tenants=tenants, role=role,
+                                     secret_hash=secret_hash, created_by=audit.principal,
+                                     expires_in_s=expires_in_s)
+                assert row is not None
+                key = ApiKeyRow.of(row)
+                await write_audit(conn, audit, tenant_id=",".join(tenants), action="key.create", stream_id=key_id,
+                                  after=_key_state(key), trace=trace)
+        except asyncpg.UniqueViolationError:
+            # The key id comes from the request's request_id: its first attempt made the key.
+            raise AlreadyExists(f"request_id already made API key {key_id} (its secret was shown once; if it was "
+                                "lost, revoke that key and create another); nothing was written",
+                                field="request_id", key_id=key_id) from None
         return key
 
     @db_call

@@ -18,17 +18,17 @@ import asyncpg
 from scheduler.queries import Q
 from scheduler.rows import ChildRow, RunRow, Spawned
 from scheduler.sealing import Sensitivity
-from scheduler.states import Op
+from scheduler.states import TERMINAL, Op
 from scheduler.store_core import db_call, fence_params, trace_params
 from scheduler.store_types import LeaseRef
-from shared.canonical import sha256_of, uuid7
-from shared.db import fetch, fetchrow, fetchval
-from shared.errors import NotFound
+from shared.canonical import content_hash, sha256_of, uuid7
+from shared.db import execute, fetch, fetchrow, fetchval
+from shared.errors import NotFound, SpawnLimitExceeded
 from shared.tracing import NO_TRACE, Trace
 
 # The namespace of child run ids: uuid5(CHILD_NAMESPACE, "<parent>/<spawn key>/<index>").
 CHILD_NAMESPACE = uuid.UUID("5f0c7a52-6a43-4c1e-9f0b-2f6b4c1d9e11")
-TERMINAL_STATUSES = ("COMPLETED", "FAILED", "CANCELLED")
+TERMINAL_STATUSES = tuple(sorted(status.value for status in TERMINAL))
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,9 @@ class ChildSpec:
     max_tokens: int = 0
     max_cost_usd: float = 0.0
     sensitive: dict[str, Any] | None = None  # the serving version's marks: its input is sealed as SubmitRun's
+    # The parent's marked values the input carries (scheduler/shield.py `carried`): sealed under the
+    # child's own data key wherever they appear in its input, as the parent's are under the parent's.
+    carried: tuple[str, ...] = ()
 
 
 def child_id(parent: uuid.UUID, spawn_key: str, index: int) -> uuid.UUID:
@@ -49,6 +52,26 @@ def child_id(parent: uuid.UUID, spawn_key: str, index: int) -> uuid.UUID:
 
 def child_request_id(parent: uuid.UUID, spawn_key: str, index: int) -> str:
     return f"child:{parent}:{index}:{sha256_of(spawn_key).hex()[:32]}"
+
+
+@dataclass(frozen=True)
+class TreeCursor:
+    """Where a page of GetRunTree ended: its last node's place in the breadth-first order
+    (depth, parent, spawn group, index, id); depth 0 is the run asked for."""
+
+    depth: int | None
+    parent_run_id: uuid.UUID | None
+    spawn_key: str | None
+    spawn_index: int | None
+    run_id: uuid.UUID | None
+
+    @classmethod
+    def after(cls, row: RunRow) -> TreeCursor:
+        return cls(row.depth or 0, row.parent_run_id, row.spawn_key, row.spawn_index, row.id)
+
+    def params(self) -> dict[str, Any]:
+        return {"after_depth": self.depth, "after_parent": self.parent_run_id, "after_spawn_key": self.spawn_key,
+                "after_spawn_index": self.spawn_index, "after_id": self.run_id}
 
 
 def join_met(mode: str, total: int, done: int) -> bool:
@@ -74,14 +97,19 @@ class ChildStore:
                     # sealed again (a new data key would be cached for a child that keeps its first).
                     made = {r["spawn_index"] for r in await fetch(conn, Q.spawn_group, parent_run_id=lease.run_id,
                                                                   spawn_key=spawn_key)}
+                    root = parent["root_run_id"] or parent["id"]
+                    depth = parent["spawn_depth"] + 1
+                    await self._within_tree_limits(conn, root, depth, sum(i not in made for i in range(len(children))))
                     for index, spec in enumerate(children):
                         if index in made:
                             continue
                         run_id, stored, sealed = child_id(lease.run_id, spawn_key, index), spec.input, None
                         marks = Sensitivity.of_json(spec.sensitive)
-                        if marks.any:
+                        if marks.any or spec.carried:
                             sealed = self.new_run_key(run_id, marks)  # type: ignore[attr-defined]
-                            stored = sealed.key.seal_paths(spec.input, marks.input)
+                            sealed.key.secrets.update(spec.carried)
+                            stored = sealed.key.seal_strings(sealed.key.seal_paths(spec.input, marks.input),
+                                                             spec.carried)
                         created += await fetchval(
                             conn, Q.spawn_child, run_id=run_id,
                             tenant_id=parent["tenant_id"], agent_name=spec.agent_name,
@@ -92,22 +120,47 @@ class ChildStore:
                             max_attempts=max_attempts, max_steps=spec.max_steps, max_tokens=spec.max_tokens,
                             max_cost_usd=spec.max_cost_usd,
                             client_request_id=child_request_id(lease.run_id, spawn_key, index),
-                            submit_hash=sha256_of({"agent_name": spec.agent_name, "input": spec.input}),
+                            submit_hash=content_hash({"agent_name": spec.agent_name, "input": spec.input}),
                             priority=parent["priority"], fair_step=self.settings.fair_step(parent["tenant_id"]),
                             parent_run_id=lease.run_id, spawn_key=spawn_key, spawn_index=index, detached=detach,
-                            event_id=uuid7(), **trace_params(trace))
+                            root_run_id=root, spawn_depth=depth, event_id=uuid7(), **trace_params(trace))
                     done = await fetchval(conn, Q.record_join, run_id=lease.run_id, spawn_key=spawn_key,
                                           join_mode=join_mode, join_total=len(children))
                     rows = await fetch(conn, Q.spawn_group, parent_run_id=lease.run_id, spawn_key=spawn_key)
                     return Spawned([ChildRow.of(r) for r in rows], created, join_met(join_mode, len(children), done))
             raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, None)  # type: ignore[attr-defined]
 
+    async def _within_tree_limits(self, conn: asyncpg.Connection, root: uuid.UUID, depth: int, new: int) -> None:
+        """Refuses (SpawnLimitExceeded, before anything is written) a spawn whose children would sit
+        deeper than max_spawn_depth, or take the root's descendants past max_descendants_per_root. The
+        count is taken under the tree's lock: two runs of one tree spawning at once cannot both pass."""
+        if not new:
+            return  # a repeated spawn that makes nothing new is answered as the first was
+        settings = self.settings
+        if depth > settings.max_spawn_depth:
+            raise SpawnLimitExceeded(
+                f"children of this run would be at depth {depth} below their root run {root}, past "
+                f"max_spawn_depth ({settings.max_spawn_depth})", limit="max_spawn_depth",
+                max=settings.max_spawn_depth, root_run_id=root, depth=depth)
+        await execute(conn, Q.lock_spawn_tree, root_run_id=root)
+        existing = await fetchval(conn, Q.tree_descendants, root_run_id=root)
+        if existing + new > settings.max_descendants_per_root:
+            raise SpawnLimitExceeded(
+                f"root run {root} has {existing} descendants; {new} more would pass max_descendants_per_root "
+                f"({settings.max_descendants_per_root})", limit="max_descendants_per_root",
+                max=settings.max_descendants_per_root, root_run_id=root, descendants=existing)
+
     @db_call
-    async def run_tree(self, tenant_id: str, run_id: uuid.UUID, *, limit: int) -> list[RunRow]:
-        """The run and its descendants within the tenant, breadth first; at most `limit` rows."""
+    async def run_tree(self, tenant_id: str, run_id: uuid.UUID, *, limit: int,
+                       after: TreeCursor | None = None) -> list[RunRow]:
+        """The run and its descendants within the tenant, breadth first; at most `limit` rows after
+        `after` (a page's last node). NotFound when the run is not the tenant's."""
         async with self.tenant_tx(tenant_id, readonly=True) as conn:  # type: ignore[attr-defined]
-            rows = await fetch(conn, Q.run_tree, tenant_id=tenant_id, run_id=run_id, limit=limit)
-        if not rows:
+            if after is not None and await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id) is None:
+                raise NotFound(f"run {run_id} not found", run_id=run_id)
+            rows = await fetch(conn, Q.run_tree, tenant_id=tenant_id, run_id=run_id, limit=limit,
+                               **(after or TreeCursor(None, None, None, None, None)).params())
+        if not rows and after is None:
             raise NotFound(f"run {run_id} not found", run_id=run_id)
         return [RunRow.of(row) for row in rows]
 
@@ -117,4 +170,4 @@ class ChildStore:
         return [row["id"] for row in await fetch(conn, Q.cancellable_descendants, run_id=run_id)]
 
 
-__all__ = ["CHILD_NAMESPACE", "ChildSpec", "ChildStore", "child_id", "child_request_id", "join_met"]
+__all__ = ["CHILD_NAMESPACE", "ChildSpec", "ChildStore", "TreeCursor", "child_id", "child_request_id", "join_met"]

@@ -26,8 +26,18 @@ from scheduler.rows import RunRow
 from scheduler.states import Op, sources
 from scheduler.store_types import LeaseRef, WriteBinding
 from shared.canonical import uuid7
-from shared.db import CONNECTION_ERRORS, RETRYABLE, Query, execute, fetch, fetchrow, init_connection
-from shared.errors import AgentrtError, NotFound, Unavailable
+from shared.db import (
+    CONNECTION_ERRORS,
+    RETRYABLE,
+    Query,
+    execute,
+    expire_stale,
+    fetch,
+    fetchrow,
+    init_connection,
+    keep_session,
+)
+from shared.errors import AgentrtError, AlreadyExists, NotFound, Unavailable
 from shared.tracing import Trace, annotate
 
 log = logging.getLogger("scheduler.store")
@@ -40,7 +50,9 @@ _ASSERT_SQLSTATE = "AR001"
 
 
 def db_call(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """Retries serialization failures/deadlocks (bounded); a lost database is UNAVAILABLE."""
+    """Retries serialization failures/deadlocks (bounded); a lost database or primary (shared.db's
+    table: connection loss, admin shutdown, `read-only transaction`...) is UNAVAILABLE, and the
+    store's pools drop sessions that may point at a demoted primary."""
 
     @functools.wraps(func)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -54,6 +66,8 @@ def db_call(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
             except AgentrtError:
                 raise
             except CONNECTION_ERRORS as exc:
+                store = args[0] if args else None
+                await expire_stale(exc, getattr(store, "pool", None), getattr(store, "work_pool", None))
                 raise Unavailable(f"database unavailable: {type(exc).__name__}") from None
         raise AssertionError("unreachable")
 
@@ -106,18 +120,6 @@ async def fenced_write(conn: asyncpg.Connection, query: Query, **params: Any) ->
     return row
 
 
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """Release hook: nothing to undo, so no extra round trip per call.
-
-    asyncpg's default reset sends `SELECT pg_advisory_unlock_all(); CLOSE ALL;
-    UNLISTEN *; RESET ALL` on every release: one more round trip per RPC. Pool
-    connections never take session advisory locks, open cursors outside a
-    transaction, LISTEN (the notifier has its own connection) or SET session
-    settings, so there is nothing for it to undo. The pool still rolls back a
-    transaction left open and drops listeners before calling this hook.
-    """
-
-
 # The row-level security scopes (migration 0016): the work path's connections hold WORK_SCOPE for
 # their whole session; ADMIN_SCOPE is set per transaction by admin_tx only.
 WORK_SCOPE = "work"
@@ -129,7 +131,7 @@ async def connect_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
     """A pool; with `scope`, each of its sessions starts in that row-level security scope
     (`agentrt.scope`, sent in the startup packet: no round trip per call)."""
     pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init_connection,
-                                     command_timeout=command_timeout, reset=_keep_session,
+                                     command_timeout=command_timeout, reset=keep_session,
                                      server_settings={"agentrt.scope": scope} if scope else None)
     assert pool is not None
     return pool
@@ -172,6 +174,7 @@ class StoreBase:
             self._flow_read_at = time.monotonic()
         return self._flow
 
+    @db_call
     async def current_flow(self) -> SchedulerSettings:
         async with self.pool.acquire() as conn:
             return await self.flow(conn)
@@ -218,5 +221,29 @@ class StoreBase:
             write_op=bound[0] if bound else None, write_hash=bound[1] if bound else None)
 
 
+# Never change: the event id of a request named by its request_id must be the one its first attempt wrote.
+_REQUEST_EVENTS = uuid.UUID("3c1f6a52-8d0e-5b7a-9f24-61e0d4a7c2b9")
+
+
+def request_event_id(subject: uuid.UUID | str, action: str, request_id: str) -> uuid.UUID:
+    """The outbox event id of an operator action on `subject` (a run) named by its caller's request_id:
+    the same for every retry, so the retry finds what its first attempt committed."""
+    return uuid.uuid5(_REQUEST_EVENTS, f"{subject}\x1f{action}\x1f{request_id}")
+
+
+async def replayed_request(conn: asyncpg.Connection, event_id: uuid.UUID, action: str, request_hash: bytes) -> bool:
+    """True when the request that `event_id` names already committed (its event is in the outbox, kept
+    published_retention_s); ALREADY_EXISTS when that id was used for another request."""
+    previous = await fetchrow(conn, Q.event_by_id, event_id=event_id)
+    if previous is None:
+        return False
+    if previous["write_op"] != action or previous["write_hash"] is None \
+            or bytes(previous["write_hash"]) != request_hash:
+        raise AlreadyExists(f"request_id was already used for another {action} request; nothing was written",
+                            field="request_id")
+    return True
+
+
 __all__ = ["ADMIN_SCOPE", "COMMIT_UNKNOWN_COUNTER", "WORK_SCOPE", "StoreBase", "binding_params", "check_row_security",
-           "connect_pool", "db_call", "fence_params", "fenced_write", "log", "prefixed", "trace_params"]
+           "connect_pool", "db_call", "fence_params", "fenced_write", "log", "prefixed", "replayed_request",
+           "request_event_id", "trace_params"]

@@ -10,15 +10,16 @@ from __future__ import annotations
 import os
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from scheduler.queries import Q
-from scheduler.sealing import KeyError_, Keyring, RunKey, Sensitivity, load_keyring, transform
-from scheduler.store_core import WORK_SCOPE, StoreBase, db_call
+from scheduler.sealing import KeyError_, Keyring, RunKey, Sensitivity, Unopened, has_sealed, load_keyring, transform
+from scheduler.store_core import WORK_SCOPE, StoreBase, db_call, log
 from shared.canonical import canonical_json
 from shared.db import Query, execute, fetch, fetchrow
-from shared.errors import EncryptionKeyMissing
+from shared.errors import EncryptionKeyMissing, SealedValueInvalid
 
 _NO_KEY = object()
 
@@ -45,6 +46,18 @@ class Rotated:
 class KeyStore(StoreBase):
     _keyring: Keyring | object | None = _NO_KEY
     _keys: OrderedDict[uuid.UUID, RunKey | None]
+    # Called with the field of every sealed value that did not open (the server counts them:
+    # agentrt_sealed_value_failures_total).
+    on_integrity_failure: Callable[[str], None] | None = None
+
+    def integrity_failure(self, field: str, owner: str) -> SealedValueInvalid:
+        """The one place a sealed value that does not open is logged and counted; the caller raises the
+        error (or, where one bad value must not hold up the rest, skips it)."""
+        log.warning("sealed value integrity failure: %s of %s does not open under its data key "
+                    "(copied from another run or altered at rest)", field, owner)
+        if self.on_integrity_failure is not None:
+            self.on_integrity_failure(field)
+        return SealedValueInvalid(field, owner)
 
     def keyring(self) -> Keyring:
         if self._keyring is _NO_KEY:
@@ -91,7 +104,7 @@ class KeyStore(StoreBase):
         # The work pool: the caller has already checked the run's tenant (RunService) or holds its lease.
         async with self.work_pool.acquire() as conn:
             row = await fetchrow(conn, Q.run_data_key, run_id=run_id)
-            ledger = await fetch(conn, Q.run_sealed_ledger, run_id=run_id) if row is not None else []
+            sealed = await fetch(conn, Q.run_sealed_values, run_id=run_id) if row is not None else []
         key = None
         if row is not None:
             try:
@@ -99,11 +112,25 @@ class KeyStore(StoreBase):
             except KeyError_ as exc:
                 raise EncryptionKeyMissing(f"run {run_id}: {exc}") from None
             key = RunKey(run_id, plain, Sensitivity.of_json(row["sensitive"]))
-            # Every marked value the run holds: a string that contains one is sealed wherever it goes.
-            for value in (row["input"], *(r["request_json"] for r in ledger), *(r["response_json"] for r in ledger)):
-                transform(value, lambda text, k=key: k.secrets.add(_as_text(k.open(text))))
+            # Every marked value the run holds (its input, ledger, signals and human input): a string that
+            # contains one is sealed wherever it goes.
+            for where, value in (("input_json", row["input"]), *((r["field"], r["value"]) for r in sealed)):
+                transform(value, lambda text, k=key, f=where: self._learn(k, f, text))
         self._remember(run_id, key)
         return key
+
+    async def plain(self, run_id: uuid.UUID, value: Any) -> Any:
+        """`value` with the run's sealed values opened (what a request hash is taken over)."""
+        key = await self.run_key(run_id) if has_sealed(canonical_json(value)) else None
+        return value if key is None else key.unseal(value)
+
+    def _learn(self, key: RunKey, field: str, sealed: str) -> None:
+        """One of the run's sealed values known in the clear; one that does not open is logged, counted and
+        skipped (its plain text is no value of this run: every call on the run must not fail for it)."""
+        try:
+            key.secrets.add(_as_text(key.open(sealed)))
+        except Unopened:
+            self.integrity_failure(field, f"run {key.run_id}")
 
     @db_call
     async def rotate_keys(self, *, after: uuid.UUID | None = None, max_batches: int | None = None) -> Rotated:

@@ -46,6 +46,8 @@ class LimitsStore(StoreBase):
         # The admin scope: the audit row may be every tenant's ("*"), written with the change.
         async with self.admin_tx("SetLimit") as conn:
             before = await fetchrow(conn, Q.lock_flow_limit, **_params(key))
+            if before is not None and before["value"] == value:
+                return LimitRow.of(before)  # set already (a retry): nothing changes, nothing is audited
             row = await fetchrow(conn, Q.set_flow_limit, **_params(key), value=value, updated_by=audit.principal)
             assert row is not None
             await write_audit(conn, audit, tenant_id=key.tenant_id or "*", action="limit.set", stream_id=_stream(key),

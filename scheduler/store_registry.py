@@ -30,6 +30,8 @@ class AgentSpec:
     default_priority: int | None = None
     concurrency_key: str | None = None
     concurrency_max: int | None = None
+    # The marked paths, and under "declared" the declared signals' and ResumeRun input's schemas
+    # ({"signals": {name: schema}, "resume": schema}): what the scheduler must know of a version's payloads.
     sensitive: dict[str, Any] | None = None
 
 

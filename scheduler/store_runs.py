@@ -38,7 +38,7 @@ from scheduler.rows import (
 from scheduler.states import LEASED, TERMINAL, Op, RunStatus, transition
 from scheduler.store_auth import run_state, write_audit
 from scheduler.store_children import ChildStore
-from scheduler.store_core import db_call, trace_params
+from scheduler.store_core import db_call, replayed_request, request_event_id, trace_params
 from scheduler.store_types import (
     HISTORY_PARTS,
     HISTORY_START,
@@ -49,8 +49,8 @@ from scheduler.store_types import (
     ResolveOutcome,
     SubmitSpec,
 )
-from shared.canonical import sha256_of, uuid7
-from shared.db import execute, fetch, fetchrow, fetchval
+from shared.canonical import content_hash, content_hash_matches, sha256_of, uuid7
+from shared.db import DB_STATS, execute, fetch, fetchrow, fetchval
 from shared.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -94,7 +94,7 @@ class RunStore(Recovery):
                 return Submitted(RunRow.of(row), True)
         if existing is None:  # deleted between the two statements: retention never deletes runs
             raise Unavailable("submit raced with a concurrent change; retry")
-        if bytes(existing["submit_hash"]) != digest:
+        if not content_hash_matches(bytes(existing["submit_hash"]), spec.submit_identity()):
             raise AlreadyExists(
                 "client_request_id was already used with a different payload",
                 client_request_id=spec.client_request_id, run_id=existing["id"],
@@ -158,28 +158,36 @@ class RunStore(Recovery):
         return [RunRow.of(row) for row in rows]
 
     @db_call
-    async def cancel_run(self, tenant_id: str, run_id: uuid.UUID, *, reason: str,
+    async def cancel_run(self, tenant_id: str, run_id: uuid.UUID, *, reason: str, request_id: str | None = None,
                          trace: Trace = NO_TRACE, audit: AuditEntry | None = None) -> RunRow:
         """Ends a run, or flags a leased one for its holder; audited when it changes the run
         (a repeated cancel changes nothing and writes no audit row). Its unended descendants
         (through children not spawned detached) are cancelled with it, in its transaction:
         locked deepest first and the run last, the order in which a child that ends locks
-        itself and then its parent (migration 0014)."""
+        itself and then its parent (migration 0014). A `request_id` names the run's own cancel
+        event: a retry answers the run; the same id with another reason is ALREADY_EXISTS."""
+        named = None if request_id is None else (
+            request_event_id(run_id, "CancelRun", request_id), content_hash({"reason": reason}))
         async with self.tenant_tx(tenant_id) as conn:
             if await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id) is None:
                 raise NotFound(f"run {run_id} not found", run_id=run_id)
+            if named is not None and await replayed_request(conn, named[0], "CancelRun", named[1]):
+                return RunRow.of(await self._lock_tenant_run(conn, tenant_id, run_id))
             for descendant in await ChildStore.cancellable_descendants(conn, run_id):
                 child = await fetchrow(conn, Q.lock_run, run_id=descendant)
                 if child is not None and child["tenant_id"] == tenant_id:
                     await self._cancel_locked(conn, child, f"parent {run_id} cancelled: {reason}", trace)
             run = await self._lock_tenant_run(conn, tenant_id, run_id)
-            updated = await self._cancel_locked(conn, run, reason, trace)
+            updated = await self._cancel_locked(conn, run, reason, trace, named=named)
             if audit is not None and updated is not run:
                 await self._audit_run(conn, audit, "run.cancel", run, updated, trace)
             return RunRow.of(updated)
 
-    async def _cancel_locked(self, conn: asyncpg.Connection, run: Any, reason: str, trace: Trace) -> Any:
-        """Cancels the locked `run`: ends it, or flags it when leased; `run` itself when nothing changes."""
+    async def _cancel_locked(self, conn: asyncpg.Connection, run: Any, reason: str, trace: Trace, *,
+                             named: tuple[uuid.UUID, bytes] | None = None) -> Any:
+        """Cancels the locked `run`: ends it, or flags it when leased; `run` itself when nothing changes.
+        `named`: the event id and request hash of a CancelRun that names its request."""
+        event_id, bound = (None, None) if named is None else (named[0], ("CancelRun", named[1]))
         status = RunStatus(run["status"])
         if status in TERMINAL and run["cancel_requested_at"] is not None:
             return run  # cancelled already: a retried cancel answers with the outcome
@@ -189,14 +197,16 @@ class RunStore(Recovery):
             transition(status, Op.REQUEST_CANCEL)
             updated = await fetchrow(conn, Q.request_cancel, run_id=run["id"], reason=reason)
             assert updated is not None
-            await self._event(conn, updated, "agent.cancel_requested", {"reason": reason}, trace)
+            await self._event(conn, updated, "agent.cancel_requested", {"reason": reason}, trace,
+                              event_id=event_id, bound=bound)
             return updated
         target = transition(status, Op.CANCEL)
         updated = await fetchrow(conn, Q.end_run, run_id=run["id"], status=target.value,
                                  reason=f"cancelled: {reason}", cancel=True, cancel_reason=reason)
         assert updated is not None
         await self._event(conn, updated, "agent.run_cancelled",
-                          {"reason": reason, "intents_in_doubt": updated["doubted_intents"]}, trace)
+                          {"reason": reason, "intents_in_doubt": updated["doubted_intents"]}, trace,
+                          event_id=event_id, bound=bound)
         return updated
 
     @db_call
@@ -211,12 +221,13 @@ class RunStore(Recovery):
         """
         signal_id = uuid7()
         request_id = request_id or str(signal_id)
-        digest = sha256_of({"name": name, "payload": payload})
+        signal_identity = {"name": name, "payload": payload}
+        digest = content_hash(signal_identity)
         async with self.tenant_tx(tenant_id) as conn:
             run = await self._lock_tenant_run(conn, tenant_id, run_id)
             existing = await fetchrow(conn, Q.signal_by_request, run_id=run_id, request_id=request_id)
             if existing is not None:
-                if bytes(existing["request_hash"]) != digest:
+                if not content_hash_matches(bytes(existing["request_hash"]), signal_identity):
                     raise AlreadyExists("request_id was already used for another signal to this run",
                                         request_id=request_id, signal_id=existing["signal_id"])
                 return Signalled(SignalRow.of_row(existing), RunRow.of(run), False, False)
@@ -248,15 +259,27 @@ class RunStore(Recovery):
 
     @db_call
     async def resume_run(self, tenant_id: str, run_id: uuid.UUID, *, human_input: dict[str, Any],
-                         trace: Trace = NO_TRACE, audit: AuditEntry | None = None) -> RunRow:
+                         request_id: str | None = None, trace: Trace = NO_TRACE,
+                         audit: AuditEntry | None = None) -> RunRow:
+        """A person's answer to a paused run. A `request_id` names it: a retry whose first attempt
+        committed answers the run as it is now (never INVALID_TRANSITION); the same id with another
+        answer is ALREADY_EXISTS. The request hash is over the plain answer (sealing is not
+        deterministic)."""
+        event_id, bound = None, None
+        if request_id is not None:
+            plain = {**human_input, "input": await self.plain(run_id, human_input.get("input"))}  # type: ignore[attr-defined]
+            event_id = request_event_id(run_id, "ResumeRun", request_id)
+            bound = ("ResumeRun", content_hash(plain))
         async with self.tenant_tx(tenant_id) as conn:
             run = await self._lock_tenant_run(conn, tenant_id, run_id)
+            if event_id is not None and bound is not None and await replayed_request(conn, event_id, *bound):
+                return RunRow.of(run)
             transition(run["status"], Op.RESUME)
             updated = await fetchrow(conn, Q.resume_run, run_id=run_id, human_input=human_input)
             assert updated is not None
             await self._event(conn, updated, "agent.run_resumed",
                               {"decision": human_input.get("decision"),
-                               "operator": human_input.get("operator")}, trace)
+                               "operator": human_input.get("operator")}, trace, event_id=event_id, bound=bound)
             if audit is not None:
                 action = "run.reject" if human_input.get("decision") == "REJECT" else "run.resume"
                 await self._audit_run(conn, audit, action, run, updated, trace,
@@ -285,8 +308,11 @@ class RunStore(Recovery):
         learns of it through the lease's journal_length).
         """
         event_id = event_id or uuid7()
-        binding = sha256_of({"run_id": str(run_id), "step_key": step_key, "outcome": outcome, "result": result,
-                             "remote_resource_id": remote_resource_id, "evidence": evidence,
+        # Over the plain values: the edge seals marked ones anew at each attempt (a fresh nonce).
+        binding = sha256_of({"run_id": str(run_id), "step_key": step_key, "outcome": outcome,
+                             "result": await self.plain(run_id, result),  # type: ignore[attr-defined]
+                             "remote_resource_id": remote_resource_id,
+                             "evidence": await self.plain(run_id, evidence),  # type: ignore[attr-defined]
                              "resolved_by": resolved_by})
         async with self.tenant_tx(tenant_id) as conn:
             previous = await fetchrow(conn, Q.event_by_id, event_id=event_id)
@@ -464,6 +490,19 @@ class RunStore(Recovery):
         return GlobalStats.of(row)
 
     @db_call
+    async def primary_reachable(self) -> bool:
+        """Whether each pool's session answers from a primary that takes writes. A pool whose session
+        is on a standby (or a read-only server) drops all its sessions: they reconnect through the
+        DSN (with target_session_attrs=read-write, to whichever host is the primary now)."""
+        writable = True
+        for pool in {id(p): p for p in (self.pool, self.work_pool)}.values():
+            if not await fetchval(pool, Q.primary_probe):
+                await pool.expire_connections()
+                DB_STATS.pools_expired += 1
+                writable = False
+        return writable
+
+    @db_call
     async def db_health(self, *, slow_ms: float, top: int) -> DbHealth:
         """Database health for operators, in read-only transactions; pg_stat_statements only where it
         is installed and loaded (a server without it in shared_preload_libraries refuses to read it)."""
@@ -515,21 +554,23 @@ class RunStore(Recovery):
         assert row is not None
         return Purged(*row.values())
 
+    # The policies are operator settings under row-level security (migration 0019): read and written in
+    # the admin scope, whatever pool the store has (the CLI's has no scope).
     @db_call
     async def retention_policies(self) -> list[Record]:
-        async with self.work_pool.acquire() as conn:
+        async with self.admin_tx("retention list") as conn:
             return await fetch(conn, Q.list_retention_policies)
 
     @db_call
     async def set_retention_policy(self, tenant_id: str, keep_days: int) -> Record:
-        async with self.work_pool.acquire() as conn:
+        async with self.admin_tx("retention set") as conn:
             row = await fetchrow(conn, Q.set_retention_policy, tenant_id=tenant_id, keep_days=keep_days)
         assert row is not None
         return row
 
     @db_call
     async def clear_retention_policy(self, tenant_id: str) -> bool:
-        async with self.work_pool.acquire() as conn:
+        async with self.admin_tx("retention clear") as conn:
             return await fetchval(conn, Q.clear_retention_policy, tenant_id=tenant_id) is not None
 
     @db_call

@@ -26,7 +26,7 @@ from asyncpg import Record
 from scheduler.queries import Q
 from scheduler.registry import LiveVersion, admit, render_key
 from scheduler.schedule_times import Timing, jitter_of, timing
-from scheduler.sealing import RunKey, Sensitivity
+from scheduler.sealing import RunKey, Sensitivity, Unopened, plain_values, redact_labels
 from scheduler.states import TERMINAL
 from scheduler.store_auth import write_audit
 from scheduler.store_core import db_call
@@ -34,7 +34,7 @@ from scheduler.store_keys import KeyStore
 from scheduler.store_types import AuditEntry, SubmitSpec
 from shared.canonical import sha256_of, uuid7
 from shared.db import execute, fetch, fetchrow, fetchval
-from shared.errors import AlreadyExists, EncryptionKeyMissing, InvalidArgument, NotFound
+from shared.errors import AlreadyExists, EncryptionKeyMissing, InvalidArgument, NotFound, SealedValueInvalid
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,8 @@ class ScheduleStore(KeyStore):
         paths = Sensitivity.of_json(sensitive).input
         if not paths:
             return spec, {"key_id": None, "wrapped_key": None}
+        # Labels are free text every run of the schedule carries: one holding a marked value is redacted.
+        spec = dataclasses.replace(spec, labels=redact_labels(spec.labels, plain_values(spec.input, paths)))
         key = self.schedule_key(schedule_id, existing["key_id"], existing["wrapped_key"]) if existing else None
         if key is not None:
             assert existing is not None
@@ -134,7 +136,12 @@ class ScheduleStore(KeyStore):
         """A stored schedule's spec with its sealed input values opened (for a fire)."""
         spec = spec_of(row)
         key = self.schedule_key(row["id"], row["key_id"], row["wrapped_key"])
-        return dataclasses.replace(spec, input=key.unseal(spec.input)) if key is not None else spec
+        if key is None:
+            return spec
+        try:
+            return dataclasses.replace(spec, input=key.unseal(spec.input))
+        except Unopened:
+            raise self.integrity_failure("spec.input_json", f"schedule {row['id']}") from None
 
     def _first(self, spec: ScheduleSpec, schedule_id: uuid.UUID, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
         """The first nominal fire time after `now`, and when it is due (with its jitter)."""
@@ -174,8 +181,10 @@ class ScheduleStore(KeyStore):
                               audit: AuditEntry) -> Record:
         async with self.tenant_tx(tenant_id) as conn:
             row = await self._locked(conn, tenant_id, schedule_id)
-            first, due = self._first(spec, schedule_id, row["db_now"])
             stored, key = await self._seal_spec(conn, schedule_id, spec, row)
+            if bytes(row["spec_hash"]) == stored.digest():
+                return row  # the spec it has (a retry): the next fire is not counted again, nothing audited
+            first, due = self._first(spec, schedule_id, row["db_now"])
             updated = await fetchrow(conn, Q.update_schedule, id=schedule_id, next_fire_at=first, due_at=due,
                                      **stored.params(), **key)
             assert updated is not None
@@ -229,7 +238,8 @@ class ScheduleStore(KeyStore):
                          row["buffered_fire_at"])
             try:
                 spec = self._opened(row)
-            except EncryptionKeyMissing as exc:  # one unreadable schedule never holds up the others
+            except (EncryptionKeyMissing, SealedValueInvalid) as exc:  # one unreadable schedule never holds up
+                # the others
                 log.error("schedule %s not fired: %s", row["id"], exc)
                 await execute(conn, Q.record_fire, id=row["id"], next_fire_at=row["next_fire_at"],
                               due_at=fire.now + KEY_MISSING_RETRY, buffered_fire_at=fire.buffered,

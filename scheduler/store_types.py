@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from scheduler.rows import CheckpointRow, EventRow, ExecutionRow, JournalRow, RunRow, SignalRow
-from shared.canonical import CanonicalJson, sha256_of
+from shared.canonical import CanonicalJson, content_hash, sha256_of
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,6 @@ class ToolIntent:
     request: Any
     execution_id: uuid.UUID
     event_id: uuid.UUID
-    stored_request: Any = None  # the request as stored (its sensitive fields sealed); None: `request`
 
 
 @dataclass(frozen=True)
@@ -164,20 +163,22 @@ class SubmitSpec:
     sealed: SealedSubmit | None = None
 
     def submit_hash(self) -> bytes:
+        return content_hash(self.submit_identity())
+
+    def submit_identity(self) -> dict[str, Any]:
+        """What a retried submit with the same client_request_id must repeat."""
         # The requested priority counts only when set, so the hashes of submits made before it existed hold.
         extra = {"priority": self.requested_priority} if self.requested_priority else {}
-        return sha256_of(
-            {
-                **extra,
-                "agent_name": self.agent_name,
-                "agent_version": self.agent_version,
-                "input": self.input,
-                "max_attempts": self.max_attempts,
-                "labels": self.labels,
-                "budget": [self.max_steps, self.max_tokens, self.max_cost_usd,
-                           self.deadline_at.isoformat() if self.deadline_at else None],
-            }
-        )
+        return {
+            **extra,
+            "agent_name": self.agent_name,
+            "agent_version": self.agent_version,
+            "input": self.input,
+            "max_attempts": self.max_attempts,
+            "labels": self.labels,
+            "budget": [self.max_steps, self.max_tokens, self.max_cost_usd,
+                       self.deadline_at.isoformat() if self.deadline_at else None],
+        }
 
 
 @dataclass(frozen=True)

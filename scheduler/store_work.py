@@ -28,7 +28,7 @@ from scheduler.rows import (
     SignalRow,
     Written,
 )
-from scheduler.states import Op, transition
+from scheduler.states import TRANSITIONS, Op, RunStatus, run_status, transition
 from scheduler.store_core import binding_params, db_call, fence_params, fenced_write, prefixed, trace_params
 from scheduler.store_types import NO_JOURNAL, Claimed, Journal, LeaseRef, RunEnd, bind_write, tx2_binding
 from scheduler.store_work_tools import ToolWrites
@@ -37,13 +37,16 @@ from shared.db import fetch, fetchrow, fetchval
 from shared.errors import InvalidArgument
 from shared.tracing import NO_TRACE, Trace, annotate
 
-_FINISH = {
-    "COMPLETED": ("end", "COMPLETED", Op.FINISH_COMPLETED),
-    "FAILED": ("end", "FAILED", Op.FINISH_FAILED),
-    "PAUSED_HUMAN": ("end", "PAUSED_HUMAN", Op.FINISH_PAUSED_HUMAN),
-    "RETRY": ("retry", "QUEUED", Op.FINISH_RETRY),
-    "SLEEP": ("sleep", "QUEUED", Op.FINISH_SLEEP),
-}
+# FinishRun's outcomes: the statement's mode, the operation, and its target status, which is the
+# transition table's (finish_run's SQL sets exactly this target, or the exhausted one below).
+_FINISH = {outcome: (mode, op, TRANSITIONS[(RunStatus.RUNNING, op)]) for outcome, mode, op in (
+    ("COMPLETED", "end", Op.FINISH_COMPLETED), ("FAILED", "end", Op.FINISH_FAILED),
+    ("PAUSED_HUMAN", "end", Op.FINISH_PAUSED_HUMAN), ("RETRY", "retry", Op.FINISH_RETRY),
+    ("SLEEP", "sleep", Op.FINISH_SLEEP))}
+_EXHAUSTED = {True: TRANSITIONS[(RunStatus.RUNNING, Op.FINISH_RETRY_EXHAUSTED_PAUSE)],
+              False: TRANSITIONS[(RunStatus.RUNNING, Op.FINISH_RETRY_EXHAUSTED)]}
+_TOOL_END_OP = {RunStatus.COMPLETED: Op.COMPLETE_TOOL_CALL_AND_COMPLETE,
+                RunStatus.FAILED: Op.COMPLETE_TOOL_CALL_AND_FAIL}
 
 
 # Due re-queued runs one claim statement makes ready (claim_work's `waking`).
@@ -190,8 +193,7 @@ class WorkStore(ToolWrites):
         """Tx2 with a definite outcome; with `end`, the run ends in the same statement."""
         stored = state if state_text is None else state_text
         outcome = "SUCCEEDED" if succeeded else "FAILED"
-        op = Op.COMPLETE_TOOL_CALL if end is None else (
-            Op.COMPLETE_TOOL_CALL_AND_COMPLETE if end.outcome == "COMPLETED" else Op.COMPLETE_TOOL_CALL_AND_FAIL)
+        op = Op.COMPLETE_TOOL_CALL if end is None else _TOOL_END_OP[run_status(end.outcome)]
         state_hash = sha256_of(stored)
         binding = tx2_binding(
             lease, expected_version=expected_version, step_key=step_key, outcome=outcome,
@@ -207,20 +209,20 @@ class WorkStore(ToolWrites):
             if end is None:
                 written = await fenced_write(conn, Q.complete_tool_call, **params)
                 if written is not None:
-                    return Completed(written["version"], "RUNNING", False)
+                    return Completed(written["version"], TRANSITIONS[(RunStatus.WAITING_TOOL, op)], False)
                 replay = await self._replay(conn, lease, binding, event_id, "checkpoint")
                 if replay is not None:
-                    return Completed(replay["version"], "RUNNING", True)
+                    return Completed(replay["version"], TRANSITIONS[(RunStatus.WAITING_TOOL, op)], True)
             else:
                 written = await fenced_write(conn, Q.complete_tool_call_and_end, **params, end_outcome=end.outcome,
                                              end_result=end.result, end_reason=end.reason,
                                              end_error_class=end.error_class, end_event_id=end.event_id)
                 if written is not None:
-                    return Completed(written["version"], written["status"], False)
+                    return Completed(written["version"], run_status(written["status"]), False)
                 found = await self._replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),
                                                                       (end.event_id, "run", "end.event_id")))
                 if found is not None:
-                    return Completed(found[0]["version"], end.outcome, True)
+                    return Completed(found[0]["version"], run_status(end.outcome), True)
             raise await self._tool_refusal(conn, op, lease, expected_version, step_key,
                                            close_as=(outcome, response, remote_resource_id, error_code),
                                            journal=journal)
@@ -233,7 +235,7 @@ class WorkStore(ToolWrites):
         wait_children: bool = False,
     ) -> Finished:
         """outcome: COMPLETED | FAILED | PAUSED_HUMAN | RETRY | SLEEP (with `wait_signal`: a signal wait)."""
-        mode, target, op = _FINISH[outcome]
+        mode, op, target = _FINISH[outcome]
         s = self.settings
         waits: dict[str, Any] = {"wait_signal": wait_signal, "signals_seen": signals_seen} if wait_signal else {}
         if wait_children:
@@ -247,17 +249,18 @@ class WorkStore(ToolWrites):
                 conn, Q.finish_run, **fence_params(lease, op), expected_version=expected_version, target=target,
                 mode=mode, sleep_ms=sleep_ms, backoff_base_ms=s.backoff_base_ms, backoff_cap_ms=s.backoff_cap_ms,
                 backoff_jitter_ms=s.backoff_jitter_ms,
-                exhausted_status="PAUSED_HUMAN" if pause_when_exhausted else "FAILED", result=result,
+                exhausted_status=_EXHAUSTED[pause_when_exhausted], result=result,
                 reason=reason, event_id=event_id, error_class=error_class, **trace_params(trace),
                 **binding_params(binding), wait_signal=wait_signal, wait_children=wait_children)
             if row is not None:
-                status = row["status"]
-                return Finished(status, row["next_attempt_at"] if status == "QUEUED" else None, False)
+                status = run_status(row["status"])
+                return Finished(status, row["next_attempt_at"] if status is RunStatus.QUEUED else None, False)
             event = await self._replay(conn, lease, binding, event_id, "run")
             if event is not None:
                 payload = event["payload"]
                 next_at = payload.get("next_attempt_at")
-                return Finished(payload["status"], dt.datetime.fromisoformat(next_at) if next_at else None, True)
+                return Finished(run_status(payload["status"]), dt.datetime.fromisoformat(next_at) if next_at else None,
+                                True)
             raise await self._refusal(conn, op, lease, expected_version)
 
     @db_call
@@ -273,6 +276,7 @@ class WorkStore(ToolWrites):
                 raise await self._lease_refusal(conn, lease)
         return CompactJournalPage(row["items"], row["beyond"] > 0)
 
+    @db_call
     async def read_journal(self, lease: LeaseRef, *, after_seq: int, page_size: int,
                            page_bytes: int) -> JournalPage:
         """The holder's journal entries after `after_seq`, in seq order (docs/design.md §journal).

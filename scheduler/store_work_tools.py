@@ -16,10 +16,10 @@ from scheduler.config import ToolLimit
 from scheduler.queries import Q
 from scheduler.replay import Recovery
 from scheduler.rows import Began, Chained, Completed, ExecutionRow
-from scheduler.states import Op
+from scheduler.states import Op, run_status
 from scheduler.store_core import binding_params, db_call, fence_params, fenced_write, trace_params
 from scheduler.store_types import NO_JOURNAL, Journal, LeaseRef, ToolIntent, bind_write
-from shared.canonical import CanonicalJson, request_hash, sha256_of
+from shared.canonical import CanonicalJson, request_hashes, sha256_of
 from shared.db import execute, fetchrow, fetchval
 from shared.errors import AlreadyExists, DecisionNotCheckpointed, ToolRateLimited, VersionConflict
 from shared.tracing import NO_TRACE, Trace
@@ -68,11 +68,11 @@ class ToolWrites(Recovery):
     async def begin_tool_call(
         self, lease: LeaseRef, *, expected_version: int, step_key: str, tool_name: str, idempotency_key: str,
         request: Any, execution_id: uuid.UUID, event_id: uuid.UUID, trace: Trace = NO_TRACE,
-        stored_request: Any = None,
     ) -> Began:
-        """Tx1. `existing` is never a licence to resend. The request hash is over the plain `request`;
-        `stored_request` (its sensitive fields sealed), when given, is what the ledger keeps."""
-        digest = request_hash(tool_name, request)
+        """Tx1. `existing` is never a licence to resend. `request` is stored as it is (its marked values
+        sealed by the edge's filter, scheduler/shield.py); its hash is over the plain request, so a replay
+        compares equal whichever values are sealed."""
+        digest, legacy_digest = request_hashes(tool_name, await self.plain(lease.run_id, request))  # type: ignore[attr-defined]
         binding = bind_write("BeginToolCall", lease, expected_version=expected_version, step_key=step_key,
                              tool_name=tool_name, idempotency_key=idempotency_key, request=digest,
                              execution_id=execution_id, event_id=event_id)
@@ -80,7 +80,7 @@ class ToolWrites(Recovery):
             row = await self._within_tool_limits(conn, lease, tool_name, lambda: fenced_write(
                 conn, Q.begin_tool_call, **fence_params(lease, Op.BEGIN_TOOL_CALL), expected_version=expected_version,
                 step_key=step_key, tool_name=tool_name, idempotency_key=idempotency_key,
-                request=request if stored_request is None else stored_request, request_hash=digest,
+                request=request, request_hash=digest, legacy_request_hash=legacy_digest,
                 execution_id=execution_id, event_id=event_id, **trace_params(trace),
                 **binding_params(binding)))
             if row is not None:
@@ -127,7 +127,8 @@ class ToolWrites(Recovery):
         the caller falls back to Tx2 then Tx1, which answers with that row), and
         DECISION_NOT_CHECKPOINTED (the new checkpoint does not record the next call).
         """
-        digest = request_hash(intent.tool_name, intent.request)
+        digest, legacy_digest = request_hashes(
+            intent.tool_name, await self.plain(lease.run_id, intent.request))  # type: ignore[attr-defined]
         stored = state if state_text is None else state_text
         state_hash = sha256_of(stored)
         outcome = "SUCCEEDED" if succeeded else "FAILED"
@@ -144,8 +145,8 @@ class ToolWrites(Recovery):
                 schema_version=schema_version, response=response, remote_resource_id=remote_resource_id,
                 error_code=error_code, evidence=evidence, state_hash=state_hash, next_step_key=intent.step_key,
                 next_tool_name=intent.tool_name, next_idempotency_key=intent.idempotency_key,
-                next_request_hash=digest, next_execution_id=intent.execution_id,
-                next_request=intent.request if intent.stored_request is None else intent.stored_request,
+                next_request_hash=digest, next_legacy_request_hash=legacy_digest, next_execution_id=intent.execution_id,
+                next_request=intent.request,
                 event_id=event_id, next_event_id=intent.event_id, **trace_params(trace), **binding_params(binding),
                 **journal.params))
             if row is not None:
@@ -159,11 +160,12 @@ class ToolWrites(Recovery):
                 conn, Op.COMPLETE_AND_BEGIN_TOOL_CALL, lease, expected_version, step_key,
                 close_as=(outcome, response, remote_resource_id, error_code), journal=journal,
             )
-            raise await self._chain_refusal(conn, lease, refusal, expected_version, state, intent, digest)
+            raise await self._chain_refusal(conn, lease, refusal, expected_version, state, intent,
+                                            (digest, legacy_digest))
 
     @staticmethod
     async def _chain_refusal(conn: asyncpg.Connection, lease: LeaseRef, refusal: Exception, expected_version: int,
-                             state: dict[str, Any], intent: ToolIntent, digest: bytes) -> Exception:
+                             state: dict[str, Any], intent: ToolIntent, digests: tuple[bytes, bytes]) -> Exception:
         """The last resort is a VersionConflict at the expected version: with the run and the
         completed step in order, the Tx1 half is what did not match. Says which part."""
         if not (isinstance(refusal, VersionConflict)
@@ -181,11 +183,11 @@ class ToolWrites(Recovery):
         pending = state.get("pending_tool")
         if not (isinstance(pending, dict) and pending.get("step_key") == intent.step_key
                 and pending.get("tool_name") == intent.tool_name
-                and pending.get("request_hash") == digest.hex()):
+                and pending.get("request_hash") in {d.hex() for d in digests}):
             return DecisionNotCheckpointed(
                 "the new checkpoint does not record the next tool decision (its pending_tool must "
                 "name next.step_key, next.tool_name and the hash of next.request_json); nothing was "
-                "written", step_key=intent.step_key, request_hash=digest.hex(),
+                "written", step_key=intent.step_key, request_hash=digests[0].hex(),
             )
         return refusal
 
@@ -205,10 +207,10 @@ class ToolWrites(Recovery):
                 backoff_cap_ms=s.backoff_cap_ms, backoff_jitter_ms=s.backoff_jitter_ms, error_code=error_code,
                 evidence=evidence, event_id=event_id, **trace_params(trace), **binding_params(binding))
             if row is not None:
-                return Completed(row["version"], row["status"], False)
+                return Completed(row["version"], run_status(row["status"]), False)
             replay = await self._replay(conn, lease, binding, event_id, "run")
             if replay is not None:
-                return Completed(replay["run_version"], replay["payload"].get("status", "QUEUED"), True)
+                return Completed(replay["run_version"], run_status(replay["payload"].get("status", "QUEUED")), True)
             raise await self._tool_refusal(conn, Op.TOOL_NOT_EXECUTED, lease, expected_version, step_key,
                                            close_as=None)
 

@@ -6,7 +6,6 @@ shared wrapper).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -28,7 +27,6 @@ from scheduler.rpc import (
     DEFAULT_JOURNAL_PAGE_SIZE,
     DEFINITE_OUTCOME,
     FINISH_OUTCOME,
-    MAX_JOURNAL_PAGE_SIZE,
     MAX_SLEEP_MS,
     MAX_TOOL_RESULT_STEPS,
     TOOL_OUTCOME,
@@ -41,6 +39,7 @@ from scheduler.rpc import (
 )
 from scheduler.sealing import check_sensitivity
 from scheduler.shield import Shield
+from scheduler.states import TERMINAL, RunStatus
 from scheduler.store import (
     NO_JOURNAL,
     AgentSpec,
@@ -50,10 +49,12 @@ from scheduler.store import (
     Store,
     ToolIntent,
 )
+from shared.canonical import canonical_json
 from shared.errors import AgentNotRegistered, AgentrtError, InvalidArgument, status_code_for
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
+from shared.sensitive import declared_marks
 from shared.tracing import annotate, continued, current_trace, extract_context
 from shared.writes import MAX_BATCH_ITEMS, MAX_JOURNAL_ENTRIES, WRITE_OPS
 
@@ -143,8 +144,6 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if not request.agents:
             raise InvalidArgument("agents", "name at least one agent this executor serves")
         agents = sorted({v.require_name("agents", a) for a in request.agents})
-        if request.wait_ms < 0:
-            raise InvalidArgument("wait_ms", "must not be negative")
         wait_s = min(request.wait_ms, self.settings.max_claim_wait_ms) / 1000
         remaining = context.time_remaining()
         if remaining is not None:  # answer (empty) before the caller's deadline
@@ -181,7 +180,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if claimed.step_execution is not None:
             execution = convert.execution_to_proto(claimed.step_execution)
             lease.current_step_execution.CopyFrom(execution)
-            if run.status == "WAITING_TOOL" and claimed.step_execution.status == "OUTBOUND_INTENT":
+            if run.status is RunStatus.WAITING_TOOL and claimed.step_execution.status == "OUTBOUND_INTENT":
                 lease.pending_tool.CopyFrom(execution)
         await self.shield.opened(run.id, lease)  # tools get the plain values
         return ws.ClaimWorkResponse(lease=lease)
@@ -190,8 +189,6 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
     async def RegisterAgents(self, request: ws.RegisterAgentsRequest,
                              context: grpc.aio.ServicerContext) -> ws.RegisterAgentsResponse:
         worker = v.require_text("worker_id", request.worker_id)
-        if not 1_000 <= request.ttl_ms <= 3_600_000:
-            raise InvalidArgument("ttl_ms", "must be between 1000 and 3600000")
         if len(request.agents) > 1000:
             raise InvalidArgument("agents", "at most 1000 agent versions per executor")
         specs: dict[tuple[str, str], AgentSpec] = {}
@@ -225,9 +222,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         event_id = event_id_of(request.event_id)
         event_type = v.require_name("event_type", request.event_type) if request.event_type else "agent.checkpoint"
         payload = v.parse_json("event_payload_json", request.event_payload_json, self.limit, default={})
-        journal = await self.shield.journal(lease.run_id, self._journal(request.journal))
-        state, state_text = await self.shield.state(lease.run_id, state, state_text)
-        payload = await self.shield.value(lease.run_id, payload)
+        journal = self._journal(request.journal)
         consumed = tuple(request.consume_signal_seqs)
         if len(consumed) > 100 or len(set(consumed)) != len(consumed) or any(seq <= 0 for seq in consumed):
             raise InvalidArgument("consume_signal_seqs", "at most 100 distinct positive signal seqs")
@@ -250,11 +245,9 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         execution_id = v.require_uuid("execution_id", request.execution_id)
         event_id = event_id_of(request.event_id)
         annotate(step_key=step_key, tool=tool)
-        stored = await self.shield.tool_request(lease.run_id, tool, payload)
         row, existing, replayed = await self.store.begin_tool_call(
             lease, expected_version=expected, step_key=step_key, tool_name=tool, idempotency_key=key,
-            request=payload, execution_id=execution_id, event_id=event_id, trace=current_trace(),
-            stored_request=stored)
+            request=payload, execution_id=execution_id, event_id=event_id, trace=current_trace())
         execution = await self.shield.opened(lease.run_id, convert.execution_to_proto(row))
         return ws.BeginToolCallResponse(execution=execution, existing=existing, replayed=replayed)
 
@@ -281,16 +274,13 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                 event_id=event_id, trace=current_trace())
             return ws.CompleteToolCallResponse(version=version, status=convert.RUN_STATUS[status],
                                                replayed=replayed)
-        response = await self.shield.tool_response(lease.run_id, self._tool_response(request.response_json))
-        state, state_text = await self.shield.state(lease.run_id, *self._state(request.state_json))
+        response = self._tool_response(request.response_json)
+        state, state_text = self._state(request.state_json)
         schema_version = v.require_positive("schema_version", request.schema_version)
         next_step = v.require_step_key("next_step_key", request.next_step_key) if request.next_step_key else None
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
         end = self._run_end(request.end, event_id) if request.HasField("end") else None
-        if end is not None:
-            end = dataclasses.replace(end, result=await self.shield.value(lease.run_id, end.result))
-        journal = await self.shield.journal(lease.run_id, self._journal(request.journal))
-        evidence = await self.shield.value(lease.run_id, evidence)
+        journal = self._journal(request.journal)
         version, status, replayed = await self.store.complete_tool_call(
             lease, expected_version=expected, step_key=step_key, succeeded=outcome == "SUCCEEDED", response=response,
             remote_resource_id=remote_id, error_code=error_code, state=state, schema_version=schema_version,
@@ -343,9 +333,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         event_id = event_id_of(request.event_id)
         error_code = v.optional_text("error_code", request.error_code, max_len=200)
         evidence = v.parse_json("evidence_json", request.evidence_json, self.limit, default=None)
-        response = await self.shield.tool_response(lease.run_id, self._tool_response(request.response_json))
-        state, state_text = await self.shield.state(lease.run_id, *self._state(request.state_json))
-        evidence = await self.shield.value(lease.run_id, evidence)
+        response = self._tool_response(request.response_json)
+        state, state_text = self._state(request.state_json)
         schema_version = v.require_positive("schema_version", request.schema_version)
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
         nxt = request.next
@@ -362,9 +351,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         )
         if intent.event_id == event_id:
             raise InvalidArgument("next.event_id", "must differ from event_id (each half has its own event)")
-        intent = dataclasses.replace(intent, stored_request=await self.shield.tool_request(
-            lease.run_id, intent.tool_name, intent.request))
-        journal = await self.shield.journal(lease.run_id, self._journal(request.journal))
+        journal = self._journal(request.journal)
         annotate(step_key=step_key, tool=intent.tool_name)
         version, row, replayed = await self.store.complete_and_begin_tool_call(
             lease, expected_version=expected, step_key=step_key, succeeded=outcome == "SUCCEEDED", response=response,
@@ -382,8 +369,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         lease = lease_of(request)
         step_key = v.require_step_key("step_key", request.step_key)
         error_code = v.require_text("error_code", request.error_code)
-        detail = await self.shield.text(
-            lease.run_id, v.optional_text("detail", request.detail, max_len=4000) or "")
+        detail = v.optional_text("detail", request.detail, max_len=4000) or ""
         event_id = event_id_of(request.event_id)
         annotate(step_key=step_key)
         replayed = await self.store.mark_tool_in_doubt(lease, step_key=step_key, error_code=error_code, detail=detail,
@@ -412,8 +398,6 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if request.wait_children and (outcome != "SLEEP" or wait_signal is not None):
             raise InvalidArgument("wait_children", "is only allowed with SLEEP and without wait_signal")
         event_id = event_id_of(request.event_id)
-        result = await self.shield.value(lease.run_id, result)
-        reason = await self.shield.text(lease.run_id, reason)
         status, next_at, replayed = await self.store.finish_run(
             lease, expected_version=expected, outcome=outcome, reason=reason, result=result,
             sleep_ms=request.sleep_ms, pause_when_exhausted=request.pause_when_exhausted, error_class=error_class,
@@ -428,16 +412,12 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
     async def ReadJournal(self, request: ws.ReadJournalRequest,
                           context: grpc.aio.ServicerContext) -> ws.ReadJournalResponse:
         lease = lease_of(request)
-        if request.after_seq < 0:
-            raise InvalidArgument("after_seq", "must not be negative")
-        if not 0 <= request.page_size <= MAX_JOURNAL_PAGE_SIZE:
-            raise InvalidArgument("page_size", f"must be between 0 ({DEFAULT_JOURNAL_PAGE_SIZE}) and "
-                                               f"{MAX_JOURNAL_PAGE_SIZE}")
         if request.compact:
             text, more = await self.store.read_journal_compact(
                 lease, after_seq=request.after_seq, page_size=request.page_size or DEFAULT_JOURNAL_PAGE_SIZE,
                 page_bytes=4 * self.limit)
-            return ws.ReadJournalResponse(entries_json=text, more=more)
+            # Opened like the entries below: the holder replays plain values.
+            return await self.shield.opened(lease.run_id, ws.ReadJournalResponse(entries_json=text, more=more))
         rows, more = await self.store.read_journal(lease, after_seq=request.after_seq,
                                                    page_size=request.page_size or DEFAULT_JOURNAL_PAGE_SIZE,
                                                    page_bytes=4 * self.limit)
@@ -455,7 +435,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             raise InvalidArgument("join", "must be JOIN_MODE_ALL or JOIN_MODE_ANY")
         if not 1 <= len(request.children) <= MAX_CHILDREN:
             raise InvalidArgument("children", f"spawn 1 to {MAX_CHILDREN} children")
-        specs = [await self._child_spec(f"children[{i}]", child) for i, child in enumerate(request.children)]
+        specs = [await self._child_spec(f"children[{i}]", child, lease.run_id)
+                 for i, child in enumerate(request.children)]
         spawned = await self.store.spawn_children(
             lease, spawn_key=spawn_key, children=specs, join_mode=join, detach=request.detach,
             max_attempts=self.settings.default_max_attempts, trace=current_trace())
@@ -466,12 +447,12 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             response.children.add(
                 index=row.spawn_index, run_id=str(row.id), agent_name=row.agent_name,
                 status=convert.RUN_STATUS[row.status],
-                result_json=convert.json_text(row.result) if row.status == "COMPLETED" else "",
-                error=(row.terminal_reason or "") if row.status in ("FAILED", "CANCELLED") else "",
+                result_json=convert.json_text(row.result) if row.status is RunStatus.COMPLETED else "",
+                error=(row.terminal_reason or "") if row.status in TERMINAL - {RunStatus.COMPLETED} else "",
                 cost_usd=row.cost_usd)
         return response
 
-    async def _child_spec(self, field: str, child: ws.ChildSpec) -> ChildSpec:
+    async def _child_spec(self, field: str, child: ws.ChildSpec, parent: uuid.UUID) -> ChildSpec:
         """One child as SubmitRun would take it: its agent served (unless the scheduler queues
         unregistered agents) and its input fitting that agent's schema."""
         agent = v.require_name(f"{field}.agent_name", child.agent_name)
@@ -481,10 +462,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if len(labels) > 64 or any(len(k) > 100 or len(val) > 500 or "\x00" in k + val for k, val in labels.items()):
             raise InvalidArgument(f"{field}.labels", "at most 64 labels, keys up to 100 and values up to 500 "
                                                      "characters, no NUL")
-        budget = child.budget
-        if budget.max_steps < 0 or budget.max_tokens < 0:
-            raise InvalidArgument(f"{field}.budget", "max_steps and max_tokens must not be negative")
-        v.require_non_negative(f"{field}.budget.max_cost_usd", budget.max_cost_usd)
+        budget = child.budget  # its numbers' ranges: scheduler/bounds.py
         if budget.HasField("deadline"):
             raise InvalidArgument(f"{field}.budget.deadline", "is not taken for a child run")
         versions = await self.store.live_agent_versions(agent)
@@ -497,7 +475,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             raise InvalidArgument(f"{field}.input_json", exc.message) from None
         return ChildSpec(agent_name=agent, agent_version=version, input=payload, labels=labels,
                          max_steps=budget.max_steps, max_tokens=budget.max_tokens, max_cost_usd=budget.max_cost_usd,
-                         sensitive=served.sensitive if served is not None else None)
+                         sensitive=served.sensitive if served is not None else None,
+                         carried=await self.shield.carried(parent, payload))
 
     @rpc
     async def GetToolResults(self, request: ws.GetToolResultsRequest,
@@ -512,6 +491,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
 
 
 MAX_CHILDREN = 100  # SpawnChildren
+MAX_SIGNALS = 100  # declared per agent version (RegisterAgents)
 _JOIN_MODES = {ws.JOIN_MODE_ALL: "ALL", ws.JOIN_MODE_ANY: "ANY"}
 
 
@@ -544,6 +524,42 @@ def _agent_spec(field: str, item: ws.AgentRegistration, limit: int) -> AgentSpec
         else None
     if sensitive is not None and (problem := check_sensitivity(sensitive)) is not None:
         raise InvalidArgument(f"{field}.sensitive_json", problem)
+    declared = _signal_schemas(field, item, limit)
+    if declared is not None:
+        # The marks of the declared schemas, as the executor marks its input's (a run's data key covers
+        # them), and the schemas themselves, which SignalRun checks (scheduler/registry.py).
+        sensitive = {k: val for k, val in {**(sensitive or {}), **declared_marks(declared)}.items() if val}
+        sensitive["declared"] = declared
     return AgentSpec(name=name, version=version, input_schema=schema, tool_names=tools, default_priority=priority,
                      concurrency_key=key, concurrency_max=item.concurrency_max if key else None,
                      sensitive=sensitive or None)
+
+
+def _json_schema(field: str, text: str, limit: int) -> dict[str, Any]:
+    schema = v.parse_json(field, text, limit, required=True)
+    if not isinstance(schema, dict):
+        raise InvalidArgument(field, "must be a JSON Schema object")
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise InvalidArgument(field, f"is not a valid JSON Schema: {exc.message}") from None
+    return schema
+
+
+def _signal_schemas(field: str, item: ws.AgentRegistration, limit: int) -> dict[str, Any] | None:
+    """{"signals": {name: schema}, "resume": schema} of a registration (None: it declares neither)."""
+    declared: dict[str, Any] = {}
+    if item.signals_json:
+        signals = v.parse_json(f"{field}.signals_json", item.signals_json, limit)
+        if not isinstance(signals, dict) or len(signals) > MAX_SIGNALS:
+            raise InvalidArgument(f"{field}.signals_json", f"must map at most {MAX_SIGNALS} signal names to JSON "
+                                                           "Schemas of their payloads")
+        for name, schema in signals.items():
+            v.require_name(f"{field}.signals_json", name)
+            if not isinstance(schema, dict):
+                raise InvalidArgument(f"{field}.signals_json", f"{name}: must be a JSON Schema object")
+            _json_schema(f"{field}.signals_json", canonical_json(schema), limit)
+        declared["signals"] = signals
+    if item.resume_input_schema_json:
+        declared["resume"] = _json_schema(f"{field}.resume_input_schema_json", item.resume_input_schema_json, limit)
+    return declared or None

@@ -1,11 +1,18 @@
 """Canonical JSON and the stable hashes taken over it.
 
-Request hashes, idempotency keys and state hashes must not change when a
-payload crosses a process, a protobuf message or a jsonb column. They are
-taken over this module's canonical form only: keys sorted, no insignificant
-whitespace, UTF-8, no NaN/Infinity, and numbers spelled as PostgreSQL's jsonb
-spells them (so the text is a fixpoint through a jsonb column and back). Never
-hash a google.protobuf.Struct (it turns 1 into 1.0).
+Two forms, for two jobs:
+
+- `canonical_json`: the text a value is *stored and answered* in: keys sorted,
+  no insignificant whitespace, UTF-8, no NaN/Infinity, and numbers spelled as
+  PostgreSQL's jsonb spells them (so the text is a fixpoint through a jsonb
+  column and back; `1` stays `1`, `1.0` stays `1.0`).
+- `jcs_json`: RFC 8785 (the JSON Canonicalization Scheme), the text every hash
+  a client may recompute is taken over (`request_hash`, the SubmitRun and
+  SignalRun payload hashes): numbers as IEEE doubles written as ECMAScript
+  writes them (`80`, `80.0` and `8e1` are one value, `80`), keys sorted by
+  UTF-16 code units. Any language with a JCS library gets the same bytes.
+
+Never hash a google.protobuf.Struct (it turns 1 into 1.0).
 """
 
 from __future__ import annotations
@@ -51,13 +58,18 @@ def canonical_json(value: Any) -> str:
 
 def _with_jsonb_numbers(text: str) -> str:
     """`text` with each float in exponent form, and -0.0, spelled as jsonb spells it; strings untouched."""
+    return _rewrite_outside_strings(text, _FLOAT_TO_REWRITE, _jsonb_number)
+
+
+def _rewrite_outside_strings(text: str, pattern: re.Pattern[str], rewrite: Any) -> str:
+    """`text` (as the encoder wrote it) with `pattern`'s matches outside strings replaced by `rewrite`."""
     escaped = "\\" in text
     if escaped:
         for escape, stand_in in _ESCAPES_OUT:
             text = text.replace(escape, stand_in)
     parts = text.split('"')  # now every quote opens or closes a string: outside, string, outside, ...
     # The outside parts hold no quote, so they are joined by one, rewritten in one pass, split again.
-    parts[::2] = _FLOAT_TO_REWRITE.sub(_jsonb_number, '"'.join(parts[::2])).split('"')
+    parts[::2] = pattern.sub(rewrite, '"'.join(parts[::2])).split('"')
     text = '"'.join(parts)
     if escaped:
         for stand_in, escape in _ESCAPES_BACK:
@@ -86,6 +98,89 @@ def _jsonb_number(match: re.Match[str]) -> str:
     return f"{sign}{digits[:point]}.{digits[point:]}"
 
 
+# RFC 8785 --------------------------------------------------------------------------------------------
+
+# Number tokens outside strings that JCS spells differently from Python's encoder: any float
+# (a point or an exponent) and any integer past 2**53 (JCS numbers are doubles). A cheap test
+# first: a digit before a point or exponent, or sixteen digits in a row (it may be in a string).
+_JCS_MAYBE = re.compile(r"\d[.eE]|\d{16}")
+_JCS_NUMBER = re.compile(r"(?<![\w.+-])-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
+_SAFE_INTEGER = 2**53
+
+
+def es_number(value: float) -> str:
+    """A finite double as ECMAScript's Number::toString writes it (RFC 8785 §3.2.2.3).
+
+    repr() gives the shortest digits that read back as the same double, which is what
+    ECMAScript picks too; only where the point goes and when to use an exponent differ.
+    """
+    if value == 0:
+        return "0"  # and -0 is 0
+    text = repr(value)
+    sign = "-" if text[0] == "-" else ""
+    mantissa, _, exponent = text.lstrip("-").partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = whole + fraction
+    point = len(whole) + int(exponent or 0)  # the decimal point falls after `point` digits
+    stripped = digits.lstrip("0")
+    point -= len(digits) - len(stripped)
+    digits = stripped.rstrip("0")
+    k, n = len(digits), point
+    if k <= n <= 21:
+        return f"{sign}{digits}{'0' * (n - k)}"
+    if 0 < n <= 21:
+        return f"{sign}{digits[:n]}.{digits[n:]}"
+    if -6 < n <= 0:
+        return f"{sign}0.{'0' * -n}{digits}"
+    e = n - 1
+    mark = "+" if e >= 0 else "-"
+    head = digits if k == 1 else f"{digits[0]}.{digits[1:]}"
+    return f"{sign}{head}e{mark}{abs(e)}"
+
+
+def _jcs_token(match: re.Match[str]) -> str:
+    token = match.group(0)
+    if "." not in token and "e" not in token and "E" not in token:
+        number = int(token)
+        if -_SAFE_INTEGER <= number <= _SAFE_INTEGER:
+            return token
+        try:
+            return es_number(float(number))
+        except OverflowError:
+            raise ValueError(f"the number {token[:20]}... is past what an IEEE double holds (RFC 8785)") from None
+    return es_number(float(token))
+
+
+def _utf16_key(key: str) -> bytes:
+    return key.encode("utf-16-be")
+
+
+def _jcs_slow(value: Any) -> str:
+    """JCS by walking the value: only for keys outside the BMP, where UTF-16 order differs."""
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda item: _utf16_key(item[0]))
+        return "{" + ",".join(f"{_CANONICAL.encode(k)}:{_jcs_slow(v)}" for k, v in items) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_jcs_slow(v) for v in value) + "]"
+    if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
+        return _rewrite_outside_strings(_CANONICAL.encode(value), _JCS_NUMBER, _jcs_token)
+    return _CANONICAL.encode(value)
+
+
+def jcs_json(value: Any) -> str:
+    """RFC 8785 canonical text of a JSON value: what hashes that clients recompute are taken over."""
+    text = _CANONICAL.encode(value)
+    if not text.isascii() and any(ord(ch) > 0xFFFF for ch in text):
+        return _jcs_slow(value)  # a key outside the BMP may sort differently by UTF-16 code units
+    if _JCS_MAYBE.search(text):
+        return _rewrite_outside_strings(text, _JCS_NUMBER, _jcs_token)
+    return text
+
+
+def jcs_sha256(value: Any) -> bytes:
+    return hashlib.sha256(jcs_json(value).encode("utf-8")).digest()
+
+
 class CanonicalJson(str):
     """Text that is already `canonical_json` of a value: stored and hashed as is, never encoded again."""
 
@@ -104,7 +199,34 @@ def sha256_of(value: Any) -> bytes:
 
 
 def request_hash(tool_name: str, request: Any) -> bytes:
-    """Hash of a tool decision: the tool and its normalised arguments."""
+    """Hash of a tool decision: SHA-256 of the RFC 8785 text of {"request": ..., "tool": ...}.
+
+    Never change this format without accepting the old one too: checkpoints hold it, and a
+    decision recorded before an upgrade must still match its Tx1 (see legacy_request_hash).
+    """
+    return jcs_sha256({"tool": tool_name, "request": request})
+
+
+def request_hashes(tool_name: str, request: Any) -> tuple[bytes, bytes]:
+    """(request_hash, legacy_request_hash): what a checkpoint's pending decision may hold."""
+    return request_hash(tool_name, request), legacy_request_hash(tool_name, request)
+
+
+def content_hash(value: Any) -> bytes:
+    """SHA-256 of a payload's RFC 8785 text: what a retried request is compared by (a submit's
+    client_request_id, a signal's request_id), so a client in any language sends the same value."""
+    return jcs_sha256(value)
+
+
+def content_hash_matches(stored: bytes, value: Any) -> bool:
+    """A stored content hash against a value: the RFC 8785 hash, or the canonical_json hash that
+    releases before it stored (a request retried across the upgrade is still the same request)."""
+    return stored == jcs_sha256(value) or stored == sha256_of(value)
+
+
+def legacy_request_hash(tool_name: str, request: Any) -> bytes:
+    """The request hash of releases before RFC 8785 (over canonical_json), accepted beside the new
+    one where a stored hash is compared, so runs decided by an older executor still go on."""
     return sha256_of({"tool": tool_name, "request": request})
 
 

@@ -9,9 +9,14 @@ is a `ce_<name>` header, `content-type` carries the data content type. agentrt's
 own attributes are CloudEvents extensions (lowercase, alphanumeric):
 `ce_tenantid`, `ce_fencingtoken`, `ce_runversion`, and `ce_sequence` (the
 outbox id, zero-padded so it sorts as text; within one run it grows in commit
-order). The W3C trace context of the writing transaction travels as plain
-`traceparent` / `tracestate` headers, as OpenTelemetry's Kafka propagation
-expects. The Kafka key is the run id, so one run's events share a partition.
+order). Trace context travels twice: as plain W3C `traceparent` / `tracestate`
+headers, the hop's context as OpenTelemetry's Kafka propagation expects (the
+relay's publish span when it records spans), and as the CloudEvents
+distributed-tracing extension (`ce_traceparent` / `ce_tracestate`), the
+writing transaction's context, unchanged across hops as that extension asks.
+The Kafka key is `ce_subject` (a run id; an audited object's id for audit
+events), so one subject's events share a partition. The contract:
+docs/events/asyncapi.yaml.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ H_RUN_VERSION = "ce_runversion"
 H_SEQUENCE = "ce_sequence"
 H_TRACEPARENT = "traceparent"
 H_TRACESTATE = "tracestate"
+# The distributed-tracing extension attributes in binary mode.
+H_CE_TRACEPARENT = "ce_traceparent"
+H_CE_TRACESTATE = "ce_tracestate"
 
 _SEQUENCE_DIGITS = 20  # bigint fits; never change: consumers compare it as text
 
@@ -68,8 +76,12 @@ _CONTENT_TYPE_BYTES = CONTENT_TYPE.encode()
 
 def encode_headers(*, event_id: uuid.UUID | str, event_type: str, source: str, run_id: uuid.UUID | str,
                    time: dt.datetime | str, tenant_id: str, fencing_token: int, run_version: int,
-                   outbox_id: int, traceparent: str | None, tracestate: str | None) -> Headers:
-    """`time` is a datetime or text already in `format_time`'s form. Runs once per event in the relay."""
+                   outbox_id: int, traceparent: str | None, tracestate: str | None,
+                   creation: tuple[str | None, str | None] | None = None) -> Headers:
+    """`time` is a datetime or text already in `format_time`'s form. Runs once per event in the relay.
+
+    `traceparent`/`tracestate`: the hop's context (plain headers); `creation`: the writing
+    transaction's (the `ce_` extension headers), by default the same."""
     headers: Headers = [
         (H_SPECVERSION, _SPEC_VERSION_BYTES),
         (H_ID, str(event_id).encode()),
@@ -87,6 +99,11 @@ def encode_headers(*, event_id: uuid.UUID | str, event_type: str, source: str, r
         headers.append((H_TRACEPARENT, traceparent.encode()))
         if tracestate:
             headers.append((H_TRACESTATE, tracestate.encode()))
+    origin, origin_state = creation if creation is not None else (traceparent, tracestate)
+    if origin:
+        headers.append((H_CE_TRACEPARENT, origin.encode()))
+        if origin_state:
+            headers.append((H_CE_TRACESTATE, origin_state.encode()))
     return headers
 
 
@@ -101,7 +118,7 @@ class AgentEvent:
     time: dt.datetime
     specversion: str
     datacontenttype: str
-    run_id: uuid.UUID
+    run_id: uuid.UUID  # the subject as a UUID: a run's id, or for an audit event the audited object's
     tenant_id: str
     fencing_token: int
     run_version: int

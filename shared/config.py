@@ -77,9 +77,9 @@ class ComponentSettings(BaseSettings):
     # grpc | http/protobuf; unset = OTEL_EXPORTER_OTLP_TRACES_PROTOCOL / OTEL_EXPORTER_OTLP_PROTOCOL, else grpc.
     otel_protocol: Literal["", "grpc", "http/protobuf"] = ""
     # Spans waiting for export; a span ending while the queue is full is dropped and counted.
-    otel_max_queue_size: int = Field(2048, ge=1)
+    otel_max_queue_size: int = Field(2048, ge=1, le=1_000_000)
     # One export's deadline (retries included); unset = OTEL_EXPORTER_OTLP_TIMEOUT, else 10 s.
-    otel_export_timeout_s: float | None = Field(None, gt=0)
+    otel_export_timeout_s: float | None = Field(None, gt=0, le=3_600, allow_inf_nan=False)
     # none | otlp: the Prometheus metrics also sent to the OTLP collector (shared/otlp_metrics.py);
     # unset = OTEL_METRICS_EXPORTER, else none. Prometheus scraping stays on either way.
     otel_metrics_exporter: Literal["none", "otlp"] = "none"

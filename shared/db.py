@@ -20,25 +20,100 @@ from typing import Any, TypeAlias
 
 import asyncpg
 from opentelemetry.trace import SpanKind
+from prometheus_client.core import CounterMetricFamily
 
 from shared.canonical import encode_json
 from shared.errors import SchemaMismatch
 
 # The schema version this build runs against: the newest migration's number.
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 
-# Errors that mean the connection (or the server) is gone: the call may be retried on another
-# connection, and services answer them UNAVAILABLE.
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresConnectionError,
+# The one table of "no primary on this connection" errors (docs/ha.md): the connection or the
+# server is gone, the server is shutting down or starting (a restart, a switchover), it is a
+# standby (`read-only transaction`: the session reached a demoted or not yet promoted node), or
+# no host of a multi-host DSN is a primary (`target_session_attrs=read-write`). The call may be
+# retried on another connection; services answer them UNAVAILABLE and consumers retry them.
+PRIMARY_LOST: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,  # includes ConnectionDoesNotExistError (the socket closed mid-call)
     asyncpg.InterfaceError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,  # 57P03: starting up, shutting down, in recovery
+    asyncpg.exceptions.AdminShutdownError,  # 57P01: terminated by a fast shutdown or pg_terminate_backend
+    asyncpg.exceptions.CrashShutdownError,  # 57P02: another backend crashed
+    asyncpg.exceptions.ReadOnlySQLTransactionError,  # 25006: a standby, or default_transaction_read_only
+    asyncpg.TargetServerAttributeNotMatched,  # no host of the DSN is (yet) a primary
+    # asyncpg 0.32, a session ended while idle (pg_terminate_backend, a switchover): the server's
+    # FATAL arrives before the next query and the protocol answers "cannot switch to state 11;
+    # another operation (2) is in progress" (tests/integration/test_primary_loss.py meets it).
+    asyncpg.exceptions.InternalClientError,
+)
+# The same, plus the socket-level errors that mean the server cannot be reached at all.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    *PRIMARY_LOST,
     ConnectionError,
     OSError,
     asyncio.TimeoutError,
 )
+# After these the pool's other sessions may be just as stale (they point at a server that is no
+# longer the primary): the pool drops them all (`expire_stale`) and reconnects on next use.
+STALE_SESSIONS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,
+)
+
+
+@dataclass
+class ConnectionStats:
+    """Process-wide: connections opened (a pool's first ones and every reconnect) and the calls that
+    failed for a lost primary, by error class; exported by each service's metrics."""
+
+    opened: int = 0
+    unavailable: dict[str, int] = field(default_factory=dict)
+    pools_expired: int = 0
+
+    def lost(self, exc: BaseException) -> None:
+        name = type(exc).__name__
+        self.unavailable[name] = self.unavailable.get(name, 0) + 1
+
+
+DB_STATS = ConnectionStats()
+
+
+async def count_connection(conn: asyncpg.Connection) -> None:
+    """A pool's `init` that only counts (for pools that keep asyncpg's own codecs: the consumer's)."""
+    DB_STATS.opened += 1
+
+
+def connection_families() -> list[Any]:
+    """The process's DB_STATS as Prometheus families (each service's collector yields them)."""
+    opened = CounterMetricFamily("agentrt_db_connections_opened", "Database connections opened (the pools' first "
+                                 "ones and every reconnect, e.g. after a failover)", value=DB_STATS.opened)
+    lost = CounterMetricFamily("agentrt_db_unavailable_errors", "Database calls that failed because no primary "
+                               "was reachable on their connection, by error class", labels=("error",))
+    for name, count in sorted(DB_STATS.unavailable.items()):
+        lost.add_metric((name,), count)
+    expired = CounterMetricFamily("agentrt_db_pool_expirations", "Times a pool dropped all its sessions after an "
+                                  "error that leaves them stale (read-only transaction, admin shutdown)",
+                                  value=DB_STATS.pools_expired)
+    return [opened, lost, expired]
+
+
+def is_primary_lost(exc: BaseException) -> bool:
+    """True for an error of the table above (the call may be retried on another connection)."""
+    return isinstance(exc, CONNECTION_ERRORS)
+
+
+async def expire_stale(exc: BaseException, *pools: asyncpg.Pool | None) -> None:
+    """Counts a lost-primary error; after one that leaves live but stale sessions, the pools close
+    their connections as they come back and open new ones (through the DSN: to the new primary)."""
+    DB_STATS.lost(exc)
+    if isinstance(exc, STALE_SESSIONS):
+        for pool in {id(p): p for p in pools if p is not None}.values():
+            await pool.expire_connections()
+            DB_STATS.pools_expired += 1
+
+
 # Errors after which the same transaction, run again, may succeed.
 RETRYABLE: tuple[type[BaseException], ...] = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
 
@@ -51,6 +126,18 @@ _BLOCK = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
 _TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|(?<![:\w]):([A-Za-z_]\w*)|\{(\w+)\}")
 _POSITIONAL = re.compile(r"\$\d+")
 _CLIENT = SpanKind.CLIENT
+
+
+async def keep_session(conn: asyncpg.Connection) -> None:
+    """Release hook: nothing to undo, so no extra round trip per call.
+
+    asyncpg's default reset sends `SELECT pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL` on every release: one more round trip per RPC. Pool
+    connections never take session advisory locks, open cursors outside a
+    transaction, LISTEN (the notifier has its own connection) or SET session
+    settings, so there is nothing for it to undo. The pool still rolls back a
+    transaction left open and drops listeners before calling this hook.
+    """
 
 
 class QueryArgumentError(TypeError):
@@ -74,6 +161,13 @@ class Query:
 
     def args(self, **values: Any) -> list[Any]:
         """The positional arguments for `values` by name; a missing or unknown name raises."""
+        # As many names as parameters and each parameter found means no name is unknown either:
+        # the whole check costs one length comparison beside the list it builds.
+        if len(values) == len(self.params):
+            try:
+                return [values[param] for param in self.params]
+            except KeyError:
+                pass
         if values.keys() != self._expected:
             missing = sorted(self._expected - values.keys())
             unknown = sorted(values.keys() - self._expected)
@@ -223,7 +317,9 @@ async def execute(conn: Executor, query: Query, /, **params: Any) -> str:
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:
-    """jsonb and json in and out as Python values; what goes in is canonical JSON (CanonicalJson text as is)."""
+    """jsonb and json in and out as Python values; what goes in is canonical JSON (CanonicalJson text as is).
+    Every pool runs it on each new connection: it counts them (`DB_STATS.opened`)."""
+    DB_STATS.opened += 1
     for type_name in ("jsonb", "json"):
         await conn.set_type_codec(type_name, encoder=encode_json, decoder=json.loads, schema="pg_catalog")
 

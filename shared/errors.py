@@ -122,10 +122,20 @@ class RunFrozen(AgentrtError):
     reason = "COMMIT_STATE_INCONSISTENT"
 
 
+class SpawnLimitExceeded(AgentrtError):
+    """SpawnChildren past a tree bound (metadata `limit`: max_spawn_depth or max_descendants_per_root,
+    `max`, `root_run_id`); nothing written. Not retryable: the tree only grows."""
+
+    reason = "SPAWN_LIMIT_EXCEEDED"
+
+
 class AgentNotRegistered(AgentrtError):
     """SubmitRun for an agent (or version) that no live executor has registered."""
 
     reason = "AGENT_NOT_REGISTERED"
+    # The way out, in the API's words (the request field); the CLI swaps in its flag (CLI_HINT).
+    API_HINT = "or set allow_unregistered in the SubmitRunRequest to queue the run"
+    CLI_HINT = "or submit with --allow-unregistered to queue the run"
 
 
 class SchemaMismatch(AgentrtError):
@@ -136,6 +146,18 @@ class EncryptionKeyMissing(AgentrtError):
     """Sensitive values cannot be sealed or opened: no keyring, or it lacks the KEK a data key names."""
 
     reason = "ENCRYPTION_KEY_MISSING"
+
+
+class SealedValueInvalid(AgentrtError):
+    """A sealed value that does not open under the data key of the run (or schedule) that holds it: copied
+    from another run, or altered at rest. Names the field, never a value."""
+
+    reason = "SEALED_VALUE_INVALID"
+
+    def __init__(self, field: str, owner: str) -> None:
+        super().__init__(f"{field}: a sealed value does not open under the data key of {owner} "
+                         "(integrity check failed: copied from another run or altered at rest)", field=field)
+        self.field = field
 
 
 class Unavailable(AgentrtError):
@@ -189,7 +211,9 @@ STATUS_CODES: dict[type[AgentrtError], grpc.StatusCode] = {
     RunFrozen: grpc.StatusCode.FAILED_PRECONDITION,
     SchemaMismatch: grpc.StatusCode.FAILED_PRECONDITION,
     EncryptionKeyMissing: grpc.StatusCode.FAILED_PRECONDITION,
+    SealedValueInvalid: grpc.StatusCode.DATA_LOSS,
     AgentNotRegistered: grpc.StatusCode.FAILED_PRECONDITION,
+    SpawnLimitExceeded: grpc.StatusCode.FAILED_PRECONDITION,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,

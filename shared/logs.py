@@ -14,11 +14,15 @@ size and digest instead (payload_digest); the values stay behind the API's tenan
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import math
+import os
+import re
 import sys
+import threading
 import time
 from contextvars import ContextVar, Token
 from typing import Any, Literal
@@ -140,3 +144,48 @@ def setup_logging(level: str, log_format: LogFormat = "text", service: str = "ag
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(log_format, service))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+
+
+# absl's line, as gRPC's C core writes it: "I1203 21:11:19.034858    7884 ssl_transport_security.cc:2563] text"
+_ABSL_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ ([^\]]+)\] ?(.*)$")
+_ABSL_LEVELS = {"I": logging.INFO, "W": logging.WARNING, "E": logging.ERROR, "F": logging.CRITICAL}
+
+
+def capture_native_stderr() -> None:
+    """With `log_format: json`, every line on stderr is JSON: native code (gRPC's C core logs through
+    absl straight to file descriptor 2, past Python's logging) is read back as records of logger
+    `grpc.core` (absl's level and source file kept), anything else written to fd 2 as logger `stderr`.
+
+    Call after setup_logging: the root logger's stream handlers move to a duplicate of the real
+    stderr, fd 2 becomes a pipe a daemon thread reads, and at exit the pipe is drained.
+    """
+    real = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(real)
+    read_fd, write_fd = os.pipe()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    reader = threading.Thread(target=_forward_native_lines, args=(read_fd,), name="native-stderr", daemon=True)
+    reader.start()
+
+    def drain() -> None:
+        sys.stderr.flush()
+        os.dup2(real.fileno(), 2)  # the pipe's last write end closes: the reader reads to its end
+        reader.join(timeout=2)
+
+    atexit.register(drain)
+
+
+def _forward_native_lines(read_fd: int) -> None:
+    core, other = logging.getLogger("grpc.core"), logging.getLogger("stderr")
+    with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            text = line.rstrip("\n")
+            if not text.strip():
+                continue
+            absl = _ABSL_LINE.match(text)
+            if absl:
+                core.log(_ABSL_LEVELS[absl.group(1)], absl.group(3), extra={"source": absl.group(2)})
+            else:
+                other.warning(text)

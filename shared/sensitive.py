@@ -43,6 +43,14 @@ def sensitivity_of(input_schema: Any, tools: list[tuple[str, Any, Any]]) -> dict
     return spec
 
 
+def declared_marks(declared: dict[str, Any]) -> dict[str, Any]:
+    """The marks of declared signals and ResumeRun input ({"signals": {name: schema}, "resume": schema}):
+    {"signals": {name: paths}, "resume": paths}, names without marks left out."""
+    signals = {name: paths for name, schema in (declared.get("signals") or {}).items()
+               if (paths := marked_paths(schema))}
+    return {"signals": signals, "resume": marked_paths(declared.get("resume"))}
+
+
 def redact_sealed(value: Any) -> Any:
     """`value` with every sealed object shown as "[redacted]"."""
     if isinstance(value, list):

@@ -25,6 +25,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from shared.config import TracingOptions
 from shared.logs import bind_annotations
+from shared.version import agentrt_version
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -81,12 +82,15 @@ def _provider(options: TracingOptions) -> TracerProvider:
 
 
 def service_resource(options: TracingOptions) -> Resource:
-    """OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME (read by the SDK), and agentrt's service name.
+    """OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME (read by the SDK), and agentrt's service name and version.
 
     An explicit agentrt `service_name` wins; the component's default name only where
-    neither variable names the service.
+    neither variable names the service. `service.version` is the package's (shared/version.py)
+    unless OTEL_RESOURCE_ATTRIBUTES sets one.
     """
     resource = Resource.create({})
+    if "service.version" not in resource.attributes:
+        resource = resource.merge(Resource({"service.version": agentrt_version()}))
     named = not str(resource.attributes.get("service.name", "")).startswith("unknown_service")
     if options.service_name_set or not named:
         resource = resource.merge(Resource({"service.name": options.service_name}))

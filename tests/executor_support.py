@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 
 import grpc
 import yaml
+from helpers import wait_until
 from support import Stack
 
 from executor import journal
@@ -33,16 +33,8 @@ STATUS = pb.RunStatus.Name
 
 async def wait_for(probe: Callable[[], Awaitable[T | None]], within: float = 60.0, what: str = "condition",
                    interval: float = 0.05) -> T:
-    """Polls `probe` until it returns a truthy value, or fails after `timeout` seconds."""
-    deadline = time.monotonic() + within
-    last: Any = None
-    while True:
-        last = await probe()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what} (last: {last!r})")
-        await asyncio.sleep(interval)
+    """helpers.wait_until with this module's defaults (a minute, "condition")."""
+    return await wait_until(probe, within, what, interval)
 
 
 async def get_run(stack: Stack, run_id: str, tenant: str = "tenant-a") -> pb.Run:

@@ -24,6 +24,7 @@ from scheduler.metrics import SchedulerMetrics, _PoolCollector
 from scheduler.rows import DbHealth, DbTableHealth
 from shared.client.consumer import ConsumerStats
 from shared.client.consumer_metrics import ConsumerCollector
+from shared.otlp_metrics import MetricExportStats
 
 METRIC_NAME = re.compile(r"\bagentrt_[a-zA-Z0-9_:]*")
 _SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count", "_created")}
@@ -45,7 +46,7 @@ def _stand_ins() -> list[Any]:
                                   slow_count=1, slowest=[{"queryid": "1", "query": "SELECT 1", "calls": 1,
                                                           "mean_s": 0.2}]))
     return [_PoolCollector(pool), _WorkerCollector(worker), _RelayCollector(relay, SimpleNamespace(held_count=1)),
-            ConsumerCollector(consumer), db_health]
+            ConsumerCollector(consumer), db_health, MetricExportStats()]
 
 
 def exported_metric_names() -> set[str]:

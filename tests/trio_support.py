@@ -6,7 +6,6 @@ every scheduler runs with auth_mode none."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,15 +13,10 @@ from typing import Any
 import grpc
 
 from devstack.acceptance.procs import PYTHON, CommandLog, Proc, wait_log
+from devstack.embedded_pg import free_port
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 
 TENANT = "tenant-a"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class TrioProc:

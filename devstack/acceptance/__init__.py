@@ -1,6 +1,6 @@
 """The fault-injection acceptance suite and the chaos soak (docs/design.md §acceptance-and-evidence), on real processes.
 
-`agentrt acceptance` runs experiments 1-9 of issue 6, each repeated with fresh
+`agentrt acceptance` runs experiments 1-9 (docs/evidence.md), each repeated with fresh
 run ids: the scheduler, executors, relay, consumer and mock tool server as
 separate OS processes, an embedded PostgreSQL the suite starts (so
 `pg_ctl restart -m immediate` is possible), a Tansu broker, faults injected at

@@ -199,8 +199,8 @@ class Chaos:
             relay.signal(signal.SIGCONT)
         outage = time.monotonic()
         await wait_until(lambda: time.monotonic() - outage > 5, 10, "a five-second outage")
-        line.broker = await self.lab.broker(port=port)
-        self.note("broker started again")
+        await line.start_broker_again(port, self.lab)
+        self.note("broker started again (relay held until the consumer rejoined)")
 
     # ------------------------------------------------------------------ the soak
 

@@ -20,7 +20,10 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     import asyncio
 
     quiet()
-    from devstack.acceptance.chaos import main_async
+    if args.ha:  # the long soak on a Patroni cluster
+        from devstack.acceptance.soak_ha import main_async
+    else:
+        from devstack.acceptance.chaos import main_async
 
     return asyncio.run(main_async(args))
 

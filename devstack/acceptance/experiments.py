@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from devstack.acceptance import experiments_executor as ex
+from devstack.acceptance import experiments_ha as ha
 from devstack.acceptance import experiments_platform as pl
 from devstack.acceptance.lab import Lab
 
@@ -18,6 +19,9 @@ class Experiment:
     expected: str
     body: Callable[[Lab], Awaitable[None]]
     timeout_s: float = 300.0
+    # In the default list (`agentrt acceptance` without --only: experiments 1-9). Experiment 10
+    # needs Patroni and etcd and runs by itself (--only 10; tests/acceptance/test_primary_failover.py).
+    default: bool = True
 
 
 EXPERIMENTS: dict[str, Experiment] = {e.id: e for e in (
@@ -49,4 +53,11 @@ EXPERIMENTS: dict[str, Experiment] = {e.id: e for e in (
     Experiment("9", "network partition of one executor", "executor in a network namespace, its link cut",
                "The partitioned executor's lease lapses, another executor takes over, and the partitioned one's "
                "writes are refused when it returns.", pl.partition, timeout_s=300.0),
+    Experiment("10", "primary lost", "Patroni switchover; SIGKILL of the leader's Patroni and postmaster "
+               "(failover); the old leader back as a standby (pg_rewind)",
+               "Services ride it out without restarts; no acknowledged commit and no committed checkpoint, "
+               "ledger row, journal entry or outbox row lost; fencing tokens never go back; every run "
+               "completes; every event applied once; time to recover reported.", ha.primary_lost,
+               timeout_s=420.0, default=False),
 )}
+DEFAULT_IDS = [e.id for e in EXPERIMENTS.values() if e.default]

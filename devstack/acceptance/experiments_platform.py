@@ -318,8 +318,9 @@ async def broker_restart(lab: Lab) -> None:
             note="rows marked published while no broker was up")
         unacked_marks = [str(r["event_id"]) for r in marked_during if r["event_id"] not in on_broker]
         await reader.stop()
-        line.broker = await lab.broker(port=port)
-        reader = await TopicReader(line.broker.bootstrap, line.topic).start()
+        outage_s = time.monotonic() - outage_started
+        broker = await line.start_broker_again(port, lab)
+        reader = await TopicReader(broker.bootstrap, line.topic).start()
         await line.wait_runs_settled(run_ids, 180)
         await line.wait_delivered(120)
         await read_all(reader)
@@ -327,7 +328,8 @@ async def broker_restart(lab: Lab) -> None:
         await reader.stop()
     lab.ev.method = {"kind": "Tansu stopped (SIGTERM) and started again on the same port",
                      "relay_held_before_stop": "SIGSTOP until the consumer had applied what the broker held",
-                     "outage_seconds": round(time.monotonic() - outage_started, 1)}
+                     "relay_held_across_restart": "SIGSTOP from the broker's start until the consumer rejoined",
+                     "outage_seconds": round(outage_s, 1)}
     lab.ev.observe(events_on_old_broker=len(on_broker), pending_at_stop=pending_at_stop,
                    marked_during_outage=len(marked_during), relay_failures=line.relay.log().count("publish failed"))
     lab.ev.check("nothing marked published without the broker's ack during the outage", not unacked_marks,

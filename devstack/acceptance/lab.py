@@ -29,20 +29,24 @@ from devstack.acceptance.options import LEASE_MS
 from devstack.acceptance.procs import PYTHON, CommandLog, ExperimentError, Proc, wait_log, wait_until
 from devstack.embedded_pg import POSTGRES_BIN_PATH, EmbeddedPostgres, free_port
 from devstack.kafka_testing import TansuBroker, tansu_binary
-from shared.db import init_connection
+from shared.db import CONNECTION_ERRORS, init_connection
 
 TENANT = "tenant-acceptance"
 
 
 def _with_database(url: str, database: str) -> str:
-    return f"{url.rpartition('/')[0]}/{database}"
+    """`url` naming `database` instead; its query (a multi-host DSN's target_session_attrs) kept."""
+    base, _, query = url.partition("?")
+    return f"{base.rpartition('/')[0]}/{database}" + (f"?{query}" if query else "")
 
 
 class Suite:
     """Shared by every experiment of one invocation: the PostgreSQL server and the artifacts directory."""
 
-    def __init__(self, artifacts: Path, lease_ms: int = LEASE_MS, keep_databases: bool = False) -> None:
+    def __init__(self, artifacts: Path, lease_ms: int = LEASE_MS, keep_databases: bool = False,
+                 ha_strict: bool = False) -> None:
         self.artifacts = artifacts
+        self.ha_strict = ha_strict  # experiment 10: Patroni's synchronous_mode_strict
         self.lease_ms = lease_ms
         self.keep_databases = keep_databases
         self.hub = ""  # the network namespace experiment 9 runs in, when it has one
@@ -209,7 +213,7 @@ class Lab:
         async def connect() -> asyncpg.Connection | None:
             try:
                 conn = await asyncpg.connect(self.db_url, timeout=5)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError):
                 return None
             await init_connection(conn)
             return conn
@@ -229,7 +233,7 @@ class Lab:
         assert self.db is not None
         try:
             return list(await self.db.fetch(query, *args))
-        except (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError):
+        except CONNECTION_ERRORS:  # shared.db's table: a restart, a switchover, a failover
             await self.reconnect()
             return list(await self.db.fetch(query, *args))
 

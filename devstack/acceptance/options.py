@@ -17,6 +17,8 @@ def acceptance_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-databases", action="store_true", help="do not drop the experiments' databases")
     parser.add_argument("--partition", choices=["auto", "sigstop"], default="auto",
                         help="experiment 9: a network namespace when possible (auto), or pause the executor")
+    parser.add_argument("--ha-strict", action="store_true",
+                        help="experiment 10: Patroni's synchronous_mode_strict (default off; docs/ha.md)")
     parser.add_argument("--hub", default="", help=argparse.SUPPRESS)  # set by the parent for experiment 9
 
 
@@ -34,11 +36,28 @@ def chaos_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of runs that are long (default 0.03; at least one when > 0)")
     parser.add_argument("--long-steps", type=int, default=500, help="tool steps of a long run (default 500)")
     parser.add_argument("--artifacts", type=Path, help="output directory (default artifacts/chaos/<time>)")
+    ha = parser.add_argument_group("the long soak on a Patroni cluster (--ha; docs/benchmarks.md, HA soak)")
+    ha.add_argument("--ha", action="store_true",
+                    help="run on etcd + two PostgreSQL 15 nodes under Patroni with a failover every "
+                         "--failover-every-min minutes, sampling resources and latencies every minute")
+    ha.add_argument("--failover-every-min", type=int, default=15, help="minutes between failovers (default 15)")
+    ha.add_argument("--rate", type=float, default=0.0,
+                    help="runs submitted per second (default 0: half of what a first burst measures)")
+    ha.add_argument("--calibration-runs", type=int, default=300, help="runs of the measuring burst (default 300)")
+    ha.add_argument("--keep-finished-s", type=float, default=300.0,
+                    help="seconds a terminal run is kept before the soak ages it for retention (default 300)")
+    ha.add_argument("--retention-interval-s", type=float, default=30.0,
+                    help="the scheduler's run_retention_interval_s during the soak (default 30)")
 
 
 def quiet() -> None:
+    import logging
     import os
     import warnings
+
+    # The suite's own topic reader retries while a broker is down on purpose (experiment 8): its
+    # connection errors are expected and would bury the report; the services' logs keep theirs.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
     # The suite forks processes while its gRPC channels are open; it needs no fork handlers.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from devstack.acceptance.lab import Lab, MockTool
 from devstack.acceptance.procs import Proc, wait_until
 from devstack.kafka_testing import TansuBroker
 from shared.cloudevents import AgentEvent, MalformedEvent
+
+REJOINED = "partitions assigned:"  # shared.client.consumer logs it on every (re)assignment
 
 
 class TopicReader:
@@ -200,6 +203,30 @@ class Pipeline:
                  bool(consumed) and consumed[0]["n"] == consumed[0]["d"] == len(applied),
                  dict(consumed[0]) if consumed else None)
 
+    async def start_broker_again(self, port: int, lab: Lab) -> TansuBroker:
+        """Starts Tansu on `port` with the relay held until the consumer has rejoined its group there.
+
+        A restarted Tansu has an empty log and no group offsets. Until the consumer rejoins, it
+        fetches at its old positions, and a log the relay had already refilled past them would
+        skip records (a memory-storage artefact: Kafka keeps both). After the rejoin it starts
+        from the earliest offset. A relay or consumer that is not running is not waited for.
+        """
+        relay, consumer = self.relay, self.consumer
+        held = relay is not None and relay.alive()
+        joins = consumer.log().count(REJOINED) if consumer is not None else 0
+        if held:
+            assert relay is not None
+            relay.signal(signal.SIGSTOP)
+        try:
+            self.broker = await lab.broker(port=port)
+            if consumer is not None and consumer.alive():
+                await wait_until(lambda: consumer.log().count(REJOINED) > joins or not consumer.alive(), 60,
+                                 "the consumer to rejoin its group on the restarted broker", interval=0.1)
+        finally:
+            if held and relay is not None and relay.alive():
+                relay.signal(signal.SIGCONT)
+        return self.broker
+
     def alive_check(self, procs: list[Proc], what: str) -> None:
         states = {p.name: {"pid": p.pid, "alive": p.alive(), "starts": sum(1 for h in p.history
                                                                           if h["event"] == "started")}
@@ -209,7 +236,3 @@ class Pipeline:
 
 async def read_all(reader: TopicReader, within: float = 30) -> None:
     await wait_until(reader.caught_up, within, "the topic reader to reach the end of every partition", interval=0)
-
-
-async def gather_settled(coros: list[Any]) -> list[Any]:
-    return list(await asyncio.gather(*coros))

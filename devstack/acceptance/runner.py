@@ -2,6 +2,7 @@
 
     agentrt acceptance --repeat 5                 # the full suite
     agentrt acceptance --repeat 1 --only 1,3      # some experiments once
+    agentrt acceptance --only 10 --repeat 5       # the primary lost under Patroni (docs/ha.md)
 
 Artifacts: <dir>/e<id>-r<k>/ (evidence.json, every process log, the mock
 tool's SQLite store), <dir>/summary.json. Exit status 0 only when every
@@ -102,9 +103,9 @@ def write_summary(artifacts: Path, summary: dict[str, Any]) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    from devstack.acceptance.experiments import EXPERIMENTS
+    from devstack.acceptance.experiments import DEFAULT_IDS, EXPERIMENTS
 
-    ids = [i.strip() for i in args.only.split(",") if i.strip()] or list(EXPERIMENTS)
+    ids = [i.strip() for i in args.only.split(",") if i.strip()] or list(DEFAULT_IDS)
     unknown = [i for i in ids if i not in EXPERIMENTS]
     if unknown:
         print(f"unknown experiment(s): {', '.join(unknown)}; known: {', '.join(EXPERIMENTS)}", file=sys.stderr)
@@ -122,7 +123,8 @@ async def main_async(args: argparse.Namespace) -> int:
         else:
             records += hub_records
     if in_process:
-        suite = await Suite(artifacts, lease_ms=args.lease_ms, keep_databases=args.keep_databases).start()
+        suite = await Suite(artifacts, lease_ms=args.lease_ms, keep_databases=args.keep_databases,
+                            ha_strict=args.ha_strict).start()
         try:
             records += await run_experiments(suite, sorted(in_process, key=int), args.repeat, hub=args.hub)
         finally:

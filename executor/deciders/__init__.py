@@ -1,26 +1,58 @@
-"""Deciders by kind: `scripted` (a deterministic plan), `openai` (chat completions with tools) and
-`python` (your own function, executor/sdk.py)."""
+"""Deciders by kind: `scripted` (a deterministic plan), `openai` (Chat Completions or the Responses API,
+any OpenAI-compatible endpoint) and `anthropic` (the Messages API) on the providers' SDKs, and `python`
+(your own function, executor/sdk.py)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from executor.agents import AgentDefinition, DefinitionError, OpenAIDecider, PythonDecider, ScriptedDecider
+from executor.agents import (
+    AgentDefinition,
+    AnthropicDecider,
+    DefinitionError,
+    ModelDeciderBase,
+    OpenAIDecider,
+    PythonDecider,
+    ScriptedDecider,
+)
+from executor.config import ModelPrice
 from executor.deciders.base import Decider
+
+
+def api_key(agent: AgentDefinition, config: ModelDeciderBase, default: str | None) -> str | None:
+    """The decider's key: its api_key_file's first line, else its api_key_env, else the executor's setting."""
+    if config.api_key_file:
+        try:
+            lines = Path(config.api_key_file).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise DefinitionError(agent.source, "decider.api_key_file", f"cannot read: {exc.strerror}") from None
+        if not lines or not lines[0].strip():
+            raise DefinitionError(agent.source, "decider.api_key_file", "the file is empty")
+        return lines[0].strip()
+    if config.api_key_env:
+        return os.environ.get(config.api_key_env) or default
+    return default
 
 
 class DeciderRegistry:
     """One decider per (agent, version); built at start so a bad definition stops the executor early."""
 
     def __init__(self, agents: list[AgentDefinition], session: aiohttp.ClientSession,
-                 default_api_key: str | None = None, tracer: Any = None) -> None:
-        """`tracer`: the executor's, for the openai decider's GenAI spans (None: the process's)."""
+                 default_api_key: str | None = None, tracer: Any = None, *,
+                 anthropic_api_key: str | None = None, prices: Mapping[str, ModelPrice] | None = None) -> None:
+        """`default_api_key` / `anthropic_api_key`: the executor's keys for definitions that name none;
+        `tracer`: the executor's, for the model deciders' GenAI spans (None: the process's)."""
+        from executor.deciders.anthropic import AnthropicDeciderImpl
         from executor.deciders.openai import OpenAIDeciderImpl
         from executor.deciders.python import PythonDeciderImpl
         from executor.deciders.scripted import ScriptedDeciderImpl
 
+        table = dict(prices or {})
         self._deciders: dict[tuple[str, str], Decider] = {}
         for agent in agents:
             decider: Decider
@@ -35,9 +67,14 @@ class DeciderRegistry:
                 except TypeError as exc:  # not callable, or not with one argument
                     raise DefinitionError(agent.source, "decider.callable", str(exc)) from None
             else:
-                assert isinstance(agent.decider, OpenAIDecider)
                 try:
-                    decider = OpenAIDeciderImpl(agent, agent.decider, session, default_api_key, tracer)
+                    if isinstance(agent.decider, AnthropicDecider):
+                        decider = AnthropicDeciderImpl(
+                            agent, agent.decider, api_key(agent, agent.decider, anthropic_api_key), table, tracer)
+                    else:
+                        assert isinstance(agent.decider, OpenAIDecider)
+                        decider = OpenAIDeciderImpl(
+                            agent, agent.decider, api_key(agent, agent.decider, default_api_key), table, tracer)
                 except ValueError as exc:
                     raise DefinitionError(agent.source, "tools", str(exc)) from None
             self._deciders[(agent.name, agent.version)] = decider

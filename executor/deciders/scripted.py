@@ -2,7 +2,7 @@
 
 The position in the plan is derived from the checkpoint's history only, so the
 same checkpoint always yields the same next step. Arguments may reference
-`${input.x}`, `${results.<node>.response.y}`, `${inputs.<node>}` and `${run.id}`.
+`${input.x}`, `${results.<node>.response.y}`, `${inputs.<node>}`, `${run.id}` and `${run.tenant}`.
 A node with `when:` is entered only if its condition holds on the same scope,
 else skipped as if absent; that too depends on the checkpoint (and the input) only.
 """
@@ -119,7 +119,8 @@ def _scope(ctx: DecisionContext, index: HistoryIndex) -> dict[str, Any]:
     state = ctx.state
     results = {node: state.tool_results[key] for node, key in index.latest_tool.items() if key in state.tool_results}
     inputs = {node: state.inputs[key] for node, key in index.latest_input.items() if key in state.inputs}
-    return {"input": ctx.input, "results": results, "inputs": inputs, "run": {"id": ctx.run_id}}
+    return {"input": ctx.input, "results": results, "inputs": inputs,
+            "run": {"id": ctx.run_id, "tenant": ctx.tenant_id}}
 
 
 class ScriptedDeciderImpl:

@@ -1,4 +1,4 @@
-"""Tool adapters by kind: `http` and `python`."""
+"""Tool adapters by kind: `http`, `python` and `mcp`."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from typing import Any
 
 import aiohttp
 
-from executor.agents import AgentDefinition, DefinitionError, HttpTool
+from executor.agents import AgentDefinition, DefinitionError, HttpTool, McpTool
 from executor.tools.base import LookupOutcome, ToolAdapter, ToolCallContext, ToolOutcome
 from executor.tools.http import HttpToolAdapter
+from executor.tools.mcp import McpToolAdapter
 from executor.tools.python import CallableImportError, PythonToolAdapter
 
 
@@ -24,6 +25,8 @@ class ToolRegistry:
                 adapter: ToolAdapter
                 if isinstance(tool, HttpTool):
                     adapter = HttpToolAdapter(tool, session, tracer)
+                elif isinstance(tool, McpTool):  # listed from its server at start (executor.tools.mcp)
+                    adapter = McpToolAdapter(tool)
                 else:
                     try:
                         adapter = PythonToolAdapter(tool)

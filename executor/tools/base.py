@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -60,3 +62,26 @@ class ToolRefused(Exception):
 
 class ToolRetryLater(Exception):
     """Raised by a python tool: not accepted now, nothing happened; try again later."""
+
+
+class ToolNotCallable(Exception):
+    """A tool's callable cannot take the arguments it is called with: it never ran (a definite failure)."""
+
+
+def signature_of(func: Callable[..., Any]) -> inspect.Signature | None:
+    """The signature calls are bound against (None: a builtin without one, left to the call itself)."""
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+
+
+def bind_or_refuse(name: str, signature: inspect.Signature | None, *args: Any) -> None:
+    """Binds a call's arguments before it is made: a call that cannot bind never started, so it is a
+    definite failure (ToolNotCallable), never the unknown outcome of an exception raised inside the tool."""
+    if signature is None:
+        return
+    try:
+        signature.bind(*args)
+    except TypeError as exc:
+        raise ToolNotCallable(f"{name}{signature}: {exc}") from None

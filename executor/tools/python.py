@@ -16,7 +16,16 @@ from collections.abc import Callable
 from typing import Any
 
 from executor.agents import PythonTool
-from executor.tools.base import LookupOutcome, ToolCallContext, ToolOutcome, ToolRefused, ToolRetryLater
+from executor.tools.base import (
+    LookupOutcome,
+    ToolCallContext,
+    ToolNotCallable,
+    ToolOutcome,
+    ToolRefused,
+    ToolRetryLater,
+    bind_or_refuse,
+    signature_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +38,26 @@ class CallableImportError(Exception):
         self.field = field
 
 
-def _check_signature(field: str, path: str, func: Callable[..., Any], expected: str) -> None:
-    """Found when the executor starts, not as an unknown outcome of the first call."""
-    try:
-        signature = inspect.signature(func)
-    except (TypeError, ValueError):  # no signature to inspect (a builtin): the first call will tell
-        return
+def check_signature(path: str, func: Callable[..., Any], expected: str) -> str | None:
+    """Why `func` cannot be called with two positional arguments (None: it can, or it shows no signature).
+
+    Checked when the executor starts (and when a code-first tool is declared), not found as the
+    unknown outcome of the first call.
+    """
+    signature = signature_of(func)
+    if signature is None:  # a builtin without a signature: the call itself is bound (bind_or_refuse)
+        return None
     try:
         signature.bind(object(), object())
     except TypeError as exc:
-        raise CallableImportError(field, message=f"{path}{signature} cannot be called as {expected}: {exc}") from None
+        return f"{path}{signature} cannot be called as {expected}: {exc}"
+    return None
+
+
+def _check_signature(field: str, path: str, func: Callable[..., Any], expected: str) -> None:
+    problem = check_signature(path, func, expected)
+    if problem is not None:
+        raise CallableImportError(field, message=problem)
 
 
 def import_callable(path: str) -> Callable[..., Any]:
@@ -51,7 +70,9 @@ def import_callable(path: str) -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
-async def _invoke(func: Callable[..., Any], timeout_s: float, *args: Any) -> Any:
+async def _invoke(path: str, func: Callable[..., Any], signature: inspect.Signature | None, timeout_s: float,
+                  *args: Any) -> Any:
+    bind_or_refuse(path, signature, *args)
     result = func(*args)
     if inspect.isawaitable(result):
         return await asyncio.wait_for(result, timeout_s)
@@ -63,7 +84,9 @@ class PythonToolAdapter:
         self.tool = tool
         self.func = self._import("callable", tool.callable)
         _check_signature("callable", tool.callable, self.func, "(arguments, ToolCallContext)")
+        self.signature = signature_of(self.func)
         self.lookup_func = self._import("lookup_callable", tool.lookup_callable) if tool.lookup_callable else None
+        self.lookup_signature = signature_of(self.lookup_func) if self.lookup_func is not None else None
         if self.lookup_func is not None:
             _check_signature("lookup_callable", str(tool.lookup_callable), self.lookup_func,
                              "(idempotency_key, ToolCallContext)")
@@ -77,9 +100,11 @@ class PythonToolAdapter:
 
     async def call(self, request: dict[str, Any], ctx: ToolCallContext) -> ToolOutcome:
         try:
-            result = await _invoke(self.func, self.tool.timeout_s, request, ctx)
+            result = await _invoke(self.tool.callable, self.func, self.signature, self.tool.timeout_s, request, ctx)
         except ToolRefused as exc:
             return ToolOutcome.failure("tool_refused", str(exc))
+        except ToolNotCallable as exc:
+            return ToolOutcome.failure("tool_not_callable", str(exc))
         except ToolRetryLater as exc:
             return ToolOutcome.failure("tool_busy", str(exc))
         except TimeoutError:
@@ -99,7 +124,8 @@ class PythonToolAdapter:
         if self.lookup_func is None:
             return LookupOutcome("unknown", evidence={"reason": "tool has no lookup contract"})
         try:
-            result = await _invoke(self.lookup_func, self.tool.timeout_s, ctx.idempotency_key, ctx)
+            result = await _invoke(str(self.tool.lookup_callable), self.lookup_func, self.lookup_signature,
+                                   self.tool.timeout_s, ctx.idempotency_key, ctx)
         except Exception as exc:
             return LookupOutcome("unknown", evidence={"error": f"{type(exc).__name__}: {exc}"[:500]})
         if not isinstance(result, LookupOutcome):

@@ -264,3 +264,7 @@ WITH doomed AS (
 )
 DELETE FROM consumed_events c USING doomed
 WHERE c.consumer_name = doomed.consumer_name AND c.event_id = doomed.event_id;
+
+-- name: primary_probe
+-- Readiness (relay/main.py): true when this session's server is a primary that takes writes.
+SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AS writable;

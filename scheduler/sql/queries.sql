@@ -56,6 +56,11 @@ journal AS (
 -- The database clock, for callers that must report time (never the worker's clock).
 SELECT clock_timestamp() AS now;
 
+-- name: primary_probe
+-- Health (scheduler/server.py): true when this session's server is a primary that takes writes
+-- (a standby, or a session left on a demoted node, answers false; docs/ha.md).
+SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off' AS writable;
+
 -- name: set_tenant
 -- Row-level security (0016_row_level_security.sql): this transaction sees and
 -- writes :tenant_id's rows alone (is_local: gone at COMMIT or ROLLBACK).
@@ -509,7 +514,9 @@ WITH run AS (
       WHERE cp.run_id = r.id AND cp.version = r.version
         AND cp.state_json -> 'pending_tool' ->> 'step_key' = :step_key
         AND cp.state_json -> 'pending_tool' ->> 'tool_name' = :tool_name
-        AND cp.state_json -> 'pending_tool' ->> 'request_hash' = encode(:request_hash, 'hex'))
+        -- either hash form: a decision an executor of an earlier release recorded still matches
+        AND cp.state_json -> 'pending_tool' ->> 'request_hash'
+            IN (encode(:request_hash, 'hex'), encode(:legacy_request_hash, 'hex')))
     AND NOT EXISTS (SELECT 1 FROM tool_executions AS te WHERE te.run_id = r.id AND te.step_key = :step_key)
   RETURNING r.id, r.tenant_id, r.version, r.fencing_token
 ), execution AS (
@@ -658,7 +665,8 @@ WITH run AS (
     AND NOT EXISTS (SELECT 1 FROM tool_executions AS te WHERE te.run_id = r.id AND te.step_key = :next_step_key)
     AND :state::jsonb -> 'pending_tool' ->> 'step_key' = :next_step_key
     AND :state::jsonb -> 'pending_tool' ->> 'tool_name' = :next_tool_name
-    AND :state::jsonb -> 'pending_tool' ->> 'request_hash' = encode(:next_request_hash, 'hex')
+    AND :state::jsonb -> 'pending_tool' ->> 'request_hash'
+        IN (encode(:next_request_hash, 'hex'), encode(:next_legacy_request_hash, 'hex'))
     AND {journal_continues}
   RETURNING r.id, r.tenant_id, r.version, r.fencing_token
 ), {journal_insert}, execution AS (
@@ -876,11 +884,13 @@ FROM agent_runs WHERE id = :run_id;
 -- The lease is cleared with the transition (docs/design.md §invariants, rule 1). A
 -- terminal run holds no open intent (rule 8): a tool call still
 -- OUTBOUND_INTENT (its holder died or never reported) becomes IN_DOUBT in the
--- same statement, for reconciliation.
+-- same statement, for reconciliation. What the run waited for (a pause reason
+-- such as "approve with …", a signal) no longer holds once it has ended.
 WITH ended AS (
   UPDATE agent_runs
   SET status = :status, lease_owner = NULL, lease_expires_at = NULL,
       terminal_reason = :reason, finished_at = clock_timestamp(), updated_at = clock_timestamp(),
+      pause_reason = NULL, awaiting_signal = NULL,
       cancel_requested_at = CASE WHEN :cancel THEN COALESCE(cancel_requested_at, clock_timestamp())
                                  ELSE cancel_requested_at END,
       cancel_reason = CASE WHEN :cancel THEN COALESCE(cancel_reason, :cancel_reason) ELSE cancel_reason END
@@ -1356,17 +1366,18 @@ LIMIT :limit;
 SELECT * FROM agentrt_retention_purge(:max_runs, :dry_run, :after_finished, :after_id);
 
 -- name: list_retention_policies
--- Every policy; tenant '*' is the default for tenants without one.
+-- Every policy; tenant '*' is the default for tenants without one (in the admin scope: the
+-- policies are under row-level security, migration 0019).
 SELECT tenant_id, keep_days, updated_at FROM retention_policies ORDER BY tenant_id;
 
 -- name: set_retention_policy
--- The owner only: the runtime roles may read the policies, not shorten them.
+-- The owner only, in the admin scope (0019): the runtime roles may read the policies, not shorten them.
 INSERT INTO retention_policies (tenant_id, keep_days) VALUES (:tenant_id, :keep_days)
 ON CONFLICT (tenant_id) DO UPDATE SET keep_days = EXCLUDED.keep_days, updated_at = clock_timestamp()
 RETURNING tenant_id, keep_days, updated_at;
 
 -- name: clear_retention_policy
--- The owner only; the tenant's runs then follow the default policy (none if '*' is cleared).
+-- The owner only, in the admin scope; the tenant's runs then follow the default policy (none if '*' is cleared).
 DELETE FROM retention_policies WHERE tenant_id = :tenant_id RETURNING tenant_id;
 -- Schedules (docs/design.md §schedules): fire times by the database clock, one run per fire time.
 
@@ -1453,7 +1464,7 @@ WITH inserted AS (
   INSERT INTO agent_runs (id, tenant_id, agent_name, agent_version, input, labels, max_attempts,
                           budget_max_steps, budget_max_tokens, budget_max_cost_usd, deadline_at,
                           client_request_id, submit_hash, next_attempt_at, priority, fair_pass,
-                          parent_run_id, spawn_key, spawn_index, detached)
+                          parent_run_id, spawn_key, spawn_index, detached, root_run_id, spawn_depth)
   VALUES (:run_id, :tenant_id, :agent_name, :agent_version, :input, :labels, :max_attempts, :max_steps,
           :max_tokens, :max_cost_usd, NULL, :client_request_id, :submit_hash, clock_timestamp(),
           :priority,
@@ -1464,7 +1475,7 @@ WITH inserted AS (
             (SELECT h.fair_pass FROM agent_runs AS h
              WHERE h.status = 'QUEUED' AND h.claim_ready AND h.priority = :priority
              ORDER BY h.priority DESC, h.fair_pass, h.enqueued_at, h.id LIMIT 1)) ELSE 0 END,
-          :parent_run_id, :spawn_key, :spawn_index, :detached)
+          :parent_run_id, :spawn_key, :spawn_index, :detached, :root_run_id, :spawn_depth)
   ON CONFLICT (tenant_id, client_request_id) WHERE client_request_id IS NOT NULL DO NOTHING
   RETURNING *
 ), sealed AS (
@@ -1507,16 +1518,24 @@ WHERE c.parent_run_id = :parent_run_id AND c.spawn_key = :spawn_key
 ORDER BY c.spawn_index;
 
 -- name: run_tree
--- A run and its descendants (GetRunTree), within the tenant, breadth first, at
--- most :limit rows; each step one probe of agent_runs_parent_idx per run.
+-- A run and its descendants (GetRunTree), within the tenant, breadth first (by
+-- depth, then parent, spawn group and index), at most :limit rows after the
+-- page cursor (:after_depth NULL: from the run itself; 0: after the run). No
+-- depth limit: the walk is bounded by the tree, which SpawnChildren bounds
+-- (max_spawn_depth, max_descendants_per_root) and which is acyclic (a child is
+-- inserted after its parent, whose id it keeps). Each step one probe of
+-- agent_runs_parent_idx per run.
 WITH RECURSIVE tree AS (
   SELECT r.id, 0 AS depth FROM agent_runs AS r WHERE r.id = :run_id AND r.tenant_id = :tenant_id
   UNION ALL
   SELECT c.id, tree.depth + 1 FROM tree JOIN agent_runs AS c ON c.parent_run_id = tree.id
-  WHERE tree.depth < 32
 )
 SELECT r.*, tree.depth FROM tree JOIN agent_runs AS r ON r.id = tree.id
 WHERE r.tenant_id = :tenant_id
+  AND (:after_depth::integer IS NULL OR tree.depth > :after_depth::integer
+       OR (tree.depth = :after_depth::integer
+           AND (r.parent_run_id, r.spawn_key, r.spawn_index, r.id)
+               > (:after_parent::uuid, :after_spawn_key::text, :after_spawn_index::integer, :after_id::uuid)))
 ORDER BY tree.depth, r.parent_run_id, r.spawn_key, r.spawn_index, r.id
 LIMIT :limit;
 
@@ -1524,16 +1543,28 @@ LIMIT :limit;
 -- What cancelling a run cancels with it: its descendants that have not ended,
 -- through children that were not detached (a detached child and its own
 -- descendants are left alone), deepest first: a cancel locks them in this order
--- and its run last, as a child ending locks itself and then its parent.
+-- and its run last, as a child ending locks itself and then its parent. No
+-- depth limit (as run_tree: the tree is bounded and acyclic).
 WITH RECURSIVE tree AS (
   SELECT c.id, 1 AS depth FROM agent_runs AS c WHERE c.parent_run_id = :run_id AND NOT c.detached
   UNION ALL
   SELECT c.id, tree.depth + 1 FROM tree JOIN agent_runs AS c ON c.parent_run_id = tree.id
-  WHERE NOT c.detached AND tree.depth < 32
+  WHERE NOT c.detached
 )
 SELECT r.id, tree.depth FROM tree JOIN agent_runs AS r ON r.id = tree.id
 WHERE r.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
 ORDER BY tree.depth DESC, r.id;
+
+-- name: lock_spawn_tree
+-- SpawnChildren: serialises the spawns of one tree (any of its runs) so that
+-- their count of the root's descendants and their inserts do not interleave;
+-- released at commit.
+SELECT pg_advisory_xact_lock(hashtextextended('agentrt.spawn_tree:' || :root_run_id::uuid::text, 0));
+
+-- name: tree_descendants
+-- How many runs a tree's root has below it, at any depth, ended or not, by
+-- agent_runs_root_idx (the root's own row may be gone: retention).
+SELECT count(*) FROM agent_runs WHERE root_run_id = :root_run_id;
 
 -- name: run_data_key
 -- A run's wrapped data key and what its agent marked (no row: the run holds no sealed values).
@@ -1541,11 +1572,21 @@ SELECT k.key_id, k.wrapped_key, k.sensitive, r.input
 FROM run_data_keys k JOIN agent_runs r ON r.id = k.run_id
 WHERE k.run_id = :run_id;
 
--- name: run_sealed_ledger
--- A run's ledger payloads that hold sealed values: a scheduler that did not see them sealed learns
--- the run's marked tool values from them (scheduler/store_keys.py).
-SELECT request_json, response_json FROM tool_executions
-WHERE run_id = :run_id AND (request_json::text LIKE '%"$sealed"%' OR response_json::text LIKE '%"$sealed"%');
+-- name: run_sealed_values
+-- A run's stored payloads that hold sealed values (ledger requests and answers, signal payloads, the
+-- human input of ResumeRun), each with the field it came from: a scheduler that did not see them
+-- sealed learns the run's marked values from them (scheduler/store_keys.py).
+SELECT 'request_json' AS field, request_json AS value FROM tool_executions
+WHERE run_id = :run_id AND request_json::text LIKE '%"$sealed"%'
+UNION ALL
+SELECT 'response_json', response_json FROM tool_executions
+WHERE run_id = :run_id AND response_json::text LIKE '%"$sealed"%'
+UNION ALL
+SELECT 'payload_json', payload FROM run_signals
+WHERE run_id = :run_id AND payload::text LIKE '%"$sealed"%'
+UNION ALL
+SELECT 'input_json', human_input FROM agent_runs
+WHERE id = :run_id AND human_input::text LIKE '%"$sealed"%';
 
 -- name: data_keys_to_rotate
 -- The next batch of data keys wrapped by another KEK than the current one, in run order after
@@ -1590,9 +1631,10 @@ GROUP BY key_id ORDER BY key_id;
 -- Runtime flow limits (migration 0015, scheduler/flow_limits.py).
 
 -- name: list_flow_limits
--- Every runtime limit (a handful of rows), read by each replica every limits_refresh_ms.
-SELECT scope, tenant_id, subject, limit_name, value, updated_at, updated_by FROM flow_limits
-ORDER BY scope, tenant_id, subject, limit_name;
+-- Every runtime limit (a handful of rows), read by each replica every limits_refresh_ms, from any
+-- transaction (a submit's is in its tenant's setting): through the function that reads them in
+-- the work scope (migration 0019), as flow_limits' policies show a tenant its own rows only.
+SELECT scope, tenant_id, subject, limit_name, value, updated_at, updated_by FROM agentrt_flow_limits();
 
 -- name: lock_flow_limit
 -- The limit's row as it was, under lock (its state before, for the audit).

@@ -50,6 +50,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
 from shared.cloudevents import AgentEvent, MalformedEvent
+from shared.db import CONNECTION_ERRORS, PRIMARY_LOST, count_connection, expire_stale
 from shared.kafka_client import KafkaClientSettings
 from shared.tracing import FENCING_TOKEN, RUN_ID, RUN_VERSION, TENANT, extract_context
 
@@ -80,16 +81,12 @@ DLQ_CONSUMER = "agentrt_dlq_consumer"
 DLQ_ATTEMPTS = "agentrt_dlq_attempts"
 DLQ_ORIGIN = "agentrt_dlq_origin"  # topic/partition/offset
 
-# The database is gone (from asyncpg, inside or outside the handler): retry, never dead-letter.
-_DB_LOST: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.CrashShutdownError,
-)
+# The database or its primary is gone (from asyncpg, inside or outside the handler): retry, never
+# dead-letter. shared.db's one table: connection loss, admin shutdown, a standby's `read-only
+# transaction`, no primary among a multi-host DSN's hosts.
+_DB_LOST: tuple[type[BaseException], ...] = PRIMARY_LOST
 # Outside the handler (pool, dedupe insert, commit) socket errors mean the same.
-_DB_UNAVAILABLE: tuple[type[BaseException], ...] = (*_DB_LOST, OSError, TimeoutError)
+_DB_UNAVAILABLE: tuple[type[BaseException], ...] = CONNECTION_ERRORS
 
 
 class _HandlerFailed(Exception):
@@ -156,7 +153,8 @@ class _WaitForBatch(ConsumerRebalanceListener):  # type: ignore[misc]
             pass
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        return None
+        # Operators (and the acceptance suite's broker-restart experiment) read this line to see a rejoin.
+        log.info("partitions assigned: %s", ",".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned)))
 
 
 class EventConsumer:
@@ -186,7 +184,8 @@ class EventConsumer:
     async def start(self) -> None:
         s = self.settings
         if self._pool is None:
-            self._pool = await asyncpg.create_pool(s.database_url, min_size=s.db_pool_min, max_size=s.db_pool_max)
+            self._pool = await asyncpg.create_pool(s.database_url, min_size=s.db_pool_min, max_size=s.db_pool_max,
+                                                    init=count_connection)
         common = s.kafka_client_kwargs()
         consumer = AIOKafkaConsumer(
             **common, group_id=s.group_id, enable_auto_commit=False, auto_offset_reset=s.auto_offset_reset,
@@ -277,6 +276,7 @@ class EventConsumer:
             except _DB_UNAVAILABLE as exc:
                 attempt -= 1
                 db_failures += 1
+                await expire_stale(exc, self._pool)
                 log.warning("database unavailable while applying %s (%s); retrying", event.id, exc)
                 if not await self._pause(self._backoff(db_failures), stopping):
                     return False

@@ -108,6 +108,7 @@ class RunInfo:
     last_trace_id: str = ""  # GetRun: the trace of the run's last step (look it up in your tracing backend)
     priority: int = 0  # 1 (lowest) .. 9 (highest)
     parent_run_id: str = ""  # a child run's parent (SpawnChildren); "" for a top-level run
+    waiting_for: str = ""  # what it waits for, in words (approval, signal, children, timer, retry, slot)
 
     @property
     def terminal(self) -> bool:
@@ -126,6 +127,7 @@ class RunInfo:
             created_at=_time(run, "created_at"), updated_at=_time(run, "updated_at"),
             finished_at=_time(run, "finished_at"), next_attempt_at=_time(run, "next_attempt_at"),
             last_trace_id=run.last_trace_id, priority=run.priority, parent_run_id=run.parent_run_id,
+            waiting_for=run.waiting_for,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -284,8 +286,16 @@ class AgentrtClient:
 
     async def tree(self, run_id: str, max_runs: int = 0) -> tuple[Sequence[tuple[int, RunInfo]], bool]:
         """The run and its descendants, breadth first, each with its depth; and whether more were left out."""
-        reply = await self._call(self._stub.GetRunTree, rs.GetRunTreeRequest(run_id=run_id, max_runs=max_runs))
-        return [(node.depth, RunInfo.from_proto(node.run)) for node in reply.nodes], reply.truncated
+        nodes, token = await self.tree_page(run_id, max_runs)
+        return nodes, bool(token)
+
+    async def tree_page(self, run_id: str, max_runs: int = 0,
+                        page_token: str = "") -> tuple[Sequence[tuple[int, RunInfo]], str]:
+        """One page of the run's tree (breadth first, each node with its depth) and the token of the next
+        page ("" on the last)."""
+        reply = await self._call(self._stub.GetRunTree, rs.GetRunTreeRequest(run_id=run_id, max_runs=max_runs,
+                                                                             page_token=page_token))
+        return [(node.depth, RunInfo.from_proto(node.run)) for node in reply.nodes], reply.next_page_token
 
     async def signal(self, run_id: str, name: str, payload: Any = None, *, request_id: str = "") -> SignalInfo:
         """Queues signal `name` for the run (woken at once if it waits for it). Safe to retry with a request_id."""
@@ -399,7 +409,7 @@ class AgentrtClient:
 
     async def set_limit(self, scope: str, name: str, value: str, *, tenant_id: str = "", subject: str = "",
                         reason: str = "", ticket_id: str = "") -> dict[str, Any]:
-        """Sets a runtime limit (README: Flow control); every replica applies it within limits_refresh_ms."""
+        """Sets a runtime limit (docs/flow-control.md); every replica applies it within limits_refresh_ms."""
         reply = await self._call(self._stub.SetLimit, rs.SetLimitRequest(
             scope=scope, tenant_id=tenant_id, subject=subject, name=name, value=value,
             note=rs.AuditNote(reason=reason, ticket_id=ticket_id)))

@@ -338,6 +338,31 @@ def test_every_long_running_container_has_probes_that_work_on_its_port(case: str
                 assert c[probe][handler]["port"] in declared, f"{component}: {probe} port is not a container port"
 
 
+def test_the_schedulers_readiness_follows_the_primary_and_its_liveness_does_not(chart: helm.Chart,
+                                                                               renders: Renders) -> None:
+    """docs/ha.md: on a plaintext port readiness asks for RunService (NOT_SERVING while no primary
+    takes writes); liveness and startup ask for "" (the process), so a failover restarts nothing.
+    With TLS on the scheduler's port every probe is a TCP connect (kubelet's gRPC probe speaks no TLS)."""
+    plain = renders("plaintext-dev-values")
+    assert not plain.values["tls"]["enabled"]
+    scheduler = plain.deployments()["scheduler"]["spec"]["template"]["spec"]["containers"][0]
+    assert scheduler["readinessProbe"]["grpc"]["service"] == "agentrt.v1.RunService"
+    assert "service" not in scheduler["livenessProbe"]["grpc"]
+    assert "service" not in scheduler["startupProbe"]["grpc"]
+    for component in ("executor", "relay"):
+        container = plain.deployments()[component]["spec"]["template"]["spec"]["containers"][0]
+        assert "service" not in container["readinessProbe"]["grpc"], component
+    values = load_case_values("plaintext-dev-values") or {}
+    values["database"] = {**values.get("database", {}), "readinessFollowsPrimary": False}
+    values["config"] = {**values.get("config", {}), "scheduler": {"db_probe_interval_s": 5}}
+    off = render(chart, values)
+    scheduler = off.deployments()["scheduler"]["spec"]["template"]["spec"]["containers"][0]
+    assert "service" not in scheduler["readinessProbe"]["grpc"]
+    assert "db_probe_interval_s: 5" in off.text
+    with_tls = renders("defaults").deployments()["scheduler"]["spec"]["template"]["spec"]["containers"][0]
+    assert set(with_tls["readinessProbe"]) >= {"tcpSocket"}
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_containers_run_the_agentrt_entry_points(case: str, renders: Renders) -> None:
     r = renders(case)
@@ -484,8 +509,8 @@ def test_no_secret_is_rendered(case: str, renders: Renders) -> None:
 def test_secret_names_only_appear_as_secret_references(renders: Renders) -> None:
     """Render with values that name existing Secrets: the names appear only where Secrets are referenced."""
     r = renders("production-values")
-    names = {"prod-agentrt-database", "prod-kafka-sasl", "prod-kafka-tls", "prod-openai", "prod-extra",
-             "prod-reconciler-key", "prod-kek"}
+    names = {"prod-agentrt-database", "prod-kafka-sasl", "prod-kafka-tls", "prod-openai", "prod-anthropic",
+             "prod-extra", "prod-reconciler-key", "prod-kek"}
     found: dict[str, list[str]] = {n: [] for n in names}
 
     def walk(node: Any, path: str) -> None:
@@ -532,6 +557,7 @@ def test_credentials_come_from_the_named_secrets(renders: Renders) -> None:
     assert ref("relay", "AGENTRT_KAFKA_SASL_USERNAME") == ("prod-kafka-sasl", "user")
     assert ref("relay", "AGENTRT_KAFKA_SASL_PASSWORD") == ("prod-kafka-sasl", "pass")
     assert ref("executor", "AGENTRT_OPENAI_API_KEY") == ("prod-openai", "key")
+    assert ref("executor", "AGENTRT_ANTHROPIC_API_KEY") == ("prod-anthropic", "key")
     assert ref("scheduler", "AGENTRT_ENCRYPTION_KEYS") == ("prod-kek", "ring")  # the scheduler's alone
     for component in ("executor", "relay"):
         (c,) = deployments[component]["spec"]["template"]["spec"]["containers"]

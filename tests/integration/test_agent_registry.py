@@ -4,16 +4,14 @@ served version's input schema (INVALID_ARGUMENT with the JSON path). Registratio
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
 import grpc
 import pytest
 from executor_support import executor, write_agent
+from helpers import run_agentrt, without_settings
 from support import reason_of, rpc_error, scheduler_stack
 
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
@@ -49,6 +47,8 @@ async def test_an_agent_nobody_serves_is_refused_and_nothing_is_written(db_url, 
         error = await rpc_error(submit(stack, "returns", {"order_id": 1}))
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and reason_of(error) == "AGENT_NOT_REGISTERED"
         assert error.details().startswith("no live executor serves agent 'returns'")
+        # The API's hint names the request field (the CLI swaps in its flag: the CLI test below).
+        assert error.details().endswith("or set allow_unregistered in the SubmitRunRequest to queue the run")
         assert await counts(db) == (0, 0)
         queued = await submit(stack, "returns", {"order_id": 1}, allow_unregistered=True)  # deployed later
         assert queued.created and queued.run.agent_name == "returns"
@@ -70,6 +70,7 @@ async def test_registered_versions_admit_submits_and_inputs_must_match_their_sch
         other = await rpc_error(submit(stack, "returns", {"order_id": 1}, version="11"))
         assert reason_of(other) == "AGENT_NOT_REGISTERED"
         assert "version '11' of agent 'returns' (versions served: 9, 10)" in other.details()
+        assert "set allow_unregistered in the SubmitRunRequest" in other.details()
         # A queued submit of an unserved version still creates its run; a served one's input is still checked.
         assert (await submit(stack, "returns", {"order_id": 1}, version="11", allow_unregistered=True)).created
         bad = await rpc_error(submit(stack, "returns", {"order_id": "x"}, allow_unregistered=True))
@@ -143,13 +144,8 @@ async def test_an_executor_registers_its_agents_while_it_lives_and_withdraws_the
 
 async def cli(*args: str, addr: str) -> tuple[int, str, str]:
     """The real CLI as a process (the scheduler answers from this test's event loop meanwhile)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRT_")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "devstack.cli", *args, "--addr", addr, "--tenant", "acme", cwd=REPO_ROOT, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode().strip(), err.decode().strip()
+    code, out, err = await run_agentrt(*args, "--addr", addr, "--tenant", "acme", env=without_settings())
+    return code, out.strip(), err.strip()
 
 
 async def test_the_cli_lists_agents_and_says_why_a_submit_is_refused(db_url, db):
@@ -163,7 +159,10 @@ async def test_the_cli_lists_agents_and_says_why_a_submit_is_refused(db_url, db)
         assert code == 0 and json.loads(out)["agents"][0]["input_schema"] == ORDER_SCHEMA
         assert await cli("runs", "submit", "nobody", addr=stack.addr) == (
             1, "", "agentrt runs: error: AGENT_NOT_REGISTERED: no live executor serves agent 'nobody'; deploy it, "
-                   "or submit with allow_unregistered to queue the run")
+                   "or submit with --allow-unregistered to queue the run")
+        assert await cli("runs", "submit", "nobody", "--agent-version", "3", addr=stack.addr) == (
+            1, "", "agentrt runs: error: AGENT_NOT_REGISTERED: no live executor serves version '3' of agent 'nobody' "
+                   "(versions served: none); deploy it, or submit with --allow-unregistered to queue the run")
         code, out, _ = await cli("runs", "submit", "nobody", "--allow-unregistered", addr=stack.addr)
         assert code == 0 and out.startswith("submitted: ")
         assert await cli("runs", "submit", "returns", "--input", '{"order_id": "x"}', addr=stack.addr) == (

@@ -1,5 +1,5 @@
 """RunService authentication and authorization: every credential kind × role × RPC, tenants taken
-from the credential, revocation across replicas, and the audit trail (README, Security)."""
+from the credential, revocation across replicas, and the audit trail (docs/keys-and-tls.md)."""
 
 from __future__ import annotations
 

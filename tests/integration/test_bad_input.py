@@ -687,7 +687,7 @@ CASES: list[Bad] = [
     Bad("SpawnChildren", "child label with NUL", lambda r: r.children[0].labels.update({"k": "v\x00"}),
         "children[0].labels"),
     Bad("SpawnChildren", "child max_steps negative", lambda r: setattr(r.children[0].budget, "max_steps", -1),
-        "children[0].budget"),
+        "children[0].budget.max_steps"),
     Bad("SpawnChildren", "child max_cost_usd NaN", lambda r: setattr(r.children[0].budget, "max_cost_usd", math.nan),
         "children[0].budget.max_cost_usd"),
     Bad("SpawnChildren", "child deadline", lambda r: r.children[0].budget.deadline.FromSeconds(4_102_444_800),

@@ -3,14 +3,11 @@ bootstrap a key with the database URL, manage keys over the API, act, read the t
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 
 import pytest
+from helpers import run_agentrt, without_settings
 from support import TENANT, scheduler_stack
-from tests_paths import REPO
 
 from devstack.certs import make_authority
 
@@ -18,13 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 async def agentrt(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRT_")}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", *args, cwd=REPO,
-                                                env={**clean, **(env or {})}, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await run_agentrt(*args, env=without_settings(env))
 
 
 async def test_keys_and_audit_from_the_cli(db_url):

@@ -2,14 +2,12 @@
 an empty runs list, the outbox's database named on the subcommand (or not at all), a bad run id, and the
 starter agent a default Helm install serves."""
 
-import asyncio
 import json
-import os
-import sys
 
 import pytest
 import yaml
 from executor_support import executor
+from helpers import run_agentrt, without_settings
 from support import scheduler_stack, submit
 from tests_paths import REPO
 
@@ -21,13 +19,7 @@ NO_DATABASE = ("agentrt outbox: error: --database-url: name the outbox's Postgre
 
 async def agentrt(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Run `python -m devstack.cli ARGS` with no AGENTRT_* settings but those in `env`."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRT_")}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", *args, cwd=REPO,
-                                                env={**clean, **(env or {})},
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await run_agentrt(*args, env=without_settings(env))
 
 
 async def test_runs_list_of_a_tenant_without_runs_says_so(db_url):

@@ -1,12 +1,10 @@
 """`agentrt runs …` / `agentrt tools resolve` against a live scheduler, as a user would run them."""
 
-import asyncio
 import json
-import sys
 
 import pytest
+from helpers import run_agentrt
 from support import claim, eid, lease_ref, scheduler_stack, submit, tool_state
-from tests_paths import REPO
 
 from devstack.embedded_pg import free_port
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
@@ -19,10 +17,7 @@ async def agentrt(*args: str, addr: str | None = None, tenant: str = "tenant-a")
     extra = ["--tenant", tenant] if tenant else []
     if addr:
         extra += ["--addr", addr]
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", *args, *extra, cwd=REPO,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    return proc.returncode, out.decode(), err.decode()
+    return await run_agentrt(*args, *extra)
 
 
 async def test_every_runs_command_against_a_live_scheduler(db_url):

@@ -18,7 +18,6 @@ import collections
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support import TENANT
 
+from devstack.embedded_pg import free_port
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 
@@ -40,12 +40,6 @@ WORKER_SCRIPT = Path(__file__).with_name("_claim_worker.py")
 RUNS = 1000
 LEASE_MS = 3000
 ABANDON_EVERY = 40  # per worker thread, of its first claims (fence 1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -28,7 +28,8 @@ async def test_small_refunds_complete_and_large_ones_wait_for_approval(db_url, t
             paused = await client.wait(large.run_id, until={"COMPLETED", "FAILED", "PAUSED_HUMAN"}, timeout_s=30)
             large.update(paused)
             assert paused.status == "PAUSED_HUMAN" and paused.current_step_key.startswith(demo.APPROVAL_NODE)
-            assert "approve with `agentrt runs resume " + large.run_id in paused.pause_reason
+            assert f"approve with ResumeRun (run_id {large.run_id}, decision APPROVE" in paused.pause_reason
+            assert f"`agentrt runs resume {large.run_id} --approve --tenant " in paused.pause_reason
             assert large.outcome(auto_approve=False) == demo.AWAITING_APPROVAL
             # Nothing after the approval node ran before a person said yes.
             history = await client.history(large.run_id)

@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from helpers import run_agentrt
 from tests_paths import REPO
 
 from devstack.embedded_pg import free_port, pid_alive
@@ -59,7 +60,7 @@ def assert_nothing_left(data_dir: Path) -> None:
     state = json.loads((data_dir / "stack.json").read_text())
     assert state["stopped"] is True
     pids = [*state["pids"].values(), state["broker_pid"], state["postgres_pid"]]
-    assert all(pids) and len(pids) == 7  # scheduler, mocktool, 2 executors, relay, broker, PostgreSQL
+    assert all(pids) and len(pids) == 8  # scheduler, mocktool, 2 executors, relay, console, broker, PostgreSQL
     alive = [pid for pid in pids if pid_alive(pid)]
     assert not alive, f"still running: {alive}"
 
@@ -131,10 +132,7 @@ async def test_an_external_postgresql_and_kafka_are_used_and_left_running(db_url
 
 
 async def agentrt(*args: str, within_s: float = 60) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", *args, cwd=REPO, env=dev_env(),
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), within_s)
-    return proc.returncode or 0, out.decode(), err.decode()
+    return await run_agentrt(*args, env=dev_env(), within_s=within_s)
 
 
 def one_error_line(err: str) -> bool:
@@ -177,6 +175,12 @@ async def test_every_cli_command_against_a_live_stack_then_error_exits_once_it_i
         assert state["auth_mode"] == "api_key" and state["api_key_file"] == str(data_dir / "api_key")
         key = ["--api-key", (data_dir / "api_key").read_text().strip()]
         assert any("export AGENTRT_API_KEY=$(cat" in line for line in seen)
+        # The operator console runs beside the stack, and dev says where.
+        console_url = state["console_url"]
+        assert console_url.startswith("http://localhost:") and any(f"console on {console_url}" in line
+                                                                    for line in seen)
+        async with aiohttp.ClientSession() as http, http.get(f"{console_url}/signin") as reply:
+            assert reply.status == 200 and "Sign in to the agentrt console" in await reply.text()
         code, _, err = await agentrt("runs", "list", "--addr", addr, "--tenant", "demo")
         assert code == 1 and one_error_line(err) and "needs a credential" in err, err
         scope = ["--addr", addr, "--tenant", "demo", *key]

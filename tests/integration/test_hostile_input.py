@@ -155,7 +155,7 @@ async def test_executor_token_is_checked_before_the_bytes(db_url):
 async def test_message_over_the_receive_limit_is_resource_exhausted(db_url, db):
     settings = {"max_payload_bytes": 1024}
     limit = max_receive_bytes(SchedulerSettings(database_url=db_url, **settings))
-    assert limit == 1024 * 4 + (1 << 20)  # the README's error table states this formula
+    assert limit == 1024 * 4 + (1 << 20)  # docs/errors.md's table states this formula
     async with scheduler_stack(db_url, **settings) as stack:
         before = await snapshot(db)
         submit_run = raw(stack, "/agentrt.v1.RunService/SubmitRun")

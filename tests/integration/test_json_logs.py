@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from executor_support import http_tool, mock_tool, scripted_agent, write_agent
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from devstack.embedded_pg import free_port
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
@@ -33,12 +33,6 @@ TENANT = "tenant-logs"
 REQUIRED = ("time", "level", "service", "logger", "message")
 RFC3339_MS_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 DEADLINE_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def child_env(**extra: str) -> dict[str, str]:

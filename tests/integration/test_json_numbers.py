@@ -14,11 +14,13 @@ import hashlib
 import json
 import math
 import random
+import re
 import struct
+from pathlib import Path
 
 import grpc
 import pytest
-from support import claim, eid, lease_ref, scheduler_stack, tool_state
+from support import claim, eid, lease_ref, rpc_error, scheduler_stack, tool_state
 
 from shared.canonical import canonical_json, request_hash
 from shared.gen.agentrt.v1 import common_pb2 as pb
@@ -148,3 +150,110 @@ async def test_a_number_written_out_past_the_payload_limit_is_refused(db_url):
         accepted = await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="demo", input_json='{"n": [1e300]}'),
                                               metadata=stack.md())
         assert accepted.run.input_json == '{"n":[1' + "0" * 300 + "]}"
+
+
+def _documented_number_table() -> list[tuple[str, str]]:
+    """The API reference's table of how JSON numbers come back (sent → read back), as the reader sees it."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "rpcs.md").read_text()
+    block = text.split("<!-- json-numbers:begin", 1)[1].split("<!-- json-numbers:end -->", 1)[0]
+    rows = []
+    for line in block.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or not cells[0].startswith("`"):
+            continue
+        sent, back = cells[0].strip("`"), cells[1]
+        spelled = re.fullmatch(r"`(\d+)` followed by (\d+) zeros", back)
+        rows.append((sent, spelled[1] + "0" * int(spelled[2]) if spelled else back.strip("`")))
+    return rows
+
+
+async def test_numbers_come_back_as_the_docs_say(db_url):
+    rows = _documented_number_table()
+    assert len(rows) >= 8, rows
+    sent_text = "{" + ",".join(f'"k{i}":{sent}' for i, (sent, _) in enumerate(rows)) + "}"
+    # Keys sort as text (k0, k1, k10, ...): build the expected object in that order.
+    ordered = sorted(range(len(rows)), key=lambda i: f"k{i}")
+    expected = "{" + ",".join(f'"k{i}":{rows[i][1]}' for i in ordered) + "}"
+    async with scheduler_stack(db_url) as stack:
+        submitted = await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="demo", input_json=sent_text),
+                                               metadata=stack.md())
+        got = await stack.runs.GetRun(rs.GetRunRequest(run_id=submitted.run.run_id), metadata=stack.md())
+        assert got.input_json == expected
+        lease = await claim(stack)
+        assert lease is not None and lease.run.input_json == expected
+        # Checkpoint state takes the same form.
+        state_text = json.dumps(tool_state(STEP, TOOL, {"a": 1}, numbers=[]))[:-1] + f',"sent":{sent_text}}}'
+        await stack.work.SaveCheckpoint(ws.SaveCheckpointRequest(
+            lease=lease_ref(lease), expected_version=0, state_json=state_text, schema_version=1, step_key=STEP,
+            event_id=eid()))
+        history = await stack.runs.GetRunHistory(rs.GetRunHistoryRequest(run_id=lease.run.run_id),
+                                                 metadata=stack.md())
+        assert f'"sent":{expected}' in history.checkpoints[-1].state_json
+
+        for bad in ("NaN", "Infinity", "-Infinity"):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="demo", input_json=f'{{"x":{bad}}}'),
+                                           metadata=stack.md())
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "input_json" in (caught.value.details() or "")
+
+
+async def test_hashes_are_rfc8785_so_80_and_80_point_0_are_one_request_and_older_hashes_still_match(db_url, db):
+    from shared.canonical import legacy_request_hash, sha256_of
+
+    async with scheduler_stack(db_url) as stack:
+        # A submit as Python writes it (80.0) and its retry as JSON.stringify writes it (80): one run.
+        first = await stack.runs.SubmitRun(rs.SubmitRunRequest(
+            agent_name="demo", input_json='{"amount": 80.0}', client_request_id="order-80"), metadata=stack.md())
+        again = await stack.runs.SubmitRun(rs.SubmitRunRequest(
+            agent_name="demo", input_json='{"amount":80}', client_request_id="order-80"), metadata=stack.md())
+        assert again.run.run_id == first.run.run_id and first.created and not again.created
+        other = await rpc_error(stack.runs.SubmitRun(rs.SubmitRunRequest(
+            agent_name="demo", input_json='{"amount":80.5}', client_request_id="order-80"), metadata=stack.md()))
+        assert other.code() == grpc.StatusCode.ALREADY_EXISTS
+
+        # A submit stored by a release before RFC 8785 (its hash over canonical_json) and retried after.
+        old = await stack.runs.SubmitRun(rs.SubmitRunRequest(
+            agent_name="demo", input_json='{"amount": 9.5}', client_request_id="order-old"), metadata=stack.md())
+        identity = {"agent_name": "demo", "agent_version": old.run.agent_version, "input": {"amount": 9.5},
+                    "max_attempts": old.run.max_attempts, "labels": {}, "budget": [0, 0, 0.0, None]}
+        await db.execute("UPDATE agent_runs SET submit_hash = $2 WHERE id = $1::uuid", old.run.run_id,
+                         sha256_of(identity))
+        retried = await stack.runs.SubmitRun(rs.SubmitRunRequest(
+            agent_name="demo", input_json='{"amount": 9.5}', client_request_id="order-old"), metadata=stack.md())
+        assert retried.run.run_id == old.run.run_id and not retried.created
+
+        # Tx1 after an upgrade: the checkpoint records the decision with the old hash (an executor of the
+        # earlier release decided it); the scheduler hashes request_json by RFC 8785 and still matches.
+        lease = await claim(stack)
+        assert lease is not None
+        request = {"amount": 80.0, "rate": 1.5e-07}
+        assert legacy_request_hash(TOOL, request) != request_hash(TOOL, request)
+        state = tool_state(STEP, TOOL, request)
+        state["pending_tool"]["request_hash"] = legacy_request_hash(TOOL, request).hex()
+        saved = await stack.work.SaveCheckpoint(ws.SaveCheckpointRequest(
+            lease=lease_ref(lease), expected_version=0, state_json=json.dumps(state), schema_version=1,
+            step_key=STEP, event_id=eid()))
+        wrong = await rpc_error(stack.work.BeginToolCall(ws.BeginToolCallRequest(
+            lease=lease_ref(lease), expected_version=saved.version, step_key=STEP, tool_name=TOOL,
+            idempotency_key="k-80", request_json='{"amount": 81}', execution_id=eid(), event_id=eid())))
+        assert wrong.code() == grpc.StatusCode.FAILED_PRECONDITION
+        begun = await stack.work.BeginToolCall(ws.BeginToolCallRequest(
+            lease=lease_ref(lease), expected_version=saved.version, step_key=STEP, tool_name=TOOL,
+            idempotency_key="k-80", request_json=json.dumps(request), execution_id=eid(), event_id=eid()))
+        # The ledger keeps the RFC 8785 hash, which any language recomputes from the request.
+        assert begun.execution.request_hash == request_hash(TOOL, {"amount": 80, "rate": 1.5e-7}).hex()
+        assert begun.execution.request_hash == hashlib.sha256(
+            b'{"request":{"amount":80,"rate":1.5e-7},"tool":"payments.charge"}').hexdigest()
+
+        # Tx2 + Tx1 in one call: the next decision recorded with the old hash is accepted as well.
+        next_step, next_request = "pay2/attempt-1", {"amount": 2.0}
+        after = tool_state(next_step, TOOL, next_request)
+        after["pending_tool"]["request_hash"] = legacy_request_hash(TOOL, next_request).hex()
+        chained = await stack.work.CompleteAndBeginToolCall(ws.CompleteAndBeginToolCallRequest(
+            lease=lease_ref(lease), expected_version=saved.version, step_key=STEP,
+            outcome=ws.TOOL_OUTCOME_SUCCEEDED, response_json='{"ok": true}', state_json=json.dumps(after),
+            schema_version=1, event_id=eid(),
+            next=ws.NextToolCall(step_key=next_step, tool_name=TOOL, idempotency_key="k-2",
+                                 request_json=json.dumps(next_request), execution_id=eid(), event_id=eid())))
+        assert chained.execution.request_hash == request_hash(TOOL, {"amount": 2}).hex()

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from scheduler.queries import Q
-from scheduler.store import _init_connection
+from shared.db import init_connection
 
 pytestmark = pytest.mark.integration
 LEDGER_WRITES = ("complete_tool_call", "complete_and_begin_tool_call", "tool_not_executed", "mark_tool_in_doubt")
@@ -192,7 +192,7 @@ async def test_a_submits_fair_share_pass_is_two_index_probes(db_url):
     (agent_claim_ready_idx), each an index scan under a LIMIT: no scan of a tenant's or the queue's rows."""
     db = await asyncpg.connect(db_url)
     try:
-        await _init_connection(db)
+        await init_connection(db)
         await db.execute(
             """
             INSERT INTO agent_runs (id, tenant_id, agent_name, status, priority, fair_pass, claim_ready)

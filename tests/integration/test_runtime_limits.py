@@ -177,5 +177,5 @@ async def test_agentrt_limits_set_list_clear_and_status(db_url):
                                        addr=stack.addr)
         assert code != 0 and out == ""
         assert err.strip().splitlines() == [
-            "agentrt limits: error: value: rate 'fast': write calls per window, e.g. 100/min, 5/s or 1000/h "
-            "(or 0: no rate limit)"]
+            "agentrt limits: error: value: rate 'fast': 1 to 1000000000 calls per window (s, min or h), "
+            "e.g. 100/min, 5/s or 1000/h (or 0: no rate limit)"]

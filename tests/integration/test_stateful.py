@@ -50,10 +50,10 @@ from scheduler.store import (
     Store,
     SubmitSpec,
     ToolIntent,
-    _init_connection,
     connect_pool,
 )
 from shared.canonical import request_hash
+from shared.db import init_connection
 from shared.errors import (
     AgentrtError,
     AlreadyExists,
@@ -1075,7 +1075,7 @@ def test_random_interleavings_keep_the_reference_invariants(db_url):
     pool = loop.run_until_complete(connect_pool(db_url, min_size=1, max_size=2))
     conn = loop.run_until_complete(asyncpg.connect(db_url))
     try:
-        loop.run_until_complete(_init_connection(conn))
+        loop.run_until_complete(init_connection(conn))
         store = Store(pool, SchedulerSettings(database_url=db_url, **STORE_SETTINGS))
         run_state_machine_as_test(
             lambda: Runtime(loop, store, conn),

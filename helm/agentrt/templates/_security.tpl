@@ -231,6 +231,7 @@ Without TLS, and for the executors' and relay's plaintext health ports, native g
 {{- define "agentrt.probeHandler" -}}
 {{- $root := index . 0 -}}
 {{- $component := index . 1 -}}
+{{- $readiness := and (gt (len .) 2) (eq (index . 2) "readiness") -}}
 {{- $port := include "agentrt.healthPort" (list $root $component) | int -}}
 {{- if and (eq $component "scheduler") $root.Values.tls.enabled -}}
 tcpSocket:
@@ -238,6 +239,11 @@ tcpSocket:
 {{- else -}}
 grpc:
   port: {{ $port }}
+{{- /* The scheduler's readiness follows the database: RunService answers NOT_SERVING while no
+     primary takes writes (a failover; docs/ha.md). Liveness ("") stays SERVING: no restart. */}}
+{{- if and $readiness (eq $component "scheduler") $root.Values.database.readinessFollowsPrimary }}
+  service: agentrt.v1.RunService
+{{- end -}}
 {{- end -}}
 {{- end -}}
 

@@ -97,7 +97,9 @@ async def test_join_any_resumes_with_the_first_child_that_ended(db_url, db, tmp_
         assert done.status == pb.RUN_STATUS_COMPLETED, done.terminal_reason
         joined = json.loads(done.result_json)["joined"]
         assert joined["timed_out"] is False
-        assert [c["status"] for c in joined["children"]] == ["QUEUED", "COMPLETED", "QUEUED"]
+        statuses = [c["status"] for c in joined["children"]]
+        # The quick child ended first; the slow ones had not ended (asleep, or in a step when it was read).
+        assert statuses[1] == "COMPLETED" and {statuses[0], statuses[2]} <= {"QUEUED", "RUNNING"}, statuses
         assert joined["children"][1]["result"] == {"n": 7}
 
 

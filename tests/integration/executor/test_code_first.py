@@ -132,3 +132,25 @@ async def test_a_tool_with_the_wrong_signature_stops_the_executor_at_start_with_
     assert lines[0] == (f"agentrt executor: error: DefinitionError: {agents / 'greeter-1.yaml'}: tools.0.callable: "
                         "wrong_tools:greet(args) cannot be called as (arguments, ToolCallContext): "
                         "too many positional arguments")
+
+
+async def test_a_code_first_tool_with_the_wrong_signature_stops_the_executor_at_start_with_one_line(tmp_path):
+    # The case: @tool on a function without the context parameter. The executor calls the tool
+    # object (whose own signature fits), so the function inside must be checked when it is declared.
+    (tmp_path / "bad_code_tools.py").write_text(
+        "from __future__ import annotations\nfrom pydantic import BaseModel\n"
+        "from executor.sdk import Finish, ToolCall, agent, tool\n"
+        "class A(BaseModel):\n    x: int = 0\n"
+        "@tool('bad.one', A)\ndef one(args: A):\n    return {'x': args.x}\n"
+        "@agent(name='bad', version='1', tools=[one])\ndef bad(ctx):\n    return ToolCall('bad.one', {})\n")
+    env = {**os.environ, "AGENTRT_SCHEDULER_ADDR": "127.0.0.1:1", "AGENTRT_HEALTH_ADDR": "127.0.0.1:0",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "devstack.cli", "executor", "--agents", "bad_code_tools", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, lines
+    assert lines[0] == ("agentrt executor: error: DefinitionError: bad_code_tools: (module): cannot import: "
+                        "TypeError: tool bad.one: bad_code_tools:one(args: 'A') cannot be called as "
+                        "(args, ToolCallContext): too many positional arguments")

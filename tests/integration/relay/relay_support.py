@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from helpers import wait_until
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
@@ -50,19 +49,6 @@ async def running_relay(settings: RelaySettings, tracer_provider: Any = None) ->
         yield server
     finally:
         await server.stop()
-
-
-async def wait_until(check: Callable[[], Awaitable[Any]], within_s: float, what: str,
-                     interval: float = 0.05) -> Any:
-    """Polls `check` until it returns a truthy value; fails with `what` at the deadline."""
-    deadline = time.monotonic() + within_s
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within_s:g}s waiting for {what} (last: {value!r})")
-        await asyncio.sleep(interval)
 
 
 async def make_run(db: asyncpg.Connection, tenant: str = "tenant-a") -> uuid.UUID:

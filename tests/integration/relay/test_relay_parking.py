@@ -3,14 +3,11 @@ the operator's `agentrt outbox skip|retry` releases the run."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 
 import pytest
+from helpers import run_agentrt, without_settings
 from relay_support import (
-    REPO_ROOT,
     TopicReader,
     insert_events,
     make_run,
@@ -26,14 +23,7 @@ LIMIT = 4_096
 
 
 async def cli(db_url: str, *args: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRT_")}
-    env["AGENTRT_DATABASE_URL"] = db_url
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "devstack.cli", "outbox", *args, cwd=REPO_ROOT, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    return await run_agentrt("outbox", *args, env=without_settings({"AGENTRT_DATABASE_URL": db_url}))
 
 
 def poison_payload(n: int) -> dict:

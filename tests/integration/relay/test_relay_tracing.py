@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind
-from relay_support import pending_count, relay_settings, running_relay, wait_until
+from relay_support import TopicReader, pending_count, relay_settings, running_relay, wait_until
 from support import scheduler_stack, submit
 from test_relay_exactly_once import consumer_settings
 
@@ -87,6 +87,18 @@ async def test_consumer_span_continues_the_writers_trace(db_url, db, kafka_boots
     assert span.attributes["agentrt.tenant_id"] == "tenant-a"
     assert span.attributes["messaging.message.id"] == str(row["event_id"])
     assert seen_inside == [span.context], "the handler ran inside the consumer span"
+
+    # The record carries the hop's context as `traceparent` and the writer's, unchanged, as the
+    # CloudEvents distributed-tracing extension (`ce_traceparent`).
+    reader = await TopicReader(kafka_bootstrap, [settings.topic]).start()
+    try:
+        await reader.read_until(lambda records: len(records) >= 1, 30, "the record")
+    finally:
+        await reader.stop()
+    headers = {name: value.decode() for name, value in reader.records[0].headers}
+    assert headers["ce_traceparent"] == row["traceparent"]
+    hop_span = publishes[0].context.span_id if relay_records else int(parent_hex, 16)
+    assert headers["traceparent"].split("-")[1:3] == [trace_hex, f"{hop_span:016x}"]
 
 
 async def _drained(db) -> bool:

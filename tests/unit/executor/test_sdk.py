@@ -174,3 +174,91 @@ def test_a_python_file_named_as_a_definition_file_says_how_to_name_a_module(tmp_
         AgentCatalog.load(str(tmp_path / "mod.py"))
     assert caught.value.problem.startswith("not an agent definition file (*.yaml, *.yml, *.toml); a Python module "
                                            "is named by its dotted name (")
+
+
+# Every way a python tool is declared (a YAML callable or lookup_callable, a @tool function or its
+# lookup) is checked before the first call: a callable that cannot take the call's arguments never
+# becomes an in-doubt run.
+_BAD_TOOLS = {
+    "code_tool": (
+        "@tool('bad.one', A)\ndef one(args: A):\n    return {}\n",
+        "tool bad.one: {m}:one(args: 'A') cannot be called as (args, ToolCallContext): "
+        "too many positional arguments"),
+    "code_tool_keyword_only": (
+        "@tool('bad.one', A)\ndef one(args: A, ctx, *, extra):\n    return {}\n",
+        "tool bad.one: {m}:one(args: 'A', ctx, *, extra) cannot be called as (args, ToolCallContext): "
+        "missing a required argument: 'extra'"),
+    "code_tool_lookup": (
+        "def find(key):\n    return None\n"
+        "@tool('bad.one', A, lookup=find)\ndef one(args: A, ctx):\n    return {}\n",
+        "tool bad.one: {m}:one.lookup(key) cannot be called as (idempotency_key, ToolCallContext): "
+        "too many positional arguments"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_TOOLS))
+def test_a_code_first_tool_that_cannot_be_called_as_declared_is_refused_when_its_module_loads(
+        case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source, problem = _BAD_TOOLS[case]
+    module = f"bad_tools_{case}"
+    (tmp_path / f"{module}.py").write_text(
+        "from __future__ import annotations\nfrom pydantic import BaseModel\n"
+        "from executor.sdk import ToolCall, agent, tool\n"
+        "class A(BaseModel):\n    x: int = 0\n" + source
+        + "@agent(name='bad', version='1', tools=[one])\ndef bad(ctx):\n    return ToolCall('bad.one', {})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(DefinitionError) as caught:
+        AgentCatalog.load(module)
+    assert str(caught.value) == f"{module}: (module): cannot import: TypeError: {problem.format(m=module)}"
+
+
+def test_a_yaml_lookup_callable_that_cannot_be_called_as_declared_stops_the_executor_at_start() -> None:
+    data = _definition(f"{MODULE}:greeter", f"{MODULE}:greet")
+    data["tools"][0].update(lookup_callable=f"{MODULE}:takes_nothing",  # type: ignore[index]
+                            contract={"lookup": True})
+    definition = parse_definition(data, "checked.yaml")
+
+    async def build() -> None:
+        async with aiohttp.ClientSession() as session:
+            ToolRegistry([definition], session)
+
+    with pytest.raises(DefinitionError) as caught:
+        asyncio.run(build())
+    assert caught.value.field == "tools.0.lookup_callable"
+    assert "cannot be called as (idempotency_key, ToolCallContext)" in caught.value.problem
+
+
+def test_a_call_that_does_not_bind_is_a_definite_failure_and_a_type_error_inside_is_unknown() -> None:
+    from executor.agents import PythonTool
+    from executor.errors import ErrorClass, classify
+    from executor.sdk import CodeTool
+    from executor.tools.base import signature_of
+    from executor.tools.python import PythonToolAdapter
+
+    ran: list[object] = []
+
+    def takes_one(args: object) -> object:  # what a declaration check would refuse, reached past it
+        ran.append(args)
+        return {}
+
+    definition = PythonTool(kind="python", name="late", input_schema={"type": "object"},
+                            callable=f"{MODULE}:greet")
+    unbound = CodeTool(takes_one, definition, None, None)
+    with pytest.raises(Exception) as caught:
+        asyncio.run(unbound({"x": 1}, CTX))
+    assert type(caught.value).__name__ == "ToolNotCallable" and ran == []
+
+    adapter = PythonToolAdapter(definition)
+    adapter.func = unbound  # the object the executor calls: its call binds; the function inside does not
+    outcome = asyncio.run(adapter.call({"x": 1}, CTX))
+    assert (outcome.ok, outcome.error_code) == (False, "tool_not_callable") and ran == []
+    assert classify(outcome.error_code) is ErrorClass.DEFINITE_NO_EFFECT
+
+    def raises_type_error(args: object, ctx: object) -> object:  # it ran: a TypeError from inside is unknown
+        ran.append(args)
+        raise TypeError("inside the tool")
+
+    adapter.func, adapter.signature = raises_type_error, signature_of(raises_type_error)
+    outcome = asyncio.run(adapter.call({"x": 2}, CTX))
+    assert (outcome.ok, outcome.error_code) == (False, "tool_crashed") and ran == [{"x": 2}]
+    assert classify(outcome.error_code) is ErrorClass.UNKNOWN_OUTCOME

@@ -148,14 +148,16 @@ class ListRunsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[_common_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelRunRequest(_message.Message):
-    __slots__ = ("run_id", "reason", "note")
+    __slots__ = ("run_id", "reason", "note", "request_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     reason: str
     note: AuditNote
-    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class SignalRunRequest(_message.Message):
     __slots__ = ("run_id", "name", "payload_json", "request_id")
@@ -180,12 +182,14 @@ class SignalRunResponse(_message.Message):
     def __init__(self, signal: _Optional[_Union[_common_pb2.Signal, _Mapping]] = ..., created: _Optional[bool] = ..., run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ...) -> None: ...
 
 class GetRunTreeRequest(_message.Message):
-    __slots__ = ("run_id", "max_runs")
+    __slots__ = ("run_id", "max_runs", "page_token")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_RUNS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     max_runs: int
-    def __init__(self, run_id: _Optional[str] = ..., max_runs: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, run_id: _Optional[str] = ..., max_runs: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class RunTreeNode(_message.Message):
     __slots__ = ("run", "depth")
@@ -196,12 +200,14 @@ class RunTreeNode(_message.Message):
     def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., depth: _Optional[int] = ...) -> None: ...
 
 class GetRunTreeResponse(_message.Message):
-    __slots__ = ("nodes", "truncated")
+    __slots__ = ("nodes", "truncated", "next_page_token")
     NODES_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[RunTreeNode]
     truncated: bool
-    def __init__(self, nodes: _Optional[_Iterable[_Union[RunTreeNode, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, nodes: _Optional[_Iterable[_Union[RunTreeNode, _Mapping]]] = ..., truncated: _Optional[bool] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ScheduleSpec(_message.Message):
     __slots__ = ("agent_name", "agent_version", "input_json", "labels", "interval_ms", "cron", "time_zone", "overlap", "catch_up_window_ms", "jitter_ms")
@@ -261,12 +267,14 @@ class Schedule(_message.Message):
     def __init__(self, schedule_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., name: _Optional[str] = ..., spec: _Optional[_Union[ScheduleSpec, _Mapping]] = ..., paused: _Optional[bool] = ..., next_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_run_id: _Optional[str] = ..., last_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fires: _Optional[int] = ..., skipped: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateScheduleRequest(_message.Message):
-    __slots__ = ("name", "spec")
+    __slots__ = ("name", "spec", "request_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     spec: ScheduleSpec
-    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Union[ScheduleSpec, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Union[ScheduleSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CreateScheduleResponse(_message.Message):
     __slots__ = ("schedule", "created")
@@ -277,26 +285,32 @@ class CreateScheduleResponse(_message.Message):
     def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class UpdateScheduleRequest(_message.Message):
-    __slots__ = ("schedule_id", "spec")
+    __slots__ = ("schedule_id", "spec", "request_id")
     SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     schedule_id: str
     spec: ScheduleSpec
-    def __init__(self, schedule_id: _Optional[str] = ..., spec: _Optional[_Union[ScheduleSpec, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, schedule_id: _Optional[str] = ..., spec: _Optional[_Union[ScheduleSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class PauseScheduleRequest(_message.Message):
-    __slots__ = ("schedule_id", "paused")
+    __slots__ = ("schedule_id", "paused", "request_id")
     SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     schedule_id: str
     paused: bool
-    def __init__(self, schedule_id: _Optional[str] = ..., paused: _Optional[bool] = ...) -> None: ...
+    request_id: str
+    def __init__(self, schedule_id: _Optional[str] = ..., paused: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class DeleteScheduleRequest(_message.Message):
-    __slots__ = ("schedule_id",)
+    __slots__ = ("schedule_id", "request_id")
     SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     schedule_id: str
-    def __init__(self, schedule_id: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, schedule_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ListSchedulesRequest(_message.Message):
     __slots__ = ()
@@ -309,23 +323,25 @@ class ListSchedulesResponse(_message.Message):
     def __init__(self, schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ...) -> None: ...
 
 class ResumeRunRequest(_message.Message):
-    __slots__ = ("run_id", "decision", "input_json", "operator", "comment", "note")
+    __slots__ = ("run_id", "decision", "input_json", "operator", "comment", "note", "request_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     COMMENT_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     decision: ResumeDecision
     input_json: str
     operator: str
     comment: str
     note: AuditNote
-    def __init__(self, run_id: _Optional[str] = ..., decision: _Optional[_Union[ResumeDecision, str]] = ..., input_json: _Optional[str] = ..., operator: _Optional[str] = ..., comment: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, run_id: _Optional[str] = ..., decision: _Optional[_Union[ResumeDecision, str]] = ..., input_json: _Optional[str] = ..., operator: _Optional[str] = ..., comment: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ResolveToolExecutionRequest(_message.Message):
-    __slots__ = ("run_id", "step_key", "outcome", "result_json", "remote_resource_id", "evidence_json", "resolved_by", "rule_version", "event_id", "note")
+    __slots__ = ("run_id", "step_key", "outcome", "result_json", "remote_resource_id", "evidence_json", "resolved_by", "rule_version", "event_id", "note", "request_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_KEY_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
@@ -336,6 +352,7 @@ class ResolveToolExecutionRequest(_message.Message):
     RULE_VERSION_FIELD_NUMBER: _ClassVar[int]
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     step_key: str
     outcome: ResolutionOutcome
@@ -346,7 +363,8 @@ class ResolveToolExecutionRequest(_message.Message):
     rule_version: str
     event_id: str
     note: AuditNote
-    def __init__(self, run_id: _Optional[str] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ResolutionOutcome, str]] = ..., result_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., evidence_json: _Optional[str] = ..., resolved_by: _Optional[str] = ..., rule_version: _Optional[str] = ..., event_id: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, run_id: _Optional[str] = ..., step_key: _Optional[str] = ..., outcome: _Optional[_Union[ResolutionOutcome, str]] = ..., result_json: _Optional[str] = ..., remote_resource_id: _Optional[str] = ..., evidence_json: _Optional[str] = ..., resolved_by: _Optional[str] = ..., rule_version: _Optional[str] = ..., event_id: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ResolveToolExecutionResponse(_message.Message):
     __slots__ = ("run", "execution")
@@ -395,7 +413,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunStats(_message.Message):
-    __slots__ = ("runs_by_status", "oldest_queued_age_s", "in_doubt_runs", "oldest_in_doubt_age_s", "outbox_pending", "outbox_oldest_pending_age_s", "database_time", "auth_mode", "principal", "role", "queued", "running", "waiting_on_limit", "limits")
+    __slots__ = ("runs_by_status", "oldest_queued_age_s", "in_doubt_runs", "oldest_in_doubt_age_s", "outbox_pending", "outbox_oldest_pending_age_s", "database_time", "auth_mode", "principal", "role", "queued", "running", "waiting_on_limit", "limits", "server_version")
     class RunsByStatusEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -431,6 +449,7 @@ class RunStats(_message.Message):
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_ON_LIMIT_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     runs_by_status: _containers.ScalarMap[str, int]
     oldest_queued_age_s: float
     in_doubt_runs: int
@@ -445,7 +464,8 @@ class RunStats(_message.Message):
     running: int
     waiting_on_limit: _containers.ScalarMap[str, int]
     limits: _containers.ScalarMap[str, str]
-    def __init__(self, runs_by_status: _Optional[_Mapping[str, int]] = ..., oldest_queued_age_s: _Optional[float] = ..., in_doubt_runs: _Optional[int] = ..., oldest_in_doubt_age_s: _Optional[float] = ..., outbox_pending: _Optional[int] = ..., outbox_oldest_pending_age_s: _Optional[float] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., auth_mode: _Optional[str] = ..., principal: _Optional[str] = ..., role: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., waiting_on_limit: _Optional[_Mapping[str, int]] = ..., limits: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    server_version: str
+    def __init__(self, runs_by_status: _Optional[_Mapping[str, int]] = ..., oldest_queued_age_s: _Optional[float] = ..., in_doubt_runs: _Optional[int] = ..., oldest_in_doubt_age_s: _Optional[float] = ..., outbox_pending: _Optional[int] = ..., outbox_oldest_pending_age_s: _Optional[float] = ..., database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., auth_mode: _Optional[str] = ..., principal: _Optional[str] = ..., role: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., waiting_on_limit: _Optional[_Mapping[str, int]] = ..., limits: _Optional[_Mapping[str, str]] = ..., server_version: _Optional[str] = ...) -> None: ...
 
 class ListAgentsRequest(_message.Message):
     __slots__ = ()
@@ -554,18 +574,20 @@ class ApiKey(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., name: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., role: _Optional[_Union[ApiKeyRole, str]] = ..., created_by: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revoked_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateApiKeyRequest(_message.Message):
-    __slots__ = ("name", "tenants", "role", "expires_in_s", "note")
+    __slots__ = ("name", "tenants", "role", "expires_in_s", "note", "request_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     tenants: _containers.RepeatedScalarFieldContainer[str]
     role: ApiKeyRole
     expires_in_s: int
     note: AuditNote
-    def __init__(self, name: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., role: _Optional[_Union[ApiKeyRole, str]] = ..., expires_in_s: _Optional[int] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, name: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., role: _Optional[_Union[ApiKeyRole, str]] = ..., expires_in_s: _Optional[int] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CreateApiKeyResponse(_message.Message):
     __slots__ = ("key", "secret")
@@ -594,12 +616,14 @@ class ListApiKeysResponse(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[_Union[ApiKey, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class RevokeApiKeyRequest(_message.Message):
-    __slots__ = ("key_id", "note")
+    __slots__ = ("key_id", "note", "request_id")
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     key_id: str
     note: AuditNote
-    def __init__(self, key_id: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, key_id: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class FlowLimit(_message.Message):
     __slots__ = ("scope", "tenant_id", "subject", "name", "value", "updated_at", "updated_by")
@@ -620,34 +644,38 @@ class FlowLimit(_message.Message):
     def __init__(self, scope: _Optional[str] = ..., tenant_id: _Optional[str] = ..., subject: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_by: _Optional[str] = ...) -> None: ...
 
 class SetLimitRequest(_message.Message):
-    __slots__ = ("scope", "tenant_id", "subject", "name", "value", "note")
+    __slots__ = ("scope", "tenant_id", "subject", "name", "value", "note", "request_id")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     scope: str
     tenant_id: str
     subject: str
     name: str
     value: str
     note: AuditNote
-    def __init__(self, scope: _Optional[str] = ..., tenant_id: _Optional[str] = ..., subject: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, scope: _Optional[str] = ..., tenant_id: _Optional[str] = ..., subject: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ClearLimitRequest(_message.Message):
-    __slots__ = ("scope", "tenant_id", "subject", "name", "note")
+    __slots__ = ("scope", "tenant_id", "subject", "name", "note", "request_id")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     scope: str
     tenant_id: str
     subject: str
     name: str
     note: AuditNote
-    def __init__(self, scope: _Optional[str] = ..., tenant_id: _Optional[str] = ..., subject: _Optional[str] = ..., name: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, scope: _Optional[str] = ..., tenant_id: _Optional[str] = ..., subject: _Optional[str] = ..., name: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ClearLimitResponse(_message.Message):
     __slots__ = ("cleared", "limit")

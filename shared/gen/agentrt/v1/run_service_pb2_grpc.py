@@ -31,7 +31,10 @@ class RunServiceStub:
     credential (`authorization: Bearer <API key or JWT>`), or the one named in
     the `x-tenant-id` call metadata when the credential may act for several (or
     auth_mode is none). Another tenant's run answers NOT_FOUND. Each RPC needs a
-    verb of the caller's role (README, Security).
+    verb of the caller's role (README, Security). Errors carry a
+    google.rpc.ErrorInfo (domain "agentrt.dev") whose reason is stable; a bad
+    field answers INVALID_ARGUMENT with ErrorInfo metadata `field` naming it, and
+    changes nothing.
     """
 
     def __init__(self, channel):
@@ -162,43 +165,67 @@ class RunServiceServicer:
     credential (`authorization: Bearer <API key or JWT>`), or the one named in
     the `x-tenant-id` call metadata when the credential may act for several (or
     auth_mode is none). Another tenant's run answers NOT_FOUND. Each RPC needs a
-    verb of the caller's role (README, Security).
+    verb of the caller's role (README, Security). Errors carry a
+    google.rpc.ErrorInfo (domain "agentrt.dev") whose reason is stable; a bad
+    field answers INVALID_ARGUMENT with ErrorInfo metadata `field` naming it, and
+    changes nothing.
     """
 
     def SubmitRun(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Submits a run of an agent; it is QUEUED until an executor claims it.
+        Idempotent by client_request_id (per tenant): a retry answers with the run
+        the first call created (created false). Errors: AGENT_NOT_REGISTERED
+        (FAILED_PRECONDITION), QUOTA_EXCEEDED (RESOURCE_EXHAUSTED with RetryInfo),
+        ALREADY_EXISTS for the same id with another payload.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetRun(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Reads one run. Read-only, safe to retry.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+        (frozen v1 name: answers the bare Run, see proto/README.md)
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListRuns(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Lists the tenant's runs, newest first, a page at a time. Read-only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CancelRun(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Cancels a run: QUEUED and paused runs end CANCELLED at once; a RUNNING or
+        WAITING_TOOL run gets cancel_requested and ends CANCELLED at its holder's
+        next write (or the next claim). Its child runs not spawned detached are
+        cancelled with it. Answers the run as it is after the call; a repeated
+        cancel changes nothing and answers the same (safe to retry; request_id also
+        binds the reason). Cancelling a COMPLETED or FAILED run is FAILED_PRECONDITION
+        (INVALID_TRANSITION). Audited.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+        (frozen v1 name: answers the bare Run, see proto/README.md)
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SignalRun(self, request, context):
         """Queues a named signal for a run that has not ended; a run waiting for that
-        name wakes at once. Idempotent by request_id (per run).
+        name wakes at once. Idempotent by request_id (per run). An ended run answers
+        FAILED_PRECONDITION (RUN_ENDED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetRunTree(self, request, context):
-        """A run and its descendants (child runs), breadth first, with their statuses.
+        """A run and its descendants (child runs), breadth first, with their statuses. Read-only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -207,90 +234,134 @@ class RunServiceServicer:
     def CreateSchedule(self, request, context):
         """Schedules: a run submitted per fire time (an interval, or cron in a time
         zone), exactly once per fire time across replicas and restarts.
+        Idempotent by name (per tenant). Audited.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UpdateSchedule(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Replaces a schedule's spec; answers the schedule as it is now. The spec it
+        already has changes nothing (safe to retry). Audited.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+        (frozen v1 name: answers the bare Schedule, see proto/README.md)
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PauseSchedule(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Pauses or resumes a schedule (setting the state it already has changes
+        nothing); answers the schedule as it is now. Audited.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+        (frozen v1 name: answers the bare Schedule, see proto/README.md)
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteSchedule(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Deletes a schedule (runs it submitted are kept); answers the deleted
+        schedule. An unknown id (or a retry after the delete committed) is NOT_FOUND. Audited.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+        (frozen v1 name: answers the bare Schedule, see proto/README.md)
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListSchedules(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The tenant's schedules. Read-only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResumeRun(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Answers a PAUSED_HUMAN run (approve, reject, or supply input): the run
+        returns to QUEUED with the answer in human_input_json, and its agent goes on.
+        A run that is not PAUSED_HUMAN answers FAILED_PRECONDITION
+        (INVALID_TRANSITION), unless request_id names a resume that already
+        committed: that retry answers the run as it is now. The recorded operator is
+        the caller's principal. Audited.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+        (frozen v1 name: answers the bare Run, see proto/README.md)
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResolveToolExecution(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Resolves an in-doubt tool call of a PAUSED_INDOUBT run with evidence: it
+        took effect (SUCCEEDED, the run goes on with the result), never did
+        (NOT_EXECUTED, the run is re-queued to call again), or is still unknown
+        (UNKNOWN, the run stays paused). A retry with the same request_id (or
+        event_id) answers from what committed. Audited.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetRunHistory(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A run's history (checkpoints, tool executions, events, journal), one page
+        at a time. Read-only, unless export or reveal is set (the first page is then audited).
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        (frozen v1 name: answers RunHistory, see proto/README.md)
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetStats(self, request, context):
         """Operator view of the tenant's runs: counts by status, queue and in-doubt
-        ages, and outbox lag (all ages by database time).
+        ages, and outbox lag (all ages by database time). Read-only.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        (frozen v1 name: answers RunStats, see proto/README.md)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListAgents(self, request, context):
-        """The agents (name, version) that live executors serve, with the executors serving each.
+        """The agents (name, version) that live executors serve, with the executors serving each. Read-only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListAuditEvents(self, request, context):
-        """The tenant's audit trail of operator actions, newest first (admin).
+        """The tenant's audit trail of operator actions, newest first (admin). Read-only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CreateApiKey(self, request, context):
-        """API keys (admin). The key itself is in CreateApiKey's answer only.
+        """Creates an API key (admin). The key itself is in this answer only: store it
+        then. A retry with the same request_id makes no second key: it answers
+        ALREADY_EXISTS naming the key made. Without one, a retry makes another key. Audited.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListApiKeys(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The API keys of the tenants the caller manages, newest first (admin); never their secrets.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RevokeApiKey(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Revokes an API key (admin): refused by this replica at once, by the others
+        within api_key_cache_ttl_ms. Answers the key as it is now. Audited.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        (frozen v1 name: answers the bare ApiKey, see proto/README.md)
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -298,20 +369,26 @@ class RunServiceServicer:
     def SetLimit(self, request, context):
         """Runtime flow limits (admin): override a setting (tenant weight, quotas,
         concurrency maxima, tool rate and concurrency) for every replica within
-        limits_refresh_ms; each change is audited.
+        limits_refresh_ms; each change is audited (setting the value it already has
+        changes and audits nothing). Answers the limit as set.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        (frozen v1 name: answers the bare FlowLimit, see proto/README.md)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ClearLimit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Removes a runtime limit set by SetLimit (admin), so the configured setting
+        applies again. Clearing one that is not set changes nothing. Audited.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListLimits(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The runtime limits (SetLimit) the caller may see (admin). Read-only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -447,7 +524,10 @@ class RunService:
     credential (`authorization: Bearer <API key or JWT>`), or the one named in
     the `x-tenant-id` call metadata when the credential may act for several (or
     auth_mode is none). Another tenant's run answers NOT_FOUND. Each RPC needs a
-    verb of the caller's role (README, Security).
+    verb of the caller's role (README, Security). Errors carry a
+    google.rpc.ErrorInfo (domain "agentrt.dev") whose reason is stable; a bad
+    field answers INVALID_ARGUMENT with ErrorInfo metadata `field` naming it, and
+    changes nothing.
     """
 
     @staticmethod

@@ -533,7 +533,7 @@ class GetToolResultsResponse(_message.Message):
     def __init__(self, executions: _Optional[_Iterable[_Union[_common_pb2.ToolExecution, _Mapping]]] = ...) -> None: ...
 
 class AgentRegistration(_message.Message):
-    __slots__ = ("name", "version", "input_schema_json", "tool_names", "default_priority", "concurrency_key", "concurrency_max", "sensitive_json")
+    __slots__ = ("name", "version", "input_schema_json", "tool_names", "default_priority", "concurrency_key", "concurrency_max", "sensitive_json", "signals_json", "resume_input_schema_json")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -542,6 +542,8 @@ class AgentRegistration(_message.Message):
     CONCURRENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_MAX_FIELD_NUMBER: _ClassVar[int]
     SENSITIVE_JSON_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESUME_INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     input_schema_json: str
@@ -550,7 +552,9 @@ class AgentRegistration(_message.Message):
     concurrency_key: str
     concurrency_max: int
     sensitive_json: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., tool_names: _Optional[_Iterable[str]] = ..., default_priority: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., concurrency_max: _Optional[int] = ..., sensitive_json: _Optional[str] = ...) -> None: ...
+    signals_json: str
+    resume_input_schema_json: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., tool_names: _Optional[_Iterable[str]] = ..., default_priority: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., concurrency_max: _Optional[int] = ..., sensitive_json: _Optional[str] = ..., signals_json: _Optional[str] = ..., resume_input_schema_json: _Optional[str] = ...) -> None: ...
 
 class RegisterAgentsRequest(_message.Message):
     __slots__ = ("worker_id", "agents", "ttl_ms")

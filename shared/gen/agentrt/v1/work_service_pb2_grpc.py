@@ -29,7 +29,10 @@ class WorkServiceStub:
     """Internal API for executors, which hold no database credentials. Each call is
     one PostgreSQL transaction on the database clock. A stale fence or a lapsed
     lease answers FAILED_PRECONDITION with ErrorInfo reason LEASE_LOST; a
-    version conflict answers ABORTED.
+    version conflict answers ABORTED. Every write that advances a run carries a
+    caller-made event id: a retry with the same id answers from what committed
+    (replayed); SpawnChildren is idempotent by spawn_key.
+    Calls need the executor token or an allowed client certificate.
     """
 
     def __init__(self, channel):
@@ -109,35 +112,49 @@ class WorkServiceServicer:
     """Internal API for executors, which hold no database credentials. Each call is
     one PostgreSQL transaction on the database clock. A stale fence or a lapsed
     lease answers FAILED_PRECONDITION with ErrorInfo reason LEASE_LOST; a
-    version conflict answers ABORTED.
+    version conflict answers ABORTED. Every write that advances a run carries a
+    caller-made event id: a retry with the same id answers from what committed
+    (replayed); SpawnChildren is idempotent by spawn_key.
+    Calls need the executor token or an allowed client certificate.
     """
 
     def ClaimWork(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Claims one due run of the named agents and takes its lease (a new fencing
+        token), long-polling up to wait_ms when none is due.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Renews a live lease; a lapsed lease cannot be revived (LEASE_LOST), and a
+        cancelled run answers FAILED_PRECONDITION (RUN_CANCELLED).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SaveCheckpoint(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Writes the run's next checkpoint (version + 1) with its event and journal
+        entries, in one transaction.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def BeginToolCall(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Tx1 of a tool step: records the outbound intent (a ledger row) before the
+        call is sent; the run becomes WAITING_TOOL. Refused unless the current
+        checkpoint records the same decision (DECISION_NOT_CHECKPOINTED).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CompleteToolCall(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Tx2 of a tool step: records the outcome and the next checkpoint; the run
+        becomes RUNNING again (or QUEUED for NOT_EXECUTED, or ends with `end`).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -151,13 +168,17 @@ class WorkServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def MarkToolInDoubt(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Records that a tool call's outcome is unknown: the row becomes IN_DOUBT and
+        the run PAUSED_INDOUBT until ResolveToolExecution.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def FinishRun(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Ends the holder's turn: the run completes, fails, pauses for a human,
+        retries with backoff or sleeps (a durable timer); the lease is released.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -287,7 +308,10 @@ class WorkService:
     """Internal API for executors, which hold no database credentials. Each call is
     one PostgreSQL transaction on the database clock. A stale fence or a lapsed
     lease answers FAILED_PRECONDITION with ErrorInfo reason LEASE_LOST; a
-    version conflict answers ABORTED.
+    version conflict answers ABORTED. Every write that advances a run carries a
+    caller-made event id: a retry with the same id answers from what committed
+    (replayed); SpawnChildren is idempotent by spawn_key.
+    Calls need the executor token or an allowed client certificate.
     """
 
     @staticmethod

@@ -1,0 +1,55 @@
+"""What tests of every kind share: the `agentrt` command as a real process (`python -m devstack.cli
+ARGS`, started from the repository, answered with its exit status, stdout and stderr), and waiting on a
+condition with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tests_paths import REPO
+
+T = TypeVar("T")
+
+
+def without_settings(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without any AGENTRT_* setting, plus `extra`."""
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("AGENTRT_")}
+    return {**clean, **(extra or {})}
+
+
+async def run_agentrt(*args: str, env: Mapping[str, str] | None = None, cwd: Path = REPO,
+                      within_s: float = 60) -> tuple[int, str, str]:
+    """`agentrt ARGS` as a process: `env` is its whole environment (None: this process's). One that
+    outlives `within_s` is killed by its pid and the timeout raised."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "devstack.cli", *args, cwd=cwd, env=None if env is None else dict(env),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), within_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def wait_until(probe: Callable[[], Awaitable[T | None]], within_s: float, what: str,
+                     interval: float = 0.05) -> T:
+    """Polls `probe` until it answers something truthy, which is returned; an AssertionError naming
+    `what` and the last answer once `within_s` seconds have passed."""
+    deadline = time.monotonic() + within_s
+    last: Any = None
+    while True:
+        last = await probe()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within_s:g}s waiting for {what} (last: {last!r})")
+        await asyncio.sleep(interval)
