@@ -59,6 +59,7 @@ RPC_VERBS = MappingProxyType({
     "GetRunHistory": "runs.read",
     "GetRunTree": "runs.read",
     "CancelRun": "runs.cancel",
+    "RetryRun": "runs.submit",
     "SignalRun": "runs.signal",
     "CreateSchedule": "schedules.manage",
     "UpdateSchedule": "schedules.manage",
