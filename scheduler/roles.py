@@ -18,7 +18,7 @@ VERBS = MappingProxyType({
     "stats.read": "the tenant's stats (agentrt status)",
     "agents.read": "list the agents live executors serve",
     "limits.read": "list the runtime flow limits that apply to the tenant",
-    "runs.submit": "submit runs",
+    "runs.submit": "submit runs, and retry a FAILED or CANCELLED run as a new one",
     "runs.cancel": "cancel the tenant's runs",
     "runs.signal": "send signals to the tenant's runs",
     "schedules.manage": "create, update, pause and delete the tenant's schedules",
