@@ -7,6 +7,7 @@ scheduler authorises every call as it would the CLI's. Failures come back as sha
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 from collections.abc import Awaitable, Callable
@@ -54,10 +55,18 @@ class Api:
         return await self._call(self._stub.GetStats, rs.GetStatsRequest())
 
     async def list_runs(self, *, statuses: list[str], agent: str, page_size: int, page_token: str,
-                        ) -> rs.ListRunsResponse:
+                        labels: dict[str, str] | None = None, min_priority: int = 0, max_priority: int = 0,
+                        tenant_id: str = "", created_after: dt.datetime | None = None,
+                        created_before: dt.datetime | None = None) -> rs.ListRunsResponse:
+        """One page of runs, every filter applied by the scheduler (a page token goes with its filters)."""
         numbers: list[Any] = [pb.RunStatus.Value(f"RUN_STATUS_{s}") for s in statuses]
-        return await self._call(self._stub.ListRuns, rs.ListRunsRequest(
-            statuses=numbers, agent_name=agent, page_size=page_size, page_token=page_token))
+        request = rs.ListRunsRequest(statuses=numbers, agent_name=agent, page_size=page_size, page_token=page_token,
+                                     labels=labels or {}, min_priority=min_priority, max_priority=max_priority,
+                                     tenant_id=tenant_id)
+        for name, value in (("created_after", created_after), ("created_before", created_before)):
+            if value is not None:
+                getattr(request, name).FromDatetime(value)
+        return await self._call(self._stub.ListRuns, request)
 
     async def get_run(self, run_id: str, *, reveal: bool = False, reason: str = "") -> pb.Run:
         return await self._call(self._stub.GetRun, rs.GetRunRequest(run_id=run_id, reveal=reveal,
@@ -94,9 +103,14 @@ class Api:
             run_id=run_id, decision=number, input_json=input_json, comment=comment, operator=operator,
             request_id=request_id, note=rs.AuditNote(reason=comment, comment=comment)))
 
-    async def cancel(self, run_id: str, *, reason: str, request_id: str) -> pb.Run:
+    async def cancel(self, run_id: str, *, reason: str, request_id: str, keep_children: bool = False) -> pb.Run:
         return await self._call(self._stub.CancelRun, rs.CancelRunRequest(
-            run_id=run_id, reason=reason, request_id=request_id, note=rs.AuditNote(reason=reason)))
+            run_id=run_id, reason=reason, request_id=request_id, note=rs.AuditNote(reason=reason),
+            keep_children=keep_children))
+
+    async def retry(self, run_id: str, *, reason: str, request_id: str) -> rs.RetryRunResponse:
+        return await self._call(self._stub.RetryRun, rs.RetryRunRequest(
+            run_id=run_id, request_id=request_id, note=rs.AuditNote(reason=reason)))
 
     async def signal(self, run_id: str, name: str, *, payload_json: str, request_id: str) -> rs.SignalRunResponse:
         return await self._call(self._stub.SignalRun, rs.SignalRunRequest(

@@ -145,6 +145,7 @@ def build_app(settings: ConsoleSettings, channel: grpc.aio.Channel | None = None
         Route("/runs/{run_id}/reveal", action_handler(run_pages.reveal), methods=["POST"]),
         Route("/runs/{run_id}/resume", action_handler(run_pages.resume), methods=["POST"]),
         Route("/runs/{run_id}/cancel", action_handler(run_pages.cancel), methods=["POST"]),
+        Route("/runs/{run_id}/retry", action_handler(run_pages.retry), methods=["POST"]),
         Route("/runs/{run_id}/signal", action_handler(run_pages.signal), methods=["POST"]),
         Route("/runs/{run_id}/resolve", action_handler(run_pages.resolve), methods=["POST"]),
         Route("/attention", page_handler(run_pages.attention_page)),

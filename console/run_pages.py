@@ -5,11 +5,13 @@ the queue."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -25,34 +27,72 @@ from shared.gen.agentrt.v1 import run_service_pb2 as rs
 # ---------------------------------------------------------------------- runs
 
 
+FILTER_FIELDS = ("agent", "label", "min_priority", "max_priority", "tenant", "created_after", "created_before")
+
+
 def run_filters(request: Request) -> dict[str, Any]:
+    """The runs page's filters as the form shows them (the query string: stable, linkable URLs)."""
     params = request.query_params
-    statuses = [s for s in params.getlist("status") if s in STATUSES]
-    label = params.get("label", "").strip()
-    key, _, value = label.partition("=")
-    return {"statuses": statuses, "agent": params.get("agent", "").strip()[:200],
-            "label": label[:400], "label_key": key.strip(), "label_value": value.strip(),
-            "page_token": params.get("page_token", "")[:2000]}
+    filters: dict[str, Any] = {name: params.get(name, "").strip()[:2000] for name in FILTER_FIELDS}
+    filters.update(statuses=[s for s in params.getlist("status") if s in STATUSES],
+                   page_token=params.get("page_token", "")[:2000])
+    return filters
+
+
+def _labels(text: str) -> dict[str, str]:
+    """`team=a, env=prod`: every pair must match."""
+    labels: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        key, sep, value = part.partition("=")
+        if part and (not sep or not key.strip()):
+            raise InvalidArgument("label", f"{part!r} is not key=value (separate several with commas)")
+        if part:
+            labels[key.strip()] = value.strip()
+    return labels
+
+
+def _priority(field: str, text: str) -> int:
+    if not text:
+        return 0
+    if not text.isdigit() or not 1 <= int(text) <= 9:
+        raise InvalidArgument(field, "must be a whole number from 1 to 9")
+    return int(text)
+
+
+def _when(field: str, text: str) -> dt.datetime | None:
+    """A time from the form (a datetime-local field, read as UTC unless it names a zone)."""
+    if not text:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(field, "is not a time (YYYY-MM-DDTHH:MM, UTC)") from None
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
 
 
 async def runs_page(console: Console, request: Request, session: Session) -> Response:
-    filters = run_filters(request)
-    # The counts by status come over SSE right after the page loads (GetStats counts every run of the
-    # tenant: the list must not wait for it); the queue page renders them in place.
-    reply = await console.api(session).list_runs(statuses=filters["statuses"], agent=filters["agent"],
-                                                 page_size=console.settings.page_size,
-                                                 page_token=filters["page_token"])
-    runs = [r for r in reply.runs if not filters["label_key"]
-            or (filters["label_key"] in r.labels
-                and (not filters["label_value"] or r.labels[filters["label_key"]] == filters["label_value"]))]
+    """The scheduler filters and pages (ListRuns); the "Older runs" link carries every filter with its token.
+    The counts by status come over SSE right after the page loads (GetStats counts every run of the
+    tenant: the list must not wait for it); the queue page renders them in place."""
+    f = run_filters(request)
+    try:
+        reply = await console.api(session).list_runs(
+            statuses=f["statuses"], agent=f["agent"], page_size=console.settings.page_size,
+            page_token=f["page_token"], labels=_labels(f["label"]),
+            min_priority=_priority("min_priority", f["min_priority"]),
+            max_priority=_priority("max_priority", f["max_priority"]), tenant_id=f["tenant"],
+            created_after=_when("created_after", f["created_after"]),
+            created_before=_when("created_before", f["created_before"]))
+    except InvalidArgument as error:  # shown beside the form it came from, which keeps what was typed
+        return console.page(request, session, "runs.html", 400, runs=[], filters=f, next_query="",
+                            counts=[(status, "…") for status in STATUSES], error=error_text(error))
     next_query = ""
     if reply.next_page_token:
-        from urllib.parse import urlencode
-
-        next_query = urlencode([*[("status", s) for s in filters["statuses"]], ("agent", filters["agent"]),
-                                ("label", filters["label"]), ("page_token", reply.next_page_token)])
-    return console.page(request, session, "runs.html", runs=runs, filters=filters, next_query=next_query,
-                        counts=[(status, "…") for status in STATUSES])
+        next_query = urlencode([*[("status", s) for s in f["statuses"]],
+                                *[(name, f[name]) for name in FILTER_FIELDS if f[name]],
+                                ("page_token", reply.next_page_token)])
+    return console.page(request, session, "runs.html", runs=reply.runs, filters=f, next_query=next_query,
+                        counts=[(status, "…") for status in STATUSES], error="")
 
 
 def sse_event(event: str, html: str) -> str:
@@ -143,10 +183,20 @@ async def resume(console: Console, request: Request, session: Session, form: For
 
 
 async def cancel(console: Console, request: Request, session: Session, form: FormData) -> Response:
+    """With its children (not spawned detached), or with keep_children the run alone."""
     run_id = request.path_params["run_id"]
+    keep_children = form_text(form, "keep_children") == "yes"
     await console.api(session).cancel(run_id, reason=form_text(form, "reason", 1000) or "cancelled from the console",
-                                      request_id=form_request_id(form))
-    return back(form, f"/runs/{run_id}", "cancelled")
+                                      request_id=form_request_id(form), keep_children=keep_children)
+    return back(form, f"/runs/{run_id}", "cancelled-alone" if keep_children else "cancelled")
+
+
+async def retry(console: Console, request: Request, session: Session, form: FormData) -> Response:
+    """A FAILED or CANCELLED run started again (RetryRun): the answer is the new run's page."""
+    run_id = request.path_params["run_id"]
+    reason = form_text(form, "reason", 1000) or "retried from the console"
+    reply = await console.api(session).retry(run_id, reason=reason, request_id=form_request_id(form))
+    return back(form, f"/runs/{reply.run.run_id}", "retried")
 
 
 async def signal(console: Console, request: Request, session: Session, form: FormData) -> Response:

@@ -27,15 +27,18 @@ HERE = Path(__file__).resolve().parent
 
 # What each role may do, for showing buttons only: the scheduler decides (scheduler/roles.py).
 _ROLE_ORDER = ("viewer", "submitter", "operator", "admin")
-_FIRST_ROLE = {"cancel": "submitter", "signal": "submitter", "schedules": "submitter", "resume": "operator",
-               "resolve": "operator", "reveal": "operator", "audit": "admin", "keys": "admin", "limits": "admin"}
+_FIRST_ROLE = {"cancel": "submitter", "retry": "submitter", "signal": "submitter", "schedules": "submitter",
+               "resume": "operator", "resolve": "operator", "reveal": "operator", "audit": "admin", "keys": "admin",
+               "limits": "admin"}
 HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
                grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.NOT_FOUND: 404,
                grpc.StatusCode.ALREADY_EXISTS: 409, grpc.StatusCode.FAILED_PRECONDITION: 409,
                grpc.StatusCode.ABORTED: 409, grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
                grpc.StatusCode.UNAVAILABLE: 503}
 NOTICES = {"approved": "Approved: the run goes on.", "rejected": "Rejected.", "answered": "Input sent.",
-           "cancelled": "Cancel requested.", "signalled": "Signal queued.",
+           "cancelled": "Cancel requested.",
+           "cancelled-alone": "Cancel requested for this run alone: its children go on.",
+           "retried": "Retried: this is the new run.", "signalled": "Signal queued.",
            "resolved": "Resolution recorded: the run goes on.", "paused": "Schedule paused.",
            "unpaused": "Schedule resumed.", "signedout": "Signed out.", "created": "Schedule created.",
            "revoked": "Key revoked: it is refused from now on.",

@@ -15,7 +15,7 @@ import re
 import sys
 from typing import Any
 
-from devstack.cli_runs import _client, _common, _print_json
+from devstack.cli_runs import _client, _common, _print_json, parse_time
 from shared.errors import InvalidArgument
 
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
@@ -126,22 +126,12 @@ def _keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_time(name: str, text: str | None) -> dt.datetime | None:
-    if not text:
-        return None
-    try:
-        when = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidArgument(name, "is not an ISO-8601 time") from None
-    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
-
-
 def _audit_list(args: argparse.Namespace) -> int:
     async def main() -> list[dict[str, Any]]:
         async with _client(args) as client:
             return await client.audit_events(run_id=args.run or "", principal=args.principal or "",
-                                             action=args.action or "", since=_parse_time("--since", args.since),
-                                             until=_parse_time("--until", args.until), limit=args.limit)
+                                             action=args.action or "", since=parse_time("--since", args.since),
+                                             until=parse_time("--until", args.until), limit=args.limit)
 
     events = asyncio.run(main())
     if args.json:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import os
 import sys
@@ -75,6 +76,28 @@ def _json_arg(name: str, text: str | None) -> Any:
         raise InvalidArgument(name, f"is not valid JSON ({exc})") from None
 
 
+def parse_time(name: str, text: str | None) -> dt.datetime | None:
+    """An ISO-8601 time flag (UTC when it names no zone)."""
+    if not text:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(name, "is not an ISO-8601 time") from None
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+
+
+def _labels(given: list[str] | None) -> dict[str, str]:
+    """--label key=value flags (repeatable): a flag without '=' is refused, not skipped."""
+    labels: dict[str, str] = {}
+    for label in given or []:
+        key, sep, value = label.partition("=")
+        if not sep or not key:
+            raise InvalidArgument("--label", f"{label!r} is not key=value")
+        labels[key] = value
+    return labels
+
+
 def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))
 
@@ -121,7 +144,10 @@ async def _get(args: argparse.Namespace, client: AgentrtClient) -> None:
 
 async def _list(args: argparse.Namespace, client: AgentrtClient) -> None:
     runs, token = await client.list(statuses=args.status or [], agent_name=args.agent or "",
-                                    page_size=args.limit, page_token=args.page_token or "")
+                                    page_size=args.limit, page_token=args.page_token or "",
+                                    labels=_labels(args.label), min_priority=args.min_priority,
+                                    max_priority=args.max_priority, created_after=parse_time("--since", args.since),
+                                    created_before=parse_time("--until", args.until))
     if args.json:
         _print_json({"runs": [r.as_dict() for r in runs], "next_page_token": token})
         return
@@ -134,7 +160,11 @@ async def _list(args: argparse.Namespace, client: AgentrtClient) -> None:
 
 
 def _no_runs(args: argparse.Namespace, tenant: str) -> str:
-    filters = [f"status {', '.join(args.status)}" if args.status else "", f"agent {args.agent}" if args.agent else ""]
+    filters = [f"status {', '.join(args.status)}" if args.status else "", f"agent {args.agent}" if args.agent else "",
+               *(f"label {label}" for label in args.label or []),
+               f"priority {args.min_priority or 1}..{args.max_priority or 9}" if args.min_priority or args.max_priority
+               else "", f"created since {args.since}" if args.since else "",
+               f"created before {args.until}" if args.until else ""]
     named = "; ".join(f for f in filters if f)
     return f"no runs for tenant {tenant}" + (f" with {named}" if named else "")
 
@@ -152,7 +182,18 @@ async def _watch(args: argparse.Namespace, client: AgentrtClient) -> None:
 
 async def _cancel(args: argparse.Namespace, client: AgentrtClient) -> None:
     _show(args, await client.cancel(args.run_id, args.reason or "", ticket_id=args.ticket or "",
-                                    comment=args.comment or ""))
+                                    comment=args.comment or "", keep_children=args.keep_children,
+                                    request_id=args.request_id or ""))
+
+
+async def _retry(args: argparse.Namespace, client: AgentrtClient) -> None:
+    run, created = await client.retry(args.run_id, request_id=args.request_id or "", reason=args.reason or "",
+                                      ticket_id=args.ticket or "", comment=args.comment or "")
+    if args.json:
+        _print_json({**run.as_dict(), "created": created})
+    else:
+        print(f"{'retried' if created else 'already retried'}: {run.run_id} ({run.status}), "
+              f"a new run of {args.run_id}")
 
 
 async def _tree(args: argparse.Namespace, client: AgentrtClient) -> None:
@@ -413,8 +454,13 @@ def _run_commands(sub: Any) -> None:
     _common(p)
     p.add_argument("--status", action="append", help="filter (repeatable): QUEUED, RUNNING, …")
     p.add_argument("--agent")
+    p.add_argument("--label", action="append", help="key=value: runs holding it (repeatable: every one)")
+    p.add_argument("--min-priority", type=int, default=0, help="runs of at least this priority (1-9)")
+    p.add_argument("--max-priority", type=int, default=0, help="runs of at most this priority (1-9)")
+    p.add_argument("--since", help="runs created at or after this ISO-8601 time")
+    p.add_argument("--until", help="runs created before this ISO-8601 time")
     p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--page-token")
+    p.add_argument("--page-token", help="the next page: repeat the same filters")
     p.set_defaults(func=_runner(_list))
 
     p = runs.add_parser("watch", help="follow a run until it ends")
@@ -431,8 +477,18 @@ def _operate_commands(runs: Any) -> None:
     _common(p)
     p.add_argument("run_id")
     p.add_argument("--reason")
+    p.add_argument("--keep-children", action="store_true",
+                   help="cancel this run alone (by default its children not spawned detached go with it)")
+    p.add_argument("--request-id", help="names this request: a retry with it acts once")
     _audit_flags(p, reason=False)
     p.set_defaults(func=_runner(_cancel))
+
+    p = runs.add_parser("retry", help="start a FAILED or CANCELLED run again, as a new run")
+    _common(p)
+    p.add_argument("run_id")
+    p.add_argument("--request-id", help="names this request: a retry with it answers the run made first")
+    _audit_flags(p)
+    p.set_defaults(func=_runner(_retry))
 
     p = runs.add_parser("tree", help="show a run and its descendants (child runs) with their statuses")
     _common(p)

@@ -113,7 +113,7 @@ def _page_size(value: int) -> int:
     return value or 50  # its range: scheduler/bounds.py
 
 
-def _time(message: Any, field: str) -> dt.datetime | None:
+def time_field(message: Any, field: str) -> dt.datetime | None:
     if not message.HasField(field):
         return None
     try:
@@ -167,7 +167,7 @@ class AdminRpcs:
         run_id = v.optional_uuid("run_id", request.run_id)
         who = v.optional_text("principal", request.principal, max_len=400)
         action = v.optional_text("action", request.action, max_len=100)
-        since, until = _time(request, "since"), _time(request, "until")
+        since, until = time_field(request, "since"), time_field(request, "until")
         size = _page_size(request.page_size)
         filter_key = json.dumps([tenant or ANY_TENANT, str(run_id), who, action, str(since), str(until)])
         before = _untoken(request.page_token, filter_key).get("b") if request.page_token else None

@@ -88,6 +88,8 @@ RPC_FIELDS: dict[str, Bound] = {
     # RunService
     _V + "SubmitRunRequest.max_attempts": Bound(1, MAX_MAX_ATTEMPTS, "the server's default_max_attempts"),
     _V + "SubmitRunRequest.priority": Bound(MIN_PRIORITY, MAX_PRIORITY, "the agent's or the server's default"),
+    **_same(Bound(MIN_PRIORITY, MAX_PRIORITY, "no bound"), _V + "ListRunsRequest.min_priority",
+            _V + "ListRunsRequest.max_priority"),
     _V + "Budget.max_steps": Bound(0, MAX_BUDGET_STEPS),  # 0 = no limit; bigint column
     _V + "Budget.max_tokens": Bound(0, MAX_BUDGET_TOKENS),
     _V + "Budget.max_cost_usd": Bound(0, MAX_BUDGET_USD),  # double precision: finite only

@@ -99,6 +99,7 @@ def run_to_proto(row: RunRow) -> pb.Run:
         priority=row.priority,
         parent_run_id=str(row.parent_run_id) if row.parent_run_id else "",
         waiting_for=waiting_for(row),
+        retry_of_run_id=str(row.retry_of_run_id) if row.retry_of_run_id else "",
     )
     run.budget.max_steps = row.budget_max_steps
     run.budget.max_tokens = row.budget_max_tokens

@@ -165,6 +165,7 @@ class RunRow(Row):
     join_total: int = 0
     join_done: int = 0
     waiting_on: str | None = None  # parked by flow control: tenant, agent or key
+    retry_of_run_id: uuid.UUID | None = None  # RetryRun: the run it starts again (migration 0020)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
-"""RunService: the public, tenant-scoped API (submit, read, list, cancel, resume, resolve, history,
-stats; keys and audit in scheduler/admin_service.py). Operator actions are audited in their own
+"""RunService: the public, tenant-scoped API (submit, read, list, cancel, retry, resume, resolve,
+history, stats; keys and audit in scheduler/admin_service.py). Operator actions are audited in their own
 transaction, under the authenticated principal. Handlers validate, call the Store, and
 convert (scheduler/rpc.py has the shared wrapper).
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import uuid
 from typing import Any, cast
@@ -17,8 +18,8 @@ import grpc
 
 from scheduler import convert
 from scheduler import validate as v
-from scheduler.admin_service import AdminRpcs, audit_entry
-from scheduler.auth import RunAuth
+from scheduler.admin_service import AdminRpcs, audit_entry, time_field
+from scheduler.auth import ANY_TENANT, RunAuth
 from scheduler.config import SchedulerSettings
 from scheduler.flow_limits import limits_of_tenant
 from scheduler.notifier import WorkNotifier
@@ -30,13 +31,14 @@ from scheduler.store import (
     HISTORY_PARTS,
     HistoryCursor,
     ResolveOutcome,
+    RunFilter,
     Store,
     SubmitSpec,
     request_event_id,
 )
 from scheduler.store_children import TreeCursor
 from shared.canonical import canonical_json, uuid7
-from shared.errors import AgentNotRegistered, InvalidArgument, PermissionDenied
+from shared.errors import AgentNotRegistered, InvalidArgument, PermissionDenied, TenantForbidden
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
@@ -74,11 +76,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
             deadline = budget.deadline.ToDatetime(tzinfo=dt.UTC) if budget.HasField("deadline") else None
         except ValueError:  # seconds past year 9999 or nanos out of range
             raise InvalidArgument("budget.deadline", "is not a valid timestamp") from None
-        labels = dict(request.labels)
-        if len(labels) > 64 or any(len(k) > 100 or len(val) > 500 for k, val in labels.items()):
-            raise InvalidArgument("labels", "at most 64 labels, keys up to 100 and values up to 500 characters")
-        if any("\x00" in k or "\x00" in val for k, val in labels.items()):
-            raise InvalidArgument("labels", "must not contain NUL characters")
+        labels = _labels(request.labels)
         requested_priority = v.optional_priority("priority", request.priority) or 0
         spec = SubmitSpec(
             agent_name=agent, agent_version=version, input=payload, client_request_id=client_request_id,
@@ -118,19 +116,29 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
 
     @rpc
     async def ListRuns(self, request: rs.ListRunsRequest, context: grpc.aio.ServicerContext) -> rs.ListRunsResponse:
-        tenant = self._tenant(context)
-        statuses = sorted({v.require_enum("statuses", s, STATUS_FILTER) for s in request.statuses}) or None
-        agent = v.require_name("agent_name", request.agent_name) if request.agent_name else None
+        tenant = self._list_tenant(request, context)
+        where = _run_filter(request)
         size = request.page_size or 50
-        filter_key = json.dumps([statuses, agent])
+        filter_key = _filter_key(tenant, where)
         after = _decode_page_token(request.page_token, filter_key) if request.page_token else None
-        rows = await self.store.list_runs(tenant, statuses=statuses, agent_name=agent, after=after, limit=size + 1)
+        rows = await self.store.list_runs(tenant, where, after=after, limit=size + 1)
         token = ""
         if len(rows) > size:
             rows = rows[:size]
             token = _encode_page_token(rows[-1].created_at, rows[-1].id, filter_key)
         return redact_message(rs.ListRunsResponse(runs=[convert.run_to_proto(r) for r in rows],
                                                   next_page_token=token))
+
+    def _list_tenant(self, request: rs.ListRunsRequest, context: grpc.aio.ServicerContext) -> str:
+        """ListRuns' tenant: the call's, or the one tenant_id names for a credential of every tenant ('*')."""
+        if not request.tenant_id:
+            return self._tenant(context)
+        if ANY_TENANT not in principal().tenants:
+            raise TenantForbidden("tenant_id: listing another tenant's runs needs a credential for every tenant "
+                                  "('*')", tenant=request.tenant_id[:128], principal=principal().id)
+        tenant = v.require_tenant("tenant_id", request.tenant_id)
+        annotate(tenant_id=tenant)
+        return tenant
 
     @rpc
     async def GetRunTree(self, request: rs.GetRunTreeRequest,
@@ -158,8 +166,22 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         request_id = v.optional_text("request_id", request.request_id, max_len=200)
         audit = audit_entry(context, request.note, reason=reason, request_id=request_id)
         row = await self.store.cancel_run(tenant, run_id, reason=reason, request_id=request_id,
-                                          trace=current_trace(), audit=audit)
+                                          trace=current_trace(), audit=audit, keep_children=request.keep_children)
         return redact_message(convert.run_to_proto(row))
+
+    @rpc
+    async def RetryRun(self, request: rs.RetryRunRequest, context: grpc.aio.ServicerContext) -> rs.RetryRunResponse:
+        tenant = self._tenant(context)
+        run_id = v.require_uuid("run_id", request.run_id)
+        annotate(run_id=str(run_id))
+        request_id = v.optional_text("request_id", request.request_id, max_len=200)
+        audit = audit_entry(context, request.note, request_id=request_id)
+        row, created = await self.store.retry_run(tenant, run_id, request_id=request_id, trace=current_trace(),
+                                                  audit=audit)
+        if created and self.notifier is not None:
+            self.notifier.poke()
+        annotate(retry_run_id=str(row.id))
+        return redact_message(rs.RetryRunResponse(run=convert.run_to_proto(row), created=created))
 
     @rpc
     async def SignalRun(self, request: rs.SignalRunRequest, context: grpc.aio.ServicerContext) -> rs.SignalRunResponse:
@@ -329,6 +351,37 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         )
         convert.set_time(stats, "database_time", row.db_now)
         return stats
+
+
+def _labels(given: Any, field: str = "labels") -> dict[str, str]:
+    labels = dict(given)
+    if len(labels) > 64 or any(len(k) > 100 or len(val) > 500 for k, val in labels.items()):
+        raise InvalidArgument(field, "at most 64 labels, keys up to 100 and values up to 500 characters")
+    if any("\x00" in k or "\x00" in val for k, val in labels.items()):
+        raise InvalidArgument(field, "must not contain NUL characters")
+    return labels
+
+
+def _run_filter(request: rs.ListRunsRequest) -> RunFilter:
+    """ListRuns' filters, each checked (the priorities' range: scheduler/bounds.py)."""
+    statuses = sorted({v.require_enum("statuses", s, STATUS_FILTER) for s in request.statuses}) or None
+    agent = v.require_name("agent_name", request.agent_name) if request.agent_name else None
+    low, high = request.min_priority or None, request.max_priority or None
+    if low is not None and high is not None and low > high:
+        raise InvalidArgument("min_priority", f"must not be above max_priority ({high})")
+    after, before = time_field(request, "created_after"), time_field(request, "created_before")
+    if after is not None and before is not None and after >= before:
+        raise InvalidArgument("created_before", "must be after created_after")
+    return RunFilter(statuses=statuses, agent_name=agent, labels=_labels(request.labels) or None, min_priority=low,
+                     max_priority=high, created_after=after, created_before=before)
+
+
+def _filter_key(tenant: str, where: RunFilter) -> str:
+    """What a page token is bound to: a hash of the tenant and every filter."""
+    times = [t.isoformat() if t else None for t in (where.created_after, where.created_before)]
+    document = [tenant, where.statuses, where.agent_name, sorted((where.labels or {}).items()), where.min_priority,
+                where.max_priority, *times]
+    return hashlib.sha256(json.dumps(document).encode()).hexdigest()[:32]
 
 
 def _encode_page_token(created_at: dt.datetime, run_id: uuid.UUID, filter_key: str) -> str:

@@ -7,6 +7,7 @@
 - scheduler/store_core.py: the pool, `db_call`, the fenced-write runner;
 - scheduler/replay.py: commit-unknown replay and the refusal diagnosis;
 - scheduler/store_runs.py: RunService's reads and operator writes;
+- scheduler/store_retry.py: RetryRun (a new run from a FAILED or CANCELLED one);
 - scheduler/store_work.py, scheduler/store_work_tools.py: the lease holder's
   claim, heartbeat and fenced writes;
 - scheduler/store_registry.py: the agent registry;
@@ -43,7 +44,7 @@ from scheduler.store_core import COMMIT_UNKNOWN_COUNTER, connect_pool, db_call, 
 from scheduler.store_keys import KeyStore
 from scheduler.store_limits import LimitsStore, TenantFlow
 from scheduler.store_registry import AgentSpec, RegistryStore
-from scheduler.store_runs import RunStore
+from scheduler.store_retry import RetryStore
 from scheduler.store_schedules import ScheduleSpec, ScheduleStore
 from scheduler.store_types import (
     HISTORY_PARTS,
@@ -58,6 +59,7 @@ from scheduler.store_types import (
     LeaseRef,
     ResolveOutcome,
     RunEnd,
+    RunFilter,
     SubmitSpec,
     ToolIntent,
     WriteBinding,
@@ -68,8 +70,8 @@ from scheduler.store_work import WorkStore
 from shared.tracing import Trace
 
 
-class Store(RunStore, WorkStore, ChildStore, RegistryStore, AuthStore, ScheduleStore, KeyStore, LimitsStore):
-    """Every read and write of run state: RunService's side (`RunStore`), WorkService's (`WorkStore`)
+class Store(RetryStore, WorkStore, ChildStore, RegistryStore, AuthStore, ScheduleStore, KeyStore, LimitsStore):
+    """Every read and write of run state: RunService's side (`RunStore`, `RetryStore`), WorkService's (`WorkStore`)
     the agent registry (`RegistryStore`), API keys and the audit trail (`AuthStore`), schedules
     (`ScheduleStore`), runtime flow limits (`LimitsStore`)."""
 
@@ -106,6 +108,7 @@ __all__ = [
     "ResolveOutcome",
     "Resolved",
     "RunEnd",
+    "RunFilter",
     "RunRow",
     "ScheduleSpec",
     "Store",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -47,6 +48,7 @@ from scheduler.store_types import (
     HistoryCursor,
     HistoryPage,
     ResolveOutcome,
+    RunFilter,
     SubmitSpec,
 )
 from shared.canonical import content_hash, content_hash_matches, sha256_of, uuid7
@@ -68,9 +70,11 @@ _RESOLVE_OP = {"SUCCEEDED": Op.RESOLVE_SUCCEEDED, "NOT_EXECUTED": Op.RESOLVE_NOT
 
 class RunStore(Recovery):
     @db_call
-    async def submit_run(self, tenant_id: str, spec: SubmitSpec, trace: Trace = NO_TRACE) -> Submitted:
+    async def submit_run(self, tenant_id: str, spec: SubmitSpec, trace: Trace = NO_TRACE,
+                         created: Callable[[asyncpg.Connection, Record], Awaitable[None]] | None = None) -> Submitted:
         """Creates the run, or answers a retried submit with its run. Over a tenant quota
-        (settings.submit_quota): QuotaExceeded, and nothing is written."""
+        (settings.submit_quota): QuotaExceeded, and nothing is written. `created` runs in the
+        transaction that made the run (RetryRun's audit row)."""
         digest = spec.submit_hash() if spec.client_request_id else None
         async with self.tenant_tx(tenant_id) as conn:
             flow = await self.flow(conn)
@@ -91,6 +95,8 @@ class RunStore(Recovery):
                     row = await self._insert_run(conn, tenant_id, spec, digest, step, trace)
                     assert row is not None, "the tenant's lock admits one submit of an id at a time"
             if row is not None:
+                if created is not None:
+                    await created(conn, row)
                 return Submitted(RunRow.of(row), True)
         if existing is None:  # deleted between the two statements: retention never deletes runs
             raise Unavailable("submit raced with a concurrent change; retry")
@@ -114,7 +120,7 @@ class RunStore(Recovery):
             max_cost_usd=spec.max_cost_usd, deadline_at=spec.deadline_at,
             client_request_id=spec.client_request_id, submit_hash=digest, event_id=uuid7(),
             priority=spec.priority, concurrency_key=spec.concurrency_key, concurrency_max=spec.concurrency_max,
-            fair_step=fair_step, **trace_params(trace))
+            retry_of_run_id=spec.retry_of, fair_step=fair_step, **trace_params(trace))
 
     async def _check_quota(self, conn: asyncpg.Connection, tenant_id: str, quota: SubmitQuota) -> None:
         """Under the tenant's submit lock: raises QuotaExceeded when this submit would pass a quota."""
@@ -149,31 +155,33 @@ class RunStore(Recovery):
         return RunRow.of(row)
 
     @db_call
-    async def list_runs(self, tenant_id: str, *, statuses: list[str] | None, agent_name: str | None,
-                        after: tuple[dt.datetime, uuid.UUID] | None, limit: int) -> list[RunRow]:
+    async def list_runs(self, tenant_id: str, where: RunFilter, *, after: tuple[dt.datetime, uuid.UUID] | None,
+                        limit: int) -> list[RunRow]:
         async with self.tenant_tx(tenant_id) as conn:
-            rows = await fetch(conn, Q.list_runs, tenant_id=tenant_id, statuses=statuses, agent_name=agent_name,
+            rows = await fetch(conn, Q.list_runs, tenant_id=tenant_id, **where.params(),
                                after_created_at=after[0] if after else None, after_id=after[1] if after else None,
                                limit=limit)
         return [RunRow.of(row) for row in rows]
 
     @db_call
     async def cancel_run(self, tenant_id: str, run_id: uuid.UUID, *, reason: str, request_id: str | None = None,
-                         trace: Trace = NO_TRACE, audit: AuditEntry | None = None) -> RunRow:
+                         trace: Trace = NO_TRACE, audit: AuditEntry | None = None,
+                         keep_children: bool = False) -> RunRow:
         """Ends a run, or flags a leased one for its holder; audited when it changes the run
         (a repeated cancel changes nothing and writes no audit row). Its unended descendants
         (through children not spawned detached) are cancelled with it, in its transaction:
         locked deepest first and the run last, the order in which a child that ends locks
         itself and then its parent (migration 0014). A `request_id` names the run's own cancel
-        event: a retry answers the run; the same id with another reason is ALREADY_EXISTS."""
-        named = None if request_id is None else (
-            request_event_id(run_id, "CancelRun", request_id), content_hash({"reason": reason}))
+        event: a retry answers the run; the same id with another reason is ALREADY_EXISTS.
+        `keep_children`: the run alone (bound by its request_id too)."""
+        named = None if request_id is None else (request_event_id(run_id, "CancelRun", request_id), content_hash(
+            {"reason": reason, **({"keep_children": True} if keep_children else {})}))
         async with self.tenant_tx(tenant_id) as conn:
             if await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id) is None:
                 raise NotFound(f"run {run_id} not found", run_id=run_id)
             if named is not None and await replayed_request(conn, named[0], "CancelRun", named[1]):
                 return RunRow.of(await self._lock_tenant_run(conn, tenant_id, run_id))
-            for descendant in await ChildStore.cancellable_descendants(conn, run_id):
+            for descendant in [] if keep_children else await ChildStore.cancellable_descendants(conn, run_id):
                 child = await fetchrow(conn, Q.lock_run, run_id=descendant)
                 if child is not None and child["tenant_id"] == tenant_id:
                     await self._cancel_locked(conn, child, f"parent {run_id} cancelled: {reason}", trace)

@@ -299,7 +299,7 @@ class ScheduleStore(KeyStore):
             sensitive=marks.to_json() if sealed else None,
             max_steps=0, max_tokens=0, max_cost_usd=0.0, deadline_at=None, client_request_id=request_id,
             submit_hash=run.submit_hash(), event_id=uuid7(), traceparent=None, tracestate=None,
-            priority=priority, concurrency_key=key, concurrency_max=key_max,
+            priority=priority, concurrency_key=key, concurrency_max=key_max, retry_of_run_id=None,
             fair_step=(await self.flow(conn)).fair_step(row["tenant_id"]))
         if submitted is None:  # this fire time already has its run (the request id names it): never a second
             submitted = await fetchrow(conn, Q.get_run_by_client_request, tenant_id=row["tenant_id"],

@@ -143,6 +143,24 @@ class SealedSubmit:
 
 
 @dataclass(frozen=True)
+class RunFilter:
+    """ListRuns' filters (list_runs): None is no filter. `labels`: every key=value must match."""
+
+    statuses: list[str] | None = None
+    agent_name: str | None = None
+    labels: dict[str, str] | None = None
+    min_priority: int | None = None
+    max_priority: int | None = None
+    created_after: dt.datetime | None = None
+    created_before: dt.datetime | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {"statuses": self.statuses, "agent_name": self.agent_name, "labels": self.labels,
+                "min_priority": self.min_priority, "max_priority": self.max_priority,
+                "created_after": self.created_after, "created_before": self.created_before}
+
+
+@dataclass(frozen=True)
 class SubmitSpec:
     agent_name: str
     agent_version: str
@@ -161,12 +179,15 @@ class SubmitSpec:
     # Set when the agent marks sensitive fields: the run's id, its input with those sealed, and its
     # wrapped data key (stored together by the submit statement). The hash is over the plain input.
     sealed: SealedSubmit | None = None
+    retry_of: uuid.UUID | None = None  # RetryRun: the run it starts again (its request is that run alone)
 
     def submit_hash(self) -> bytes:
         return content_hash(self.submit_identity())
 
     def submit_identity(self) -> dict[str, Any]:
         """What a retried submit with the same client_request_id must repeat."""
+        if self.retry_of is not None:  # the input is sealed again under a new key on each attempt
+            return {"retry_of_run_id": str(self.retry_of)}
         # The requested priority counts only when set, so the hashes of submits made before it existed hold.
         extra = {"priority": self.requested_priority} if self.requested_priority else {}
         return {

@@ -95,7 +95,8 @@ async def console_server(stack: Stack, **settings: Any) -> AsyncIterator[str]:
 
 
 @asynccontextmanager
-async def console_stack(db_url: str, tmp_path: Path, **scheduler: Any) -> AsyncIterator[ConsoleStack]:
+async def console_stack(db_url: str, tmp_path: Path, console: dict[str, Any] | None = None,
+                        **scheduler: Any) -> AsyncIterator[ConsoleStack]:
     async with AsyncExitStack() as exits:
         mock = await exits.enter_async_context(mock_tool(tmp_path))
         settings = {"auth_mode": "api_key", "api_key_cache_ttl_ms": 0, "work_token": WORK_TOKEN, **scheduler}
@@ -105,7 +106,7 @@ async def console_stack(db_url: str, tmp_path: Path, **scheduler: Any) -> AsyncI
             write_agent(agents, definition)
         keys = {role: (await make_key(db_url, role=role, tenants=[TENANT]))[1]
                 for role in ("viewer", "operator", "admin")}
-        url = await exits.enter_async_context(console_server(stack))
+        url = await exits.enter_async_context(console_server(stack, **(console or {})))
         yield ConsoleStack(stack, mock, agents, url, keys, db_url, exits)
 
 

@@ -92,10 +92,10 @@ WITH inserted AS (
   INSERT INTO agent_runs (id, tenant_id, agent_name, agent_version, input, labels, max_attempts,
                           budget_max_steps, budget_max_tokens, budget_max_cost_usd, deadline_at,
                           client_request_id, submit_hash, next_attempt_at, priority, concurrency_key,
-                          concurrency_max, fair_pass)
+                          concurrency_max, retry_of_run_id, fair_pass)
   VALUES (:run_id, :tenant_id, :agent_name, :agent_version, :input, :labels, :max_attempts, :max_steps,
           :max_tokens, :max_cost_usd, :deadline_at, :client_request_id, :submit_hash, clock_timestamp(),
-          :priority, :concurrency_key, :concurrency_max,
+          :priority, :concurrency_key, :concurrency_max, :retry_of_run_id::uuid,
           -- The run's fair-share pass (migration 0013): 0 with fair share off.
           CASE WHEN :fair_step::float8 > 0 THEN greatest(
             coalesce((SELECT q.fair_pass FROM agent_runs AS q
@@ -159,11 +159,18 @@ SELECT r.*, (SELECT o.traceparent FROM outbox o WHERE o.run_id = r.id ORDER BY o
 FROM agent_runs r WHERE r.id = :run_id AND r.tenant_id = :tenant_id;
 
 -- name: list_runs
--- Keyset pagination on (created_at, id), newest first, within one tenant.
+-- Keyset pagination on (created_at, id), newest first, within one tenant. A NULL
+-- filter is no filter; :labels (a JSON object) matches runs holding each of its
+-- key=value pairs (agent_runs_labels_idx, 0020); created_after inclusive, created_before not.
 SELECT * FROM agent_runs
 WHERE tenant_id = :tenant_id
   AND (:statuses::text[] IS NULL OR status = ANY(:statuses::text[]))
   AND (:agent_name::text IS NULL OR agent_name = :agent_name)
+  AND (:labels::jsonb IS NULL OR labels @> :labels::jsonb)
+  AND (:min_priority::int IS NULL OR priority >= :min_priority::int)
+  AND (:max_priority::int IS NULL OR priority <= :max_priority::int)
+  AND (:created_after::timestamptz IS NULL OR created_at >= :created_after::timestamptz)
+  AND (:created_before::timestamptz IS NULL OR created_at < :created_before::timestamptz)
   AND (:after_created_at::timestamptz IS NULL OR (created_at, id) < (:after_created_at, :after_id::uuid))
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;

@@ -109,6 +109,7 @@ class RunInfo:
     priority: int = 0  # 1 (lowest) .. 9 (highest)
     parent_run_id: str = ""  # a child run's parent (SpawnChildren); "" for a top-level run
     waiting_for: str = ""  # what it waits for, in words (approval, signal, children, timer, retry, slot)
+    retry_of_run_id: str = ""  # RetryRun: the FAILED or CANCELLED run it starts again
 
     @property
     def terminal(self) -> bool:
@@ -127,7 +128,7 @@ class RunInfo:
             created_at=_time(run, "created_at"), updated_at=_time(run, "updated_at"),
             finished_at=_time(run, "finished_at"), next_attempt_at=_time(run, "next_attempt_at"),
             last_trace_id=run.last_trace_id, priority=run.priority, parent_run_id=run.parent_run_id,
-            waiting_for=run.waiting_for,
+            waiting_for=run.waiting_for, retry_of_run_id=run.retry_of_run_id,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -264,10 +265,20 @@ class AgentrtClient:
         return RunInfo.from_proto(await self._call(self._stub.GetRun, rs.GetRunRequest(run_id=run_id)))
 
     async def list(self, *, statuses: Iterable[str] = (), agent_name: str = "", page_size: int = 50,
-                   page_token: str = "") -> tuple[list[RunInfo], str]:
+                   page_token: str = "", labels: dict[str, str] | None = None, min_priority: int = 0,
+                   max_priority: int = 0, tenant_id: str = "", created_after: dt.datetime | None = None,
+                   created_before: dt.datetime | None = None) -> tuple[list[RunInfo], str]:
+        """One page, newest first. Every filter is the server's (labels: each key=value must match;
+        tenant_id: another tenant's runs, for a credential of every tenant); a page token continues
+        only the listing with the same filters."""
         numbers: list[Any] = [_STATUS_NUMBERS[s.upper()] for s in statuses]
-        reply = await self._call(self._stub.ListRuns, rs.ListRunsRequest(
-            statuses=numbers, agent_name=agent_name, page_size=page_size, page_token=page_token))
+        request = rs.ListRunsRequest(statuses=numbers, agent_name=agent_name, page_size=page_size,
+                                     page_token=page_token, labels=labels or {}, min_priority=min_priority,
+                                     max_priority=max_priority, tenant_id=tenant_id)
+        for name, value in (("created_after", created_after), ("created_before", created_before)):
+            if value is not None:
+                getattr(request, name).FromDatetime(value)
+        reply = await self._call(self._stub.ListRuns, request)
         return [RunInfo.from_proto(r) for r in reply.runs], reply.next_page_token
 
     async def list_all(self, **filters: Any) -> AsyncIterator[RunInfo]:
@@ -279,10 +290,21 @@ class AgentrtClient:
             if not token:
                 return
 
-    async def cancel(self, run_id: str, reason: str = "", *, ticket_id: str = "", comment: str = "") -> RunInfo:
+    async def cancel(self, run_id: str, reason: str = "", *, ticket_id: str = "", comment: str = "",
+                     keep_children: bool = False, request_id: str = "") -> RunInfo:
+        """keep_children: the run alone (by default its children not spawned detached go with it)."""
         note = rs.AuditNote(reason=reason, comment=comment, ticket_id=ticket_id)
-        return RunInfo.from_proto(await self._call(self._stub.CancelRun,
-                                                   rs.CancelRunRequest(run_id=run_id, reason=reason, note=note)))
+        return RunInfo.from_proto(await self._call(self._stub.CancelRun, rs.CancelRunRequest(
+            run_id=run_id, reason=reason, note=note, keep_children=keep_children, request_id=request_id)))
+
+    async def retry(self, run_id: str, *, request_id: str = "", reason: str = "", ticket_id: str = "",
+                    comment: str = "") -> tuple[RunInfo, bool]:
+        """A new run from a FAILED or CANCELLED one: (the new run, created). The same request_id answers
+        the run its first call made (created False)."""
+        reply = await self._call(self._stub.RetryRun, rs.RetryRunRequest(
+            run_id=run_id, request_id=request_id or f"client-{uuid.uuid4()}",
+            note=rs.AuditNote(reason=reason, comment=comment, ticket_id=ticket_id)))
+        return RunInfo.from_proto(reply.run), reply.created
 
     async def tree(self, run_id: str, max_runs: int = 0) -> tuple[Sequence[tuple[int, RunInfo]], bool]:
         """The run and its descendants, breadth first, each with its depth; and whether more were left out."""

@@ -65,6 +65,7 @@ class World:
     page_token: str  # a real token, issued for ListRuns without filters
     key_id: str  # a live API key
     schedule_id: str = ""  # a yearly schedule (it never fires during a test)
+    cancelled: str = ""  # CANCELLED: what RetryRun starts again
 
 
 async def _leased(stack: Stack, agent: str, state: dict[str, Any], step_key: str) -> tuple[ws.LeaseRef, int]:
@@ -96,6 +97,8 @@ async def build_world(stack: Stack) -> World:
     await _begin(stack, waiting, waiting_version, "k-wait")
     running, running_version = await _leased(stack, "bi-run", tool_state(S2, TOOL, REQ2), S2)
     queued = await submit(stack, agent="bi-queued")
+    cancelled = await submit(stack, agent="bi-cancelled")
+    await stack.runs.CancelRun(rs.CancelRunRequest(run_id=cancelled.run_id), metadata=stack.md())
     page = await stack.runs.ListRuns(rs.ListRunsRequest(page_size=1), metadata=stack.md())
     assert page.next_page_token
     key = await stack.runs.CreateApiKey(rs.CreateApiKeyRequest(name="existing", role=rs.API_KEY_ROLE_VIEWER),
@@ -104,7 +107,8 @@ async def build_world(stack: Stack) -> World:
         name="bi-yearly", spec=rs.ScheduleSpec(agent_name="bi-queued", cron="0 0 1 1 *")), metadata=stack.md())
     return World(key_id=key.key.key_id, queued=queued.run_id, paused_human=human.run_id, in_doubt=doubt.run_id,
                  running=running, running_version=running_version, waiting=waiting, waiting_version=waiting_version,
-                 page_token=page.next_page_token, schedule_id=schedule.schedule.schedule_id)
+                 page_token=page.next_page_token, schedule_id=schedule.schedule.schedule_id,
+                 cancelled=cancelled.run_id)
 
 
 # ---------------------------------------------------------------------- requests the scheduler accepts
@@ -125,9 +129,13 @@ def base_request(rpc: str, w: World) -> Message:
     if rpc == "GetRun":
         return rs.GetRunRequest(run_id=w.queued)
     if rpc == "ListRuns":
-        return rs.ListRunsRequest(statuses=[pb.RUN_STATUS_QUEUED], agent_name="bi-queued", page_size=10)
+        return rs.ListRunsRequest(statuses=[pb.RUN_STATUS_QUEUED], agent_name="bi-queued", page_size=10,
+                                  min_priority=1, max_priority=9, created_after=Timestamp(seconds=1_700_000_000),
+                                  created_before=Timestamp(seconds=4_102_444_800))
     if rpc == "CancelRun":
         return rs.CancelRunRequest(run_id=w.queued, reason="no longer needed")
+    if rpc == "RetryRun":
+        return rs.RetryRunRequest(run_id=w.cancelled, request_id="retry-1", note=rs.AuditNote(reason="try again"))
     if rpc == "CreateSchedule":
         return rs.CreateScheduleRequest(name="bi-new", spec=_spec())
     if rpc == "UpdateSchedule":
@@ -222,10 +230,10 @@ def base_request(rpc: str, w: World) -> Message:
     raise AssertionError(rpc)
 
 
-RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "SignalRun", "ResumeRun", "ResolveToolExecution",
-            "GetRunHistory", "GetStats", "CreateSchedule", "UpdateSchedule", "PauseSchedule", "DeleteSchedule",
-            "ListSchedules", "ListAgents", "ListAuditEvents", "CreateApiKey", "ListApiKeys", "RevokeApiKey",
-            "GetRunTree", "SetLimit", "ClearLimit", "ListLimits")
+RUN_RPCS = ("SubmitRun", "GetRun", "ListRuns", "CancelRun", "RetryRun", "SignalRun", "ResumeRun",
+            "ResolveToolExecution", "GetRunHistory", "GetStats", "CreateSchedule", "UpdateSchedule", "PauseSchedule",
+            "DeleteSchedule", "ListSchedules", "ListAgents", "ListAuditEvents", "CreateApiKey", "ListApiKeys",
+            "RevokeApiKey", "GetRunTree", "SetLimit", "ClearLimit", "ListLimits")
 # Scoped by the credential's tenants, not by the header (SetLimit / ClearLimit: a '*' credential).
 KEY_RPCS = ("CreateApiKey", "ListApiKeys", "RevokeApiKey", "SetLimit", "ClearLimit")
 WORK_RPCS = ("ClaimWork", "Heartbeat", "SaveCheckpoint", "BeginToolCall", "CompleteToolCall", "MarkToolInDoubt",
@@ -443,6 +451,11 @@ CASES: list[Bad] = [
     *uuid_cases("CancelRun", "run_id"),
     Bad("CancelRun", "reason too long", put(reason="r" * 1001), "reason"),
     nul_case("CancelRun", "reason"),
+    # ---- RetryRun
+    *uuid_cases("RetryRun", "run_id"),
+    Bad("RetryRun", "request_id too long", put(request_id="r" * 201), "request_id"),
+    Bad("RetryRun", "note.reason too long", put(note__reason="r" * 1001), "note.reason"),
+    nul_case("RetryRun", "note.comment"),
     # ---- Schedules
     *[case for rpc in ("CreateSchedule", "UpdateSchedule") for case in spec_cases(rpc)],
     Bad("CreateSchedule", "name missing", put(name=CLEAR), "name"),
@@ -462,6 +475,16 @@ CASES: list[Bad] = [
     Bad("ListRuns", "agent_name with spaces", put(agent_name="my agent"), "agent_name"),
     Bad("ListRuns", "page_size negative", put(page_size=-1), "page_size"),
     Bad("ListRuns", "page_size too large", put(page_size=501), "page_size"),
+    Bad("ListRuns", "min_priority too high", put(min_priority=10), "min_priority"),
+    Bad("ListRuns", "max_priority negative", put(max_priority=-1), "max_priority"),
+    Bad("ListRuns", "min_priority above max_priority", put(min_priority=6, max_priority=3), "min_priority"),
+    Bad("ListRuns", "created_after out of range", put(created_after__seconds=10**12), "created_after"),
+    Bad("ListRuns", "created_before not after created_after",
+        put(created_after=Timestamp(seconds=1_800_000_000), created_before=Timestamp(seconds=1_800_000_000)),
+        "created_before"),
+    Bad("ListRuns", "too many labels", put(labels={f"k{i}": "v" for i in range(65)}), "labels"),
+    Bad("ListRuns", "label value with NUL", put(labels={"k": "v\x00"}), "labels"),
+    Bad("ListRuns", "tenant_id with spaces", put(tenant_id="a tenant"), "tenant_id"),
     Bad("ListRuns", "page_token garbage", put(page_token="!!not base64!!"), "page_token"),
     Bad("ListRuns", "page_token not JSON", put(page_token=base64.urlsafe_b64encode(b"\xff\x00").decode()),
         "page_token"),

@@ -116,6 +116,43 @@ async def test_runs_signal_queues_once_per_request_id_and_refuses_bad_input(db_u
         assert await db.fetchval("SELECT count(*) FROM run_signals") == 1
 
 
+async def test_runs_list_filters_cancel_keep_children_and_retry(db_url, db):
+    async with scheduler_stack(db_url) as stack:
+        a = stack.addr
+        low = await submit(stack, labels={"team": "a"}, priority=2)
+        high = await submit(stack, labels={"team": "a", "env": "prod"}, priority=8)
+        await submit(stack, labels={"team": "b"}, priority=8)
+        code, out, _ = await agentrt("runs", "list", "--label", "team=a", "--min-priority", "5",
+                                     "--since", "2020-01-01T00:00:00", "--json", addr=a)
+        assert code == 0 and [r["run_id"] for r in json.loads(out)["runs"]] == [high.run_id]
+        code, out, _ = await agentrt("runs", "list", "--label", "team=a", "--label", "env=dev", addr=a)
+        assert code == 0 and out.startswith("no runs for tenant tenant-a with label team=a; label env=dev")
+        for bad, named in ((("--label", "team"), "--label"), (("--min-priority", "7", "--max-priority", "3"),
+                                                              "min_priority"),
+                           (("--since", "yesterday"), "--since")):
+            code, _, err = await agentrt("runs", "list", *bad, addr=a)
+            assert code == 1 and named in err and len(err.strip().splitlines()) == 1, err
+
+        parent = await submit(stack, agent="parent")
+        lease = await claim(stack, agents=("parent",))
+        spawned = await stack.work.SpawnChildren(ws.SpawnChildrenRequest(
+            lease=lease_ref(lease), spawn_key="fan/1", join=ws.JOIN_MODE_ALL,
+            children=[ws.ChildSpec(agent_name="kid", input_json="{}")]))
+        code, out, _ = await agentrt("runs", "cancel", parent.run_id, "--keep-children", "--json", addr=a)
+        assert code == 0 and json.loads(out)["cancel_requested"] is True
+        child = await stack.runs.GetRun(rs.GetRunRequest(run_id=spawned.children[0].run_id), metadata=stack.md())
+        assert child.status == 1  # QUEUED: kept
+
+        code, _, err = await agentrt("runs", "retry", low.run_id, addr=a)
+        assert code == 1 and "INVALID_TRANSITION" in err and len(err.strip().splitlines()) == 1
+        await stack.runs.CancelRun(rs.CancelRunRequest(run_id=low.run_id), metadata=stack.md())
+        code, out, _ = await agentrt("runs", "retry", low.run_id, "--request-id", "again-1", "--json", addr=a)
+        retried = json.loads(out)
+        assert code == 0 and retried["created"] is True and retried["retry_of_run_id"] == low.run_id
+        code, out, _ = await agentrt("runs", "retry", low.run_id, "--request-id", "again-1", addr=a)
+        assert code == 0 and out.startswith(f"already retried: {retried['run_id']} (QUEUED)")
+
+
 async def test_a_stopped_service_is_one_line_and_non_zero():
     code, _, err = await agentrt("runs", "list", "--timeout", "0.5", addr=f"127.0.0.1:{free_port()}")
     assert code == 1 and "UNAVAILABLE" in err and "Traceback" not in err

@@ -204,7 +204,7 @@ async def test_a_submits_fair_share_pass_is_two_index_probes(db_url):
                       labels={}, max_attempts=3, max_steps=0, max_tokens=0, max_cost_usd=0.0, deadline_at=None,
                       client_request_id=None, submit_hash=None, event_id=uuid.uuid4(), priority=5,
                       concurrency_key=None, concurrency_max=None, fair_step=1.0, traceparent=None,
-                      tracestate=None, key_id=None, wrapped_key=None, sensitive=None)
+                      tracestate=None, key_id=None, wrapped_key=None, sensitive=None, retry_of_run_id=None)
         plan = await db.fetchval("EXPLAIN (FORMAT JSON) " + Q["submit_run"], *Q.submit_run.args(**values))
         plan = json.loads(plan) if isinstance(plan, str) else plan  # (the connection's json codec decodes it)
         probes = {(child["Node Type"], child.get("Index Name")): parent["Node Type"] for parent, child in edges(plan)

@@ -86,6 +86,14 @@ async def case_cancel(stack: Stack):
     return stack.runs.CancelRun, request, other, lambda r: (r.run_id, r.status)
 
 
+async def case_retry(stack: Stack):
+    run = await submit(stack, agent="c-retry")
+    await stack.runs.CancelRun(rs.CancelRunRequest(run_id=run.run_id), metadata=stack.md())
+    request = rs.RetryRunRequest(run_id=run.run_id, request_id="retry-1")
+    # The request is its run alone: nothing else could differ under the same id.
+    return stack.runs.RetryRun, request, None, lambda r: r.run.run_id
+
+
 async def case_signal(stack: Stack):
     run = await submit(stack, agent="c-signal")
     request = rs.SignalRunRequest(run_id=run.run_id, name="go", payload_json='{"n": 1}', request_id="sig-1")
@@ -170,6 +178,7 @@ async def case_clear_limit(stack: Stack):
 
 CASES: dict[str, Case] = {
     "SubmitRun": Case(case_submit), "CancelRun": Case(case_cancel), "SignalRun": Case(case_signal),
+    "RetryRun": Case(case_retry),
     "ResumeRun": Case(case_resume), "ResolveToolExecution": Case(case_resolve),
     "CreateSchedule": Case(case_create_schedule), "UpdateSchedule": Case(case_update_schedule),
     "PauseSchedule": Case(case_pause_schedule), "CreateApiKey": Case(case_create_key),

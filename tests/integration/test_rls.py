@@ -28,7 +28,7 @@ from scheduler.config import SchedulerSettings
 from scheduler.db_roles import apply_roles
 from scheduler.queries import Q
 from scheduler.server import SchedulerServer
-from scheduler.store import connect_pool
+from scheduler.store import RunFilter, connect_pool
 from scheduler.store_core import WORK_SCOPE
 from scheduler.store_schedules import ScheduleSpec
 from scheduler.store_types import AuditEntry
@@ -167,6 +167,8 @@ def b_params(b: dict[str, Any], query: Query) -> dict[str, Any]:
         "comment": None, "ticket_id": None,
         "state_before": None, "state_after": None, "since": None, "until": None, "before_id": None,
         "after_depth": None, "after_parent": None, "after_spawn_key": None, "after_spawn_index": None,
+        "min_priority": None, "max_priority": None, "created_after": None, "created_before": None,
+        "retry_of_run_id": None,
     }
     if query.name == "history_events":
         values["after_id"] = 0
@@ -266,7 +268,7 @@ async def test_the_store_for_tenant_a_finds_none_of_tenant_b(stack: Stack, db: a
     b = await tenant_b_rows(stack, db)
     store, run_id = stack.server.store, b["run_id"]
     before = await database_snapshot(db)
-    assert [r.id for r in await store.list_runs(A, statuses=None, agent_name=None, after=None, limit=10)] == [
+    assert [r.id for r in await store.list_runs(A, RunFilter(), after=None, limit=10)] == [
         b["a_run_id"]]
     assert await store.run_for_request(A, "b-1") is None
     assert (await store.tenant_stats(A)).by_status == {"COMPLETED": 1}

@@ -40,9 +40,9 @@ OPENS = {"GetRun", "GetRunHistory", "ClaimWork", "GetToolResults", "ReadJournal"
 # the run's key a moment before): the same open as GetToolResults'.
 OPENS_OWN_WRITE = {"BeginToolCall", "CompleteAndBeginToolCall"}
 # Answers that never open: sealed values shown "[redacted]" (or no sealed value at all: registry schemas).
-REDACTS = {"SubmitRun", "ListRuns", "CancelRun", "SignalRun", "ResumeRun", "ResolveToolExecution", "GetRunTree",
-           "SpawnChildren", "WriteBatch", "CreateSchedule", "UpdateSchedule", "PauseSchedule", "DeleteSchedule",
-           "ListSchedules", "ListAgents", "ListAuditEvents"}
+REDACTS = {"SubmitRun", "ListRuns", "CancelRun", "RetryRun", "SignalRun", "ResumeRun", "ResolveToolExecution",
+           "GetRunTree", "SpawnChildren", "WriteBatch", "CreateSchedule", "UpdateSchedule", "PauseSchedule",
+           "DeleteSchedule", "ListSchedules", "ListAgents", "ListAuditEvents"}
 
 
 def carries_json(descriptor, seen=frozenset()) -> bool:

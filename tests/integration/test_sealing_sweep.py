@@ -278,6 +278,10 @@ async def one_run(call: Caller) -> str:
         agent_name="payer", input_json=json.dumps({"card": CARD, "amount": 1})), metadata=call.md)
     await call.run_call("CancelRun", rs.CancelRunRequest(run_id=other.run.run_id, reason=said("cancel"),
                                                          note=note()))
+    # Started again: its sealed input is sealed again under the new run's own key, its note redacted.
+    again = await call.run_call("RetryRun", rs.RetryRunRequest(run_id=other.run.run_id, note=note()))
+    assert again.run.retry_of_run_id == other.run.run_id and "[redacted]" in again.run.input_json
+    await call.runs.CancelRun(rs.CancelRunRequest(run_id=again.run.run_id), metadata=call.md)  # not claimed next
     return run_id
 
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from scheduler.config import SchedulerSettings
-from scheduler.store import LeaseRef, Store, connect_pool
+from scheduler.store import LeaseRef, RunFilter, Store, connect_pool
 from scheduler.store_core import db_call
 from shared.errors import Unavailable
 
@@ -72,7 +72,7 @@ READS: dict[str, Callable[[Store], Awaitable[Any]]] = {
     "read_journal_compact": lambda s: s.read_journal_compact(LEASE, after_seq=0, page_size=10, page_bytes=1 << 16),
     "tool_results": lambda s: s.tool_results(LEASE, ["step-1"], answer_bytes=1 << 16),
     "get_run": lambda s: s.get_run(TENANT, uuid.uuid4()),
-    "list_runs": lambda s: s.list_runs(TENANT, statuses=None, agent_name=None, after=None, limit=10),
+    "list_runs": lambda s: s.list_runs(TENANT, RunFilter(), after=None, limit=10),
     "history": lambda s: s.history(TENANT, uuid.uuid4()),
     "run_tree": lambda s: s.run_tree(TENANT, uuid.uuid4(), limit=10),
     "run_for_request": lambda s: s.run_for_request(TENANT, "req-1"),
@@ -105,7 +105,7 @@ async def test_every_read_answers_unavailable_once_the_connection_is_lost(db_url
     try:
         store = Store(pool, SchedulerSettings(database_url=url, limits_refresh_ms=0), work_pool=pool)
         assert await store.database_epoch() > 0  # the relay carries the pool's connections
-        assert await store.list_runs(TENANT, statuses=None, agent_name=None, after=None, limit=10) == []
+        assert await store.list_runs(TENANT, RunFilter(), after=None, limit=10) == []
         await relay.cut()
         answers: dict[str, str] = {}
         for name, call in READS.items():

@@ -171,7 +171,8 @@ async def test_a_viewer_sees_no_actions_and_a_forged_post_is_refused_by_the_sche
         await sign_in(page, cs.url, cs.keys["viewer"], next_path=f"/runs/{run.run_id}")
         await expect(page.locator("#run-status")).to_have_text("PAUSED_HUMAN")
         await expect(page.locator("#role")).to_have_text("viewer")
-        for name in ("Approve", "Reject", "Cancel run and children", "Send signal", "Reveal sealed values"):
+        for name in ("Approve", "Reject", "Cancel run and children", "Cancel this run only", "Send signal",
+                     "Reveal sealed values"):
             await expect(page.get_by_role("button", name=name)).to_have_count(0)
         await page.goto(f"{cs.url}/attention")
         await expect(page.get_by_role("row").filter(has_text=run.run_id)).to_be_visible()
@@ -180,7 +181,8 @@ async def test_a_viewer_sees_no_actions_and_a_forged_post_is_refused_by_the_sche
         # The viewer forges the operator's form (with the session's own CSRF token): the console passes it
         # on and the scheduler refuses it.
         csrf = await page.locator('input[name="csrf"]').first.get_attribute("value")
-        for action, form in (("resume", {"decision": "approve"}), ("cancel", {"reason": "forged"})):
+        for action, form in (("resume", {"decision": "approve"}), ("cancel", {"reason": "forged"}),
+                             ("retry", {"reason": "forged"})):
             reply = await page.request.post(f"{cs.url}/runs/{run.run_id}/{action}", form={"csrf": csrf, **form},
                                             max_redirects=0)
             assert reply.status == 403, (action, reply.status)

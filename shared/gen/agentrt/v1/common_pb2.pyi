@@ -85,7 +85,7 @@ class Signal(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., signal_id: _Optional[str] = ..., name: _Optional[str] = ..., payload_json: _Optional[str] = ..., received_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "tenant_id", "agent_name", "agent_version", "status", "version", "fencing_token", "attempt_count", "max_attempts", "input_json", "labels", "budget", "current_step_key", "terminal_reason", "pause_reason", "cancel_requested", "client_request_id", "result_json", "next_attempt_at", "created_at", "updated_at", "finished_at", "lease_owner", "lease_expires_at", "human_input_json", "last_trace_id", "priority", "parent_run_id", "waiting_for")
+    __slots__ = ("run_id", "tenant_id", "agent_name", "agent_version", "status", "version", "fencing_token", "attempt_count", "max_attempts", "input_json", "labels", "budget", "current_step_key", "terminal_reason", "pause_reason", "cancel_requested", "client_request_id", "result_json", "next_attempt_at", "created_at", "updated_at", "finished_at", "lease_owner", "lease_expires_at", "human_input_json", "last_trace_id", "priority", "parent_run_id", "waiting_for", "retry_of_run_id")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class Run(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    RETRY_OF_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tenant_id: str
     agent_name: str
@@ -151,7 +152,8 @@ class Run(_message.Message):
     priority: int
     parent_run_id: str
     waiting_for: str
-    def __init__(self, run_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., agent_version: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., version: _Optional[int] = ..., fencing_token: _Optional[int] = ..., attempt_count: _Optional[int] = ..., max_attempts: _Optional[int] = ..., input_json: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., current_step_key: _Optional[str] = ..., terminal_reason: _Optional[str] = ..., pause_reason: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., client_request_id: _Optional[str] = ..., result_json: _Optional[str] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_owner: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., human_input_json: _Optional[str] = ..., last_trace_id: _Optional[str] = ..., priority: _Optional[int] = ..., parent_run_id: _Optional[str] = ..., waiting_for: _Optional[str] = ...) -> None: ...
+    retry_of_run_id: str
+    def __init__(self, run_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., agent_name: _Optional[str] = ..., agent_version: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., version: _Optional[int] = ..., fencing_token: _Optional[int] = ..., attempt_count: _Optional[int] = ..., max_attempts: _Optional[int] = ..., input_json: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., current_step_key: _Optional[str] = ..., terminal_reason: _Optional[str] = ..., pause_reason: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., client_request_id: _Optional[str] = ..., result_json: _Optional[str] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_owner: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., human_input_json: _Optional[str] = ..., last_trace_id: _Optional[str] = ..., priority: _Optional[int] = ..., parent_run_id: _Optional[str] = ..., waiting_for: _Optional[str] = ..., retry_of_run_id: _Optional[str] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
     __slots__ = ("run_id", "version", "state_json", "state_hash", "schema_version", "fencing_token", "event_id", "created_at")

@@ -128,16 +128,35 @@ class GetRunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., reveal: _Optional[bool] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("statuses", "agent_name", "page_size", "page_token")
+    __slots__ = ("statuses", "agent_name", "page_size", "page_token", "labels", "min_priority", "max_priority", "tenant_id", "created_after", "created_before")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    MIN_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     statuses: _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus]
     agent_name: str
     page_size: int
     page_token: str
-    def __init__(self, statuses: _Optional[_Iterable[_Union[_common_pb2.RunStatus, str]]] = ..., agent_name: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    min_priority: int
+    max_priority: int
+    tenant_id: str
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    def __init__(self, statuses: _Optional[_Iterable[_Union[_common_pb2.RunStatus, str]]] = ..., agent_name: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., min_priority: _Optional[int] = ..., max_priority: _Optional[int] = ..., tenant_id: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_token")
@@ -148,16 +167,36 @@ class ListRunsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[_common_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelRunRequest(_message.Message):
-    __slots__ = ("run_id", "reason", "note", "request_id")
+    __slots__ = ("run_id", "reason", "note", "request_id", "keep_children")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEP_CHILDREN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     reason: str
     note: AuditNote
     request_id: str
-    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    keep_children: bool
+    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ..., request_id: _Optional[str] = ..., keep_children: _Optional[bool] = ...) -> None: ...
+
+class RetryRunRequest(_message.Message):
+    __slots__ = ("run_id", "request_id", "note")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    request_id: str
+    note: AuditNote
+    def __init__(self, run_id: _Optional[str] = ..., request_id: _Optional[str] = ..., note: _Optional[_Union[AuditNote, _Mapping]] = ...) -> None: ...
+
+class RetryRunResponse(_message.Message):
+    __slots__ = ("run", "created")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    created: bool
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class SignalRunRequest(_message.Message):
     __slots__ = ("run_id", "name", "payload_json", "request_id")

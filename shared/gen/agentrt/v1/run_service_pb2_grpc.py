@@ -158,6 +158,11 @@ class RunServiceStub:
                 request_serializer=agentrt_dot_v1_dot_run__service__pb2.ListLimitsRequest.SerializeToString,
                 response_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListLimitsResponse.FromString,
                 _registered_method=True)
+        self.RetryRun = channel.unary_unary(
+                '/agentrt.v1.RunService/RetryRun',
+                request_serializer=agentrt_dot_v1_dot_run__service__pb2.RetryRunRequest.SerializeToString,
+                response_deserializer=agentrt_dot_v1_dot_run__service__pb2.RetryRunResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -206,7 +211,7 @@ class RunServiceServicer:
         cancelled with it. Answers the run as it is after the call; a repeated
         cancel changes nothing and answers the same (safe to retry; request_id also
         binds the reason). Cancelling a COMPLETED or FAILED run is FAILED_PRECONDITION
-        (INVALID_TRANSITION). Audited.
+        (INVALID_TRANSITION). keep_children cancels the run alone. Audited.
         buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
         buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
         (frozen v1 name: answers the bare Run, see proto/README.md)
@@ -393,6 +398,19 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetryRun(self, request, context):
+        """Starts a new run from a FAILED or CANCELLED run: the same agent and version,
+        input, labels, priority, budget and max_attempts, in the same tenant, with a
+        new id and retry_of_run_id naming the old run. Values the agent marks
+        sensitive are sealed again under the new run's own data key. Needs the
+        runs.submit verb. Idempotent by request_id (per run): a retry answers the run
+        the first call made (created false). A run that has not ended, or COMPLETED,
+        is FAILED_PRECONDITION (INVALID_TRANSITION). Audited (run.retry).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -510,6 +528,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.ListLimits,
                     request_deserializer=agentrt_dot_v1_dot_run__service__pb2.ListLimitsRequest.FromString,
                     response_serializer=agentrt_dot_v1_dot_run__service__pb2.ListLimitsResponse.SerializeToString,
+            ),
+            'RetryRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryRun,
+                    request_deserializer=agentrt_dot_v1_dot_run__service__pb2.RetryRunRequest.FromString,
+                    response_serializer=agentrt_dot_v1_dot_run__service__pb2.RetryRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1141,6 +1164,33 @@ class RunService:
             '/agentrt.v1.RunService/ListLimits',
             agentrt_dot_v1_dot_run__service__pb2.ListLimitsRequest.SerializeToString,
             agentrt_dot_v1_dot_run__service__pb2.ListLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentrt.v1.RunService/RetryRun',
+            agentrt_dot_v1_dot_run__service__pb2.RetryRunRequest.SerializeToString,
+            agentrt_dot_v1_dot_run__service__pb2.RetryRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
