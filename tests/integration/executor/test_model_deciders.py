@@ -4,6 +4,7 @@ mock tool server on loopback) against loopback fake providers speaking each API'
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -38,7 +39,8 @@ def agent(decider: dict[str, Any], mock_url: str, **extra: Any) -> dict[str, Any
             **extra}
 
 
-async def test_an_anthropic_run_with_parallel_calls_a_structured_answer_caching_and_prices(db_url, tmp_path):
+async def test_an_anthropic_run_with_parallel_calls_a_structured_answer_caching_and_prices(db_url, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)  # every record of every logger, the providers' SDKs and httpx among them
     key_file = tmp_path / "anthropic.key"
     key_file.write_text(KEY + "\n")
     exporter = InMemorySpanExporter()
@@ -88,6 +90,7 @@ async def test_an_anthropic_run_with_parallel_calls_a_structured_answer_caching_
     for span in exporter.get_finished_spans():
         assert KEY not in json.dumps(dict(span.attributes or {}), default=str)
     assert KEY not in str(hist)  # checkpoints, journal, events, ledger
+    assert caplog.records and KEY not in caplog.text  # nor in any log record, at any level
 
 
 async def test_a_rate_limit_sleeps_until_retry_after_without_an_attempt_and_overload_backs_off(db_url, tmp_path):

@@ -107,6 +107,7 @@ async def not_executed_then_cancelled(stack: Any) -> None:
 
 
 async def children_then_rejected(stack: Any) -> None:
+    """Children joined, the parent rejected at its approval and FAILED, then retried as a new run."""
     agent = "ct-parent"
     run_id = (await submit(stack, agent=agent)).run_id
     ref = await claimed(stack, agent)
@@ -123,6 +124,9 @@ async def children_then_rejected(stack: Any) -> None:
                                metadata=stack.md())
     ref = await claimed(stack, agent)
     await finish(stack, ref, 0, ws.FINISH_OUTCOME_FAILED, reason="rejected", error_class="permanent")
+    retried = await stack.runs.RetryRun(rs.RetryRunRequest(run_id=run_id, request_id=f"contract-retry-{run_id}"),
+                                        metadata=stack.md())  # agent.audit.run.retry (and a new run submitted)
+    assert retried.created and retried.run.retry_of_run_id == run_id
 
 
 async def operator_objects(stack: Any) -> None:
