@@ -41,6 +41,7 @@ lock: $(STAMP)
 
 proto: $(STAMP)
 	$(PY) proto/generate.py
+	$(PY) proto/reference.py
 
 # buf (pinned in proto/package.json) lints the module, then checks it against the ref in
 # proto/BREAKING_BASELINE (proto/README.md, Versioning). Needs npm; the baseline commit must be fetched.

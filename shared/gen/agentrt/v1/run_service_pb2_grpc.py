@@ -31,7 +31,7 @@ class RunServiceStub:
     credential (`authorization: Bearer <API key or JWT>`), or the one named in
     the `x-tenant-id` call metadata when the credential may act for several (or
     auth_mode is none). Another tenant's run answers NOT_FOUND. Each RPC needs a
-    verb of the caller's role (README, Security). Errors carry a
+    verb of the caller's role (docs/keys-and-tls.md, "API keys"). Errors carry a
     google.rpc.ErrorInfo (domain "agentrt.dev") whose reason is stable; a bad
     field answers INVALID_ARGUMENT with ErrorInfo metadata `field` naming it, and
     changes nothing.
@@ -170,7 +170,7 @@ class RunServiceServicer:
     credential (`authorization: Bearer <API key or JWT>`), or the one named in
     the `x-tenant-id` call metadata when the credential may act for several (or
     auth_mode is none). Another tenant's run answers NOT_FOUND. Each RPC needs a
-    verb of the caller's role (README, Security). Errors carry a
+    verb of the caller's role (docs/keys-and-tls.md, "API keys"). Errors carry a
     google.rpc.ErrorInfo (domain "agentrt.dev") whose reason is stable; a bad
     field answers INVALID_ARGUMENT with ErrorInfo metadata `field` naming it, and
     changes nothing.
@@ -547,7 +547,7 @@ class RunService:
     credential (`authorization: Bearer <API key or JWT>`), or the one named in
     the `x-tenant-id` call metadata when the credential may act for several (or
     auth_mode is none). Another tenant's run answers NOT_FOUND. Each RPC needs a
-    verb of the caller's role (README, Security). Errors carry a
+    verb of the caller's role (docs/keys-and-tls.md, "API keys"). Errors carry a
     google.rpc.ErrorInfo (domain "agentrt.dev") whose reason is stable; a bad
     field answers INVALID_ARGUMENT with ErrorInfo metadata `field` naming it, and
     changes nothing.
