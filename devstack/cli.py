@@ -440,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     from devstack.cli_encryption import add_commands as add_encryption_commands
     from devstack.cli_events import add_commands as add_event_commands
     from devstack.cli_limits import add_commands as add_limit_commands
+    from devstack.cli_maintain import add_commands as add_maintain_commands
     from devstack.cli_retention import add_commands as add_retention_commands
     from devstack.cli_runs import add_commands as add_run_commands
     from devstack.cli_schedules import add_commands as add_schedule_commands
@@ -451,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_retention_commands(sub)
     add_encryption_commands(sub)
     add_limit_commands(sub)
+    add_maintain_commands(sub)
     _acceptance_commands(sub)
     _version_options(parser, sub)
     return parser

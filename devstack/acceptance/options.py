@@ -46,6 +46,8 @@ def chaos_arguments(parser: argparse.ArgumentParser) -> None:
     ha.add_argument("--calibration-runs", type=int, default=300, help="runs of the measuring burst (default 300)")
     ha.add_argument("--keep-finished-s", type=float, default=300.0,
                     help="seconds a terminal run is kept before the soak ages it for retention (default 300)")
+    ha.add_argument("--maintain-every-min", type=float, default=10.0,
+                    help="minutes between the soak's `agentrt maintain indexes` passes (default 10; 0: none)")
     ha.add_argument("--retention-interval-s", type=float, default=30.0,
                     help="the scheduler's run_retention_interval_s during the soak (default 30)")
 

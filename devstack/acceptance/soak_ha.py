@@ -17,7 +17,10 @@ while:
 - retention is on: the scheduler's sweep runs every `--retention-interval-s`. The shortest policy
   is one day, so the soak's driver moves a run's finished_at back a day once it has been terminal
   for `--keep-finished-s` (the one write it makes to the runtime's tables; it stands for time
-  passing), and the sweep then deletes it with its rows, as it would a day later.
+  passing), and the sweep then deletes it with its rows, as it would a day later;
+- every `--maintain-every-min` minutes the soak runs `agentrt maintain indexes` as the owner, as
+  the chart's CronJob does (runs paused in doubt are never deleted, and each pins the pages of
+  the time-ordered indexes it sits on: scheduler/maintenance.py).
 
 Every minute it samples: RSS of the scheduler and of executor-1; table plus index size of the
 runtime tables; p50/p99 of step latency (from one tool result of a run to its next, in the ledger),
@@ -79,7 +82,7 @@ FROM (SELECT extract(epoch FROM (SELECT min(t.outbound_intent_at) FROM tool_exec
 WHERE ms IS NOT NULL"""
 
 SIZES = """
-SELECT c.relname, pg_table_size(c.oid) + pg_indexes_size(c.oid) AS bytes
+SELECT c.relname, pg_table_size(c.oid) + pg_indexes_size(c.oid) AS bytes, pg_indexes_size(c.oid) AS index_bytes
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND c.relname <> 'ha_probe'"""
 
@@ -158,6 +161,7 @@ class HaSoak:
         self.failovers: list[dict[str, Any]] = []
         self.timeline: list[str] = []
         self.aged = 0
+        self.maintenance: list[dict[str, Any]] = []
         self.faulty = True
         self.rate = 0.0
         self.calm = asyncio.Event()  # set while the killer and the ager may act (cleared around a failover)
@@ -290,6 +294,35 @@ class HaSoak:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), 15)
 
+    async def maintain(self) -> None:
+        """`agentrt maintain indexes` every `--maintain-every-min` minutes, as the chart's CronJob runs it
+        (as the owner; the soak's pace is a week's in an hour, so its cron is minutes, not days)."""
+        from scheduler.maintenance import maintain_indexes
+
+        every = self.args.maintain_every_min * 60
+        while every > 0 and not self.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), every)
+            await self.calm.wait()
+            if self.stopping.is_set():
+                return
+            started = time.monotonic()
+            try:
+                conn = await asyncpg.connect(self.lab.db_url, timeout=10)
+                try:
+                    report = await maintain_indexes(conn)
+                finally:
+                    await conn.close()
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                self.maintenance.append({"error": f"{type(exc).__name__}: {exc}"})  # the next pass drops leftovers
+                continue
+            done = {"seconds": round(time.monotonic() - started, 2),
+                    "rebuilt": {e["index"]: [round(e["bytes_before"] / MIB, 2), round(e["bytes_after"] / MIB, 2)]
+                                for e in report.rebuilt}, "dropped": [e["index"] for e in report.dropped]}
+            self.maintenance.append(done)
+            self.note(f"index upkeep: {len(report.rebuilt)} rebuilt in {done['seconds']} s "
+                      f"(MiB before, after: {done['rebuilt']})")
+
     # ------------------------------------------------------------------ samples
 
     async def sample(self, minute: int, since: Any, scrape: dict[float, float]) -> tuple[Any, dict[float, float]]:
@@ -299,7 +332,9 @@ class HaSoak:
         step = (await lab.rows(STEP_LATENCY, since, now))[0]
         previous = self.samples[-1]["since"] if self.samples else since
         first = (await lab.rows(FIRST_STEP, previous, since))[0]
-        sizes = {r["relname"]: r["bytes"] for r in await lab.rows(SIZES)}
+        size_rows = await lab.rows(SIZES)
+        sizes = {r["relname"]: r["bytes"] for r in size_rows}
+        index_mib = {r["relname"]: round(r["index_bytes"] / MIB, 3) for r in size_rows if r["relname"] in MAIN_TABLES}
         finished = await lab.value("SELECT count(*) FROM agent_runs WHERE finished_at > $1 AND finished_at <= $2",
                                    since, now)
         queued = await lab.value("SELECT count(*) FROM agent_runs WHERE status = 'QUEUED'")
@@ -315,7 +350,8 @@ class HaSoak:
         record = {"minute": minute, "since": since, "until": now,
                   "figures": {k: (round(float(v), 3) if v is not None else None) for k, v in figures.items()},
                   "runs_finished": finished, "steps": step["n"], "queued": queued, "submitted": len(self.run_ids),
-                  "aged": self.aged, "relay_rss_mib": rss_mib(self.line.relay.pid) if self.line.relay else None}
+                  "aged": self.aged, "index_mib": index_mib,
+                  "relay_rss_mib": rss_mib(self.line.relay.pid) if self.line.relay else None}
         self.samples.append(record)
         await asyncio.to_thread(_append, self.lab.dir / "samples.jsonl", json.dumps(record, default=str))
         f = record["figures"]
@@ -370,7 +406,7 @@ class HaSoak:
         self.note(f"soak for {args.minutes:g} min at {self.rate:.1f} runs/s, failover every "
                   f"{args.failover_every_min:g} min, seed {args.seed}")
         tasks = [asyncio.create_task(coro) for coro in (self.feed(), self.keep_alive(), self.kill_at_random(),
-                                                        self.age_finished())]
+                                                        self.age_finished(), self.maintain())]
         started = time.monotonic()
         assert self.reader is not None
         since = await self.reader.value("SELECT clock_timestamp()")

@@ -22,11 +22,12 @@ async def report(soak: Any) -> int:
                  "failover_every_min": args.failover_every_min, "rate_runs_per_s": round(soak.rate, 2),
                  "kill_every_s": args.kill_every_s, "fault_probability": args.fault_probability,
                  "keep_finished_s": args.keep_finished_s, "retention_interval_s": args.retention_interval_s,
+                 "maintain_every_min": args.maintain_every_min,
                  "versions": ha_cluster.versions()}
     ev.observe(runs=len(soak.run_ids), statuses=dict(soak.statuses), failovers=soak.failovers,
                flatness=verdicts, samples=len(soak.samples), sigkills_by_soak=dict(soak.kills),
                restarts=dict(soak.respawns), submits_refused=dict(soak.refused), runs_aged=soak.aged,
-               sample_read_retries=dict(soak.read_errors),
+               sample_read_retries=dict(soak.read_errors), index_maintenance=soak.maintenance,
                timeline=soak.timeline)
     ev.check(f"{len(soak.samples)} per-minute samples of {args.minutes:g} minutes",
              len(soak.samples) == int(args.minutes), len(soak.samples))
@@ -71,8 +72,14 @@ def _report_markdown(soak: Any, verdicts: list[dict[str, Any]], markdown: str) -
              "", "Failovers (leader's Patroni and postmaster SIGKILLed):", ""]
     for f in soak.failovers:
         lines.append(f"- {f['number']}: new leader {f['new_leader']} after {f['seconds_until_new_leader']} s, "
-                     f"first acknowledged commit after {f['time_to_recover_s']} s, old leader back in "
-                     f"{f['rejoin'].get('seconds')} s (pg_rewind {f['rejoin'].get('pg_rewind_used')})")
+                     f"first acknowledged commit after {f['time_to_recover_s']} s, old leader a synchronous "
+                     f"standby again after {f['rejoin'].get('seconds_until_sync_standby')} s "
+                     f"(pg_rewind {f['rejoin'].get('pg_rewind_used')})")
+    passes = [m for m in soak.maintenance if "error" not in m]
+    lines += ["", f"Index upkeep (`agentrt maintain indexes` every {args.maintain_every_min:g} min): {len(passes)} "
+              f"passes, {sum(len(m['rebuilt']) for m in passes)} rebuilds, "
+              f"{sum(len(m['dropped']) for m in passes)} leftovers dropped, "
+              f"{len(soak.maintenance) - len(passes)} passes cut short."]
     lines += ["", markdown, "", f"Flat: {all(v['flat'] for v in verdicts)}; checks: {soak.lab.ev.pass_or_fail}."]
     return "\n".join(lines) + "\n"
 
