@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # One image for the agentrt services (the trio and the operator console):
-#   agentrt scheduler | agentrt executor | agentrt relay | agentrt migrate | agentrt console
+#   agentrt scheduler | agentrt executor | agentrt relay | agentrt migrate | agentrt console | agentrt maintain
 # Build:  docker build -t agentrt/agentrt:0.1.0 .
 #
 # Stage 1 installs the dependencies from the hash-pinned lock (requirements/base.txt,

@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 TEMPLATES = ROOT / "helm" / "agentrt" / "templates"
-SUBCOMMANDS = {"scheduler", "executor", "relay", "migrate", "console"}
+SUBCOMMANDS = {"scheduler", "executor", "relay", "migrate", "console", "maintain"}
+# What the chart runs with arguments of its own after the subcommand (`maintain indexes --bloat ...`).
+WITH_ARGUMENTS = {"maintain": ["maintain", "indexes"]}
 
 
 @dataclass
@@ -183,14 +185,14 @@ def test_console_script_is_agentrt(pyproject: dict) -> None:
 def test_subcommands_agree_between_image_and_chart() -> None:
     # Subcommands the Dockerfile documents (`agentrt scheduler | ... `).
     docker_text = DOCKERFILE.read_text()
-    named_by_image = set(re.findall(r"agentrt (scheduler|executor|relay|migrate|console)\b", docker_text))
+    named_by_image = set(re.findall(r"agentrt (scheduler|executor|relay|migrate|console|maintain)\b", docker_text))
     assert named_by_image == SUBCOMMANDS
 
     # Subcommands the chart's templates pass as container args.
     templates = "\n".join(p.read_text() for p in TEMPLATES.iterdir() if p.is_file())
     in_chart = set(re.findall(r"args:\s*\n\s*-\s*([\w{}$ .]+)", templates))
     literal = {a.strip() for a in in_chart if "{" not in a}
-    assert literal == {"migrate", "console"}  # the migrations Job, the console's own Deployment
+    assert literal == {"migrate", "console", "maintain"}  # the migrations Job, the console, the upkeep CronJob
     # The Deployment template passes its loop variable; the loop runs over these components.
     components = group(r'define "agentrt.components" -}}\s*\n(.*?)\n', templates).split()
     assert set(components) | literal == SUBCOMMANDS
@@ -205,5 +207,5 @@ def test_the_console_script_serves_the_subcommands_the_chart_runs(pyproject: dic
     commands = next(a for a in parser._actions if a.dest == "command").choices
     missing = SUBCOMMANDS - set(commands)
     assert not missing, f"the agentrt command has no {sorted(missing)}, which the chart and the image run"
-    for sub in SUBCOMMANDS:  # each parses as the chart passes it: the subcommand alone, settings from env
-        assert parser.parse_args([sub]).command == sub
+    for sub in SUBCOMMANDS:  # each parses as the chart passes it: settings from env
+        assert parser.parse_args(WITH_ARGUMENTS.get(sub, [sub])).command == sub

@@ -41,7 +41,7 @@ CASES = ["defaults", *(p.stem for p in CI_FILES)]
 RELEASE = "demo"
 NAMESPACE = "agents"
 COMPONENTS = ("scheduler", "executor", "relay")
-SUBCOMMANDS = {"scheduler", "executor", "relay", "migrate"}
+SUBCOMMANDS = {"scheduler", "executor", "relay", "migrate", "maintain"}
 # The newest Kubernetes schema that kubernetes-validate ships.
 KUBE_VERSION = kv_utils.latest_version()
 # Kinds defined by CRDs: no upstream schema, checked structurally instead.
@@ -131,6 +131,8 @@ def pod_specs(r: Rendered) -> Iterator[tuple[str, dict[str, Any]]]:
     for doc in r.docs:
         if doc["kind"] in ("Deployment", "Job"):
             yield f"{doc['kind']}/{doc['metadata']['name']}", doc["spec"]["template"]["spec"]
+        elif doc["kind"] == "CronJob":
+            yield f"CronJob/{doc['metadata']['name']}", doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
 
 
 def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
