@@ -35,6 +35,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -49,6 +50,29 @@ LONG_AGENT = "chaos-long"
 TENANTS = ("tenant-chaos-1", "tenant-chaos-2")
 EXECUTOR_POINTS = ("after_claim_commit", "after_checkpoint_commit", "after_outbound_intent_commit",
                    "before_tool_send", "after_tool_response_before_tx2_commit", "before_finish")
+
+
+async def spawn_faulty_relay(soak: Any, wait: bool = False) -> None:
+    """The soak's next relay (`soak.line.relay`, named by its generation), its fault point armed
+    while `soak.faulty`: a crash after the broker's ack and before the outbox row is marked."""
+    assert soak.line.broker is not None
+    soak.generation["relay"] += 1
+    fault = (f"after_broker_ack_before_outbox_mark@probability={soak.args.fault_probability},"
+             f"seed={soak.rng.randrange(1 << 30)},times=0") if soak.faulty else ""
+    soak.line.relay = await soak.lab.relay(f"relay.g{soak.generation['relay']}", soak.line.broker.bootstrap,
+                                           soak.line.topic, fault_point=fault, wait=wait)
+
+
+async def respawn_the_dead(soak: Any) -> None:
+    """Starts again each executor and the relay of a soak that died (killed by the soak or by its
+    own fault point), counting the restarts in `soak.respawns`."""
+    for slot, proc in list(soak.executors.items()):
+        if not proc.alive():
+            soak.respawns["executor"] += 1
+            await soak.spawn_executor(slot)
+    if soak.line.relay is not None and not soak.line.relay.alive():
+        soak.respawns["relay"] += 1
+        await soak.spawn_relay()
 
 
 class Chaos:
@@ -90,12 +114,7 @@ class Chaos:
                                                        slots=8, wait=False)
 
     async def spawn_relay(self) -> None:
-        assert self.line.broker is not None
-        self.generation["relay"] += 1
-        fault = (f"after_broker_ack_before_outbox_mark@probability={self.args.fault_probability},"
-                 f"seed={self.rng.randrange(1 << 30)},times=0") if self.faulty else ""
-        self.line.relay = await self.lab.relay(f"relay.g{self.generation['relay']}", self.line.broker.bootstrap,
-                                               self.line.topic, fault_point=fault, wait=False)
+        await spawn_faulty_relay(self)
 
     async def spawn_scheduler(self) -> None:
         self.generation["scheduler"] += 1
@@ -107,13 +126,7 @@ class Chaos:
         if not self.scheduler.alive():
             self.respawns["scheduler"] += 1
             await self.spawn_scheduler()
-        for slot, proc in list(self.executors.items()):
-            if not proc.alive():
-                self.respawns["executor"] += 1
-                await self.spawn_executor(slot)
-        if self.line.relay is not None and not self.line.relay.alive():
-            self.respawns["relay"] += 1
-            await self.spawn_relay()
+        await respawn_the_dead(self)
 
     # ------------------------------------------------------------------ load
 

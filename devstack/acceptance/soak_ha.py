@@ -52,7 +52,14 @@ import grpc
 
 from devstack.acceptance import ha_cluster, soak_ha_checks, soak_report
 from devstack.acceptance.agents import three_step, write_agents
-from devstack.acceptance.chaos import AGENTS, EXECUTOR_POINTS, TENANTS, write_summary
+from devstack.acceptance.chaos import (
+    AGENTS,
+    EXECUTOR_POINTS,
+    TENANTS,
+    respawn_the_dead,
+    spawn_faulty_relay,
+    write_summary,
+)
 from devstack.acceptance.experiments_ha import CLUSTER_PROCS, CommitProbe, _final, _lost, _snapshot
 from devstack.acceptance.ha_cluster import HaCluster
 from devstack.acceptance.lab import Lab, Suite
@@ -188,21 +195,10 @@ class HaSoak:
                                                        faults=faults, slots=8, wait=wait)
 
     async def spawn_relay(self, wait: bool = False) -> None:
-        assert self.line.broker is not None
-        self.generation["relay"] += 1
-        fault = (f"after_broker_ack_before_outbox_mark@probability={self.args.fault_probability},"
-                 f"seed={self.rng.randrange(1 << 30)},times=0") if self.faulty else ""
-        self.line.relay = await self.lab.relay(f"relay.g{self.generation['relay']}", self.line.broker.bootstrap,
-                                               self.line.topic, fault_point=fault, wait=wait)
+        await spawn_faulty_relay(self, wait)
 
     async def supervise(self) -> None:
-        for slot, proc in list(self.executors.items()):
-            if not proc.alive():
-                self.respawns["executor"] += 1
-                await self.spawn_executor(slot)
-        if self.line.relay is not None and not self.line.relay.alive():
-            self.respawns["relay"] += 1
-            await self.spawn_relay()
+        await respawn_the_dead(self)
 
     async def start(self) -> None:
         lab, line, args = self.lab, self.line, self.args

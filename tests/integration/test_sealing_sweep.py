@@ -25,7 +25,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from support import TENANT, claim, eid, lease_ref, scheduler_stack, tool_state
 from test_sensitive_values import raw_tables
-from test_sensitive_whole_stack import env_for, scrape
+from test_sensitive_whole_stack import env_for, scrape, stop_and_collect
 
 from devstack.embedded_pg import free_port
 from devstack.kafka_testing import kafka_for_tests
@@ -391,13 +391,7 @@ async def test_every_text_field_of_every_rpc_naming_a_run_is_sealed_everywhere(d
                 finally:
                     await reader.stop()
                 scraped = [await scrape(addr) for addr in metrics.values()]
-                for service in reversed(services):
-                    await service.stop()
-                deadline = time.monotonic() + 20
-                while {p.service for p in receiver.points} < {"agentrt-scheduler", "agentrt-relay"}:
-                    assert time.monotonic() < deadline, "no metrics exported"
-                    await asyncio.sleep(0.2)
-                spans, points = list(receiver.spans), list(receiver.points)
+                spans, points = await stop_and_collect(services, receiver)
     finally:
         for service in services:
             await service.stop()

@@ -77,6 +77,18 @@ async def scrape(addr: str) -> str:
         return await resp.text()
 
 
+async def stop_and_collect(services: list[Service], receiver: OtlpReceiver) -> tuple[list, list]:
+    """Stops the services (last started first) and waits for the scheduler's and the relay's metrics
+    to reach the OTLP receiver; returns the spans and the metric points it got."""
+    for service in reversed(services):
+        await service.stop()
+    deadline = time.monotonic() + 20
+    while {p.service for p in receiver.points} < {"agentrt-scheduler", "agentrt-relay"}:
+        assert time.monotonic() < deadline, "no metrics exported"
+        await asyncio.sleep(0.2)
+    return list(receiver.spans), list(receiver.points)
+
+
 async def test_a_marked_secret_reaches_the_tool_and_nothing_else(db_url, db, tmp_path: Path):
     from shared.gen.agentrt.v1 import common_pb2 as pb
     from shared.gen.agentrt.v1 import run_service_pb2 as rs
@@ -163,13 +175,7 @@ async def test_a_marked_secret_reaches_the_tool_and_nothing_else(db_url, db, tmp
                         await reader.stop()
                     scraped = [await scrape(addr) for addr in metrics.values()]
                     # The consumer processed the events (its log says nothing of them at WARNING).
-                for service in reversed(services):
-                    await service.stop()
-                deadline = time.monotonic() + 20
-                while {p.service for p in receiver.points} < {"agentrt-scheduler", "agentrt-relay"}:
-                    assert time.monotonic() < deadline, "no metrics exported"
-                    await asyncio.sleep(0.2)
-                spans, points = list(receiver.spans), list(receiver.points)
+                spans, points = await stop_and_collect(services, receiver)
     finally:
         for service in services:
             await service.stop()
