@@ -170,7 +170,7 @@ def _with_local_session(settings: Any, overrides: dict[str, Any]) -> Any:
 
 
 def cmd_mocktool(args: argparse.Namespace) -> int:
-    from executor.mocktool import run_server
+    from devstack.mocktool import run_server
     from shared.logs import setup_logging
 
     setup_logging("INFO")

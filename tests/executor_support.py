@@ -15,12 +15,12 @@ import yaml
 from helpers import wait_until
 from support import Stack
 
+from devstack.mocktool import MockToolServer
 from executor import journal
 from executor.agents import AgentCatalog
 from executor.client import WorkClient
 from executor.config import ExecutorSettings
 from executor.faults import Faults
-from executor.mocktool import MockToolServer
 from executor.tools.base import LookupOutcome, ToolCallContext, ToolRefused
 from executor.worker import Worker
 from shared.gen.agentrt.v1 import common_pb2 as pb

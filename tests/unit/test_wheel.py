@@ -66,7 +66,7 @@ def test_wheel_carries_what_the_runtime_and_agentrt_dev_need(wheel: Path) -> Non
         "shared/gen/agentrt/v1/run_service_pb2.py", "shared/gen/agentrt/v1/work_service_pb2_grpc.py",
         "devstack/agents/after_sales_return.yaml", "devstack/examples/refund_triage.py",
         "devstack/cli.py", "devstack/stack.py", "devstack/embedded_pg.py", "devstack/kafka_testing.py",
-        "executor/mocktool.py", "scheduler/server.py", "executor/main.py", "relay/main.py",
+        "devstack/mocktool.py", "scheduler/server.py", "executor/main.py", "relay/main.py",
         "console/app.py", "console/templates/run.html", "console/static/htmx.min.js", "console/static/sse.js",
         "console/static/htmx.LICENSE", "console/static/htmx-ext-sse.LICENSE", "console/static/console.css",
     }

@@ -17,9 +17,9 @@ def free_port():
         return sock.getsockname()[1]
 
 
-async def test_python_m_executor_mocktool(tmp_path):
+async def test_python_m_devstack_mocktool(tmp_path):
     port, db = free_port(), tmp_path / "mock.sqlite"
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "executor.mocktool", "--port", str(port),
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.mocktool", "--port", str(port),
                                                 "--db", str(db), stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.DEVNULL)
     try:

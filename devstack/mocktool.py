@@ -1,6 +1,6 @@
 """A mock tool HTTP server with its own persistent store (SQLite), for tests, the demo and fault injection.
 
-    python -m executor.mocktool --port P --db PATH   (or `agentrt mocktool`)
+    python -m devstack.mocktool --port P --db PATH   (or `agentrt mocktool`)
 
 Every request it receives is recorded (idempotency key, fence, run, time,
 request, outcome, result) in its own SQLite file, never the runtime's tables.
@@ -271,7 +271,7 @@ async def run_server(host: str, port: int, db: Path, latency_ms: int = 0) -> Non
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m executor.mocktool")
+    parser = argparse.ArgumentParser(prog="python -m devstack.mocktool")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--db", type=Path, required=True)
