@@ -10,7 +10,6 @@ import json
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -19,6 +18,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import asyncpg
+
+from devstack.embedded_pg import free_port as free_port  # the one helper, re-exported for the benches
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 PGBENCH = os.environ.get("AGENTRT_BENCH_PGBENCH", "/usr/bin/pgbench")
@@ -90,12 +91,6 @@ def pgbench_tps(url: str, *, clients: int = 8, threads: int = 2, seconds: int = 
     if match is None:
         raise RuntimeError(f"no tps line in pgbench output:\n{run.stdout}")
     return float(match.group(1))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

@@ -5,15 +5,13 @@ repeated by a takeover spawns nothing twice; `agentrt runs tree` shows the famil
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from typing import Any
 
 import pytest
 from executor_support import executor, get_run, scripted_agent, wait_for, wait_status, write_agent
+from helpers import run_agentrt
 from support import Stack, claim, lease_ref, rpc_error, scheduler_stack, submit
-from tests_paths import REPO
 
 from executor.faults import Faults
 from shared.gen.agentrt.v1 import common_pb2 as pb
@@ -217,11 +215,7 @@ async def test_run_tree_shows_the_family(db_url, db, tmp_path):
 
 
 async def agentrt(*args: str, addr: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", *args, "--tenant", "tenant-a",
-                                                "--addr", addr, cwd=REPO, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    return proc.returncode or 0, out.decode(), err.decode()
+    return await run_agentrt(*args, "--tenant", "tenant-a", "--addr", addr)
 
 
 async def test_runs_tree_cli_shows_the_run_and_its_children(db_url, db, tmp_path):

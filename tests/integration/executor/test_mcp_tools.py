@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sqlite3
 import sys
 import time
@@ -20,6 +19,7 @@ from executor_support import executor, history, scripted_agent, wait_for, wait_s
 from openai_stub import OpenAIStub, tool_call
 from support import scheduler_stack, submit
 
+from devstack.embedded_pg import free_port
 from executor.agents import McpServerAddress, McpTool
 from executor.tools.base import ToolCallContext
 from executor.tools.mcp import McpToolAdapter
@@ -28,12 +28,6 @@ from shared.gen.agentrt.v1 import common_pb2 as pb
 pytestmark = pytest.mark.integration
 SERVER = Path(__file__).resolve().parents[2] / "mcp_orders.py"
 LEASE_MS = 1000
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class OrderDesk:

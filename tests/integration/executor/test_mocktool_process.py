@@ -1,20 +1,15 @@
 """The mock tool server as its own process: records, dedupes, refuses stale fences, answers lookups."""
 
 import asyncio
-import socket
 import sqlite3
 import sys
 
 import aiohttp
 import pytest
 
+from devstack.embedded_pg import free_port
+
 pytestmark = pytest.mark.integration
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def test_python_m_devstack_mocktool(tmp_path):
