@@ -84,18 +84,19 @@ class Recovery(StoreBase):
         if found.foreign is not None:
             field_name, event = found.foreign
             same_writer = event["write_op"] == binding.op and event["fencing_token"] == lease.fencing_token
-            if same_writer or await self._holds_lease(conn, lease):
+            run = None if same_writer else await self._run_for(conn, lease)
+            if same_writer or (run is not None and run["holds_lease"]):
                 raise AlreadyExists(
                     f"{field_name} was already used for another write "
                     f"({'another payload' if event['write_op'] == binding.op else 'another operation'}); "
                     "nothing was written", field=field_name)
-            raise await self._lease_refusal(conn, lease)
+            raise self._lease_refusal(run, lease)
         if not found.missing:
             return found.artifacts
         # Half a commit. Only its writer (the fence that wrote what is present) may
         # learn of it, and only while that fence is still the run's does it freeze.
         if found.fences != {lease.fencing_token}:
-            raise await self._lease_refusal(conn, lease)
+            raise self._lease_refusal(await self._run_for(conn, lease), lease)
         raise await self._freeze_half_commit(conn, lease, writes, found)
 
     async def _inspect(self, conn: asyncpg.Connection, run_id: uuid.UUID, binding: WriteBinding,
@@ -168,14 +169,15 @@ class Recovery(StoreBase):
                 "fencing_token": event["fencing_token"], "event_id": event["event_id"], "pruned": True}
 
     @staticmethod
-    async def _holds_lease(conn: asyncpg.Connection, lease: LeaseRef) -> bool:
-        run = await fetchrow(conn, Q.read_run, run_id=lease.run_id)
-        return (run is not None and run["lease_owner"] == lease.worker_id
-                and run["fencing_token"] == lease.fencing_token and bool(run["lease_live"]))
+    async def _run_for(conn: asyncpg.Connection, lease: LeaseRef) -> Record | None:
+        """The run with `holds_lease`: whether `lease` is its live holder, judged in SQL by the
+        predicate every fenced write matches (sql/queries.sql, live_lease)."""
+        return await fetchrow(conn, Q.read_run_for_lease, run_id=lease.run_id, worker_id=lease.worker_id,
+                              fencing_token=lease.fencing_token)
 
     @staticmethod
-    async def _lease_refusal(conn: asyncpg.Connection, lease: LeaseRef) -> AgentrtError:
-        run = await fetchrow(conn, Q.read_run, run_id=lease.run_id)
+    def _lease_refusal(run: Record | None, lease: LeaseRef) -> AgentrtError:
+        """NOT_FOUND, or LEASE_LOST naming the run's current fence: for a run `lease` does not hold."""
         if run is None:
             return NotFound(f"run {lease.run_id} not found", run_id=lease.run_id)
         return LeaseLost(
@@ -183,14 +185,20 @@ class Recovery(StoreBase):
             f"{lease.fencing_token} (current fence {run['fencing_token']}, status {run['status']})",
             run_id=lease.run_id, fencing_token=run["fencing_token"], status=run["status"])
 
+    async def _unless_holder(self, conn: asyncpg.Connection, lease: LeaseRef) -> None:
+        """Raises NOT_FOUND or LEASE_LOST unless `lease` holds the run (one read)."""
+        run = await self._run_for(conn, lease)
+        if run is None or not run["holds_lease"]:
+            raise self._lease_refusal(run, lease)
+
     async def _refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
                        expected_version: int | None, journal: Journal = NO_JOURNAL,
-                       consume_signal_seqs: tuple[int, ...] = ()) -> AgentrtError:
-        """Why a fenced write matched no row. Applies a requested cancel (the holder's write ends it)."""
-        run = await fetchrow(conn, Q.read_run, run_id=lease.run_id)
-        if (run is None or run["lease_owner"] != lease.worker_id or run["fencing_token"] != lease.fencing_token
-                or not run["lease_live"]):
-            return await self._lease_refusal(conn, lease)
+                       consume_signal_seqs: tuple[int, ...] = (), run: Record | None = None) -> AgentrtError:
+        """Why a fenced write matched no row. Applies a requested cancel (the holder's write ends it).
+        `run` is the caller's read of `_run_for`, if it made one."""
+        run = run or await self._run_for(conn, lease)
+        if run is None or not run["holds_lease"]:
+            return self._lease_refusal(run, lease)
         if run["cancel_requested_at"] is not None:
             return await self._apply_cancel(conn, lease, None, None)
         if run["status"] not in sources(op):
@@ -217,11 +225,10 @@ class Recovery(StoreBase):
     async def _tool_refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
                             expected_version: int | None, step_key: str, close_as: CloseAs | None,
                             journal: Journal = NO_JOURNAL) -> AgentrtError:
-        run = await fetchrow(conn, Q.read_run, run_id=lease.run_id)
-        if (run is not None and run["cancel_requested_at"] is not None and run["lease_live"]
-                and run["lease_owner"] == lease.worker_id and run["fencing_token"] == lease.fencing_token):
+        run = await self._run_for(conn, lease)
+        if run is not None and run["cancel_requested_at"] is not None and run["holds_lease"]:
             return await self._apply_cancel(conn, lease, step_key, close_as)
-        refusal = await self._refusal(conn, op, lease, expected_version, journal)
+        refusal = await self._refusal(conn, op, lease, expected_version, journal, run=run)
         if not isinstance(refusal, VersionConflict) or run is None:
             return refusal
         if run["current_step_key"] != step_key:
@@ -237,10 +244,9 @@ class Recovery(StoreBase):
     async def _apply_cancel(self, conn: asyncpg.Connection, lease: LeaseRef, step_key: str | None,
                             close_as: CloseAs | None) -> RunCancelled:
         async with conn.transaction():
-            run = await fetchrow(conn, Q.lock_run, run_id=lease.run_id)
-            holder = (run is not None and run["lease_owner"] == lease.worker_id
-                      and run["fencing_token"] == lease.fencing_token and run["lease_live"])
-            if not holder or run is None or run["cancel_requested_at"] is None:
+            run = await fetchrow(conn, Q.lock_run_for_lease, run_id=lease.run_id, worker_id=lease.worker_id,
+                                 fencing_token=lease.fencing_token)
+            if run is None or not run["holds_lease"] or run["cancel_requested_at"] is None:
                 raise LeaseLost(f"lease on run {lease.run_id} is no longer held", run_id=lease.run_id)
             target = transition(run["status"], Op.APPLY_CANCEL)
             if step_key is not None and close_as is not None:

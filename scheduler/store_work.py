@@ -272,8 +272,8 @@ class WorkStore(ToolWrites):
                                  fencing_token=lease.fencing_token, after_seq=after_seq, page_size=page_size,
                                  page_bytes=page_bytes)
             assert row is not None
-            if row["fetched"] == 0 and not await self._holds_lease(conn, lease):
-                raise await self._lease_refusal(conn, lease)
+            if row["fetched"] == 0:  # nothing after after_seq, or not the holder's to read
+                await self._unless_holder(conn, lease)
         return CompactJournalPage(row["items"], row["beyond"] > 0)
 
     @db_call
@@ -287,8 +287,8 @@ class WorkStore(ToolWrites):
         async with self.work_pool.acquire() as conn:
             rows = await fetch(conn, Q.read_journal, run_id=lease.run_id, worker_id=lease.worker_id,
                                fencing_token=lease.fencing_token, after_seq=after_seq, limit=page_size + 1)
-            if not rows and not await self._holds_lease(conn, lease):
-                raise await self._lease_refusal(conn, lease)
+            if not rows:
+                await self._unless_holder(conn, lease)
         taken: list[JournalRow] = []
         used = 0
         for row in rows[:page_size]:  # (the byte budget as read_journal_compact applies it)
@@ -308,8 +308,8 @@ class WorkStore(ToolWrites):
         async with self.work_pool.acquire() as conn:
             rows = await fetch(conn, Q.tool_results_for_steps, run_id=lease.run_id, worker_id=lease.worker_id,
                                fencing_token=lease.fencing_token, step_keys=step_keys)
-            if not rows and not await self._holds_lease(conn, lease):
-                raise await self._lease_refusal(conn, lease)
+            if not rows:
+                await self._unless_holder(conn, lease)
         size = sum(row["page_bytes"] for row in rows)
         if len(rows) > 1 and size > answer_bytes:
             raise InvalidArgument("step_keys", f"the {len(rows)} results hold {size} bytes of JSON, more than one "

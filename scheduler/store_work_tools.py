@@ -89,9 +89,11 @@ class ToolWrites(Recovery):
             if replay is not None:
                 return Began(ExecutionRow.of(replay), True, True)
             existing = await fetchrow(conn, Q.tool_execution_for_step, run_id=lease.run_id, step_key=step_key)
+            run = None
             if existing is not None:
                 # The existing row is an answer for the live holder only; a stale fence gets LEASE_LOST.
-                if await self._holds_lease(conn, lease):
+                run = await self._run_for(conn, lease)
+                if run is not None and run["holds_lease"]:
                     return Began(ExecutionRow.of(existing), True, False)
             else:
                 by_key = await fetchrow(conn, Q.tool_execution_by_key, tool_name=tool_name,
@@ -99,7 +101,7 @@ class ToolWrites(Recovery):
                 if by_key is not None:
                     raise AlreadyExists("idempotency_key is already recorded for another step",
                                         field="idempotency_key")
-            refusal = await self._refusal(conn, Op.BEGIN_TOOL_CALL, lease, expected_version)
+            refusal = await self._refusal(conn, Op.BEGIN_TOOL_CALL, lease, expected_version, run=run)
             # _refusal's last resort is a VersionConflict at the expected version ("changed
             # concurrently"): with everything else in order, the decision is what did not match.
             if not (isinstance(refusal, VersionConflict)

@@ -884,6 +884,18 @@ FROM agent_runs WHERE id = :run_id FOR UPDATE;
 SELECT *, lease_expires_at > clock_timestamp() AS lease_live, clock_timestamp() AS db_now
 FROM agent_runs WHERE id = :run_id;
 
+-- name: read_run_for_lease
+-- Unlocked read that explains why a fenced write matched no row: the run, and whether the caller
+-- holds its lease, by the very predicate every fenced write matches ({live_lease}): the fence is
+-- judged here, never again in code.
+SELECT r.*, ({live_lease}) AS holds_lease, clock_timestamp() AS db_now
+FROM agent_runs r WHERE r.id = :run_id;
+
+-- name: lock_run_for_lease
+-- read_run_for_lease, locking the row (applying a requested cancel at the holder's write).
+SELECT r.*, ({live_lease}) AS holds_lease, clock_timestamp() AS db_now
+FROM agent_runs r WHERE r.id = :run_id FOR UPDATE;
+
 -- name: end_run
 -- Ends a locked run at once (cancel of an unleased run, cancel applied at the
 -- holder's write or at claim, deadline passed at claim, approval rejected), in
