@@ -93,11 +93,14 @@ SELECT c.relname, pg_table_size(c.oid) + pg_indexes_size(c.oid) AS bytes, pg_ind
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND c.relname <> 'ha_probe'"""
 
+# A run is aged no sooner than 150 s after its creation: the sampler times the first step of the
+# previous minute's runs, so a run must still be there up to two minutes after it was submitted.
 AGE_FINISHED = """
 WITH aged AS (
   UPDATE agent_runs SET finished_at = finished_at - interval '1 day'
   WHERE finished_at > clock_timestamp() - interval '12 hours'
     AND finished_at < clock_timestamp() - make_interval(secs => $1)
+    AND created_at < clock_timestamp() - interval '150 seconds'
   RETURNING 1)
 SELECT count(*) FROM aged"""
 
