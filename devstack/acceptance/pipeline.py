@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import signal
 import uuid
 from pathlib import Path
@@ -168,7 +169,27 @@ class Pipeline:
         async def applied_all() -> bool:
             return (await self.outbox_ids()) <= set(await self.applied())
 
-        await wait_until(applied_all, within, "the consumer to apply every event", interval=0.25)
+        try:
+            await wait_until(applied_all, within, "the consumer to apply every event", interval=0.25)
+        except Exception:
+            with contextlib.suppress(Exception):  # the evidence of the failure, never a second failure
+                await self.record_unapplied()
+            raise
+
+    async def record_unapplied(self) -> None:
+        """Into the evidence, before the databases go: the published events the consumer has not
+        applied (up to 50, with their run, type, sequence and publish time) and how far it got, so a
+        consumer that is only late can be told from an event that is lost."""
+        applied = await self.applied()
+        missing = [e for e in await self.outbox_ids() if e not in applied]
+        rows = await self.lab.fetch(
+            "SELECT event_id, run_id, event_type, id, created_at, published_at FROM outbox "
+            "WHERE event_id = ANY($1::uuid[]) ORDER BY id LIMIT 50", missing[:5000])
+        consumed = await self.consumer_rows("SELECT count(*) AS n, max(consumed_at) AS last FROM consumed_events")
+        self.lab.ev.observe(unapplied={
+            "count": len(missing), "applied_distinct": len(applied),
+            "consumer_rows": dict(consumed[0]) if consumed else None,
+            "first": [dict(r) for r in rows]})
 
     async def _all_published(self) -> bool:
         return await self.pending() == 0
