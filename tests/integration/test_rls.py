@@ -168,7 +168,7 @@ def b_params(b: dict[str, Any], query: Query) -> dict[str, Any]:
         "state_before": None, "state_after": None, "since": None, "until": None, "before_id": None,
         "after_depth": None, "after_parent": None, "after_spawn_key": None, "after_spawn_index": None,
         "min_priority": None, "max_priority": None, "created_after": None, "created_before": None,
-        "retry_of_run_id": None,
+        "retry_of_run_id": None, "worker_id": "worker-b",
     }
     if query.name == "history_events":
         values["after_id"] = 0
