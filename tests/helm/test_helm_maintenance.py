@@ -10,8 +10,8 @@ from typing import Any
 import helm_python as helm
 import kubernetes_validate
 import pytest
-import yaml
 from kubernetes_validate import utils as kv_utils
+from test_helm_console import render
 from tests_paths import REPO
 
 from devstack.cli import build_parser
@@ -19,8 +19,7 @@ from devstack.cli import build_parser
 pytestmark = pytest.mark.helm
 
 CHART_DIR = REPO / "helm" / "agentrt"
-RELEASE, NAMESPACE = "demo", "agents"
-NAME = f"{RELEASE}-agentrt-maintenance"
+NAME = "demo-agentrt-maintenance"  # the release test_helm_console renders
 ROLES = {"database": {"roles": {"enabled": True, "scheduler": {"existingSecret": "db-scheduler"},
                                 "relay": {"existingSecret": "db-relay"}}}}
 
@@ -32,9 +31,7 @@ def chart():
 
 
 def cronjobs(chart: helm.Chart, values: dict[str, Any] | None) -> list[dict[str, Any]]:
-    manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    return [d for path, text in sorted(manifests.items()) if not path.endswith("NOTES.txt")
-            for d in yaml.safe_load_all(text) if d and d["kind"] == "CronJob"]
+    return [d for d in render(chart, values) if d["kind"] == "CronJob"]
 
 
 def container(cronjob: dict[str, Any]) -> dict[str, Any]:
