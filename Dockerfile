@@ -25,7 +25,7 @@ COPY shared ./shared
 COPY scheduler ./scheduler
 COPY executor ./executor
 COPY relay ./relay
-COPY devstack ./devstack
+COPY cli ./cli
 COPY console ./console
 RUN /opt/agentrt/bin/pip install --no-deps . \
  && /opt/agentrt/bin/pip check \

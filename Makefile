@@ -30,7 +30,7 @@ test-integration: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy scheduler executor relay shared devstack console bench
+	$(VENV)/bin/mypy scheduler executor relay shared cli devstack console bench
 	$(VENV)/bin/lint-imports
 
 # Refresh requirements/*.txt from pyproject.toml (newest versions within its ranges, with hashes).

@@ -39,7 +39,7 @@ def _no_interceptors(*args, **kwargs):
     kwargs.pop("interceptors", None)
     return _server(*args, **kwargs)
 grpc.aio.server = _no_interceptors
-from devstack.cli import main
+from cli.main import main
 sys.exit(main(["scheduler"]))
 """
 
@@ -94,7 +94,7 @@ class SchedulerProc:
                "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false", "AGENTRT_AUTH_MODE": "none"}
         env.pop("AGENTRT_CONFIG_FILE", None)
         if self.otel:
-            cmd = [sys.executable, "-m", "devstack.cli", "scheduler"]
+            cmd = [sys.executable, "-m", "cli", "scheduler"]
         else:
             cmd = [sys.executable, "-c", _NO_OTEL_BOOT]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env)

@@ -5,10 +5,10 @@
 Everything runs in one scratch database on AGENTRT_BENCH_DATABASE_URL (default
 postgresql://postgres@127.0.0.1:5432/postgres), dropped at the end:
 
-1. Setup: `python -m devstack.cli migrate` and the bootstrap `python -m devstack.cli keys create
+1. Setup: `python -m cli migrate` and the bootstrap `python -m cli keys create
    --database-url … --role submitter --tenant bench` (as an operator would), a throwaway CA and
    a server certificate for localhost / 127.0.0.1 (devstack/certs.py) in a temporary directory.
-2. Two scheduler processes (`python -m devstack.cli scheduler`, log level WARNING, each on its own
+2. Two scheduler processes (`python -m cli scheduler`, log level WARNING, each on its own
    port) on that database, both with TLS on the same certificate: A with auth_mode none (the
    caller names its tenant in x-tenant-id), B with auth_mode api_key (the caller presents
    `authorization: Bearer <key>`; default api_key_cache_ttl_ms, so a lookup every 2 s). Both admit
@@ -64,17 +64,17 @@ def _cli_env() -> dict[str, str]:
 
 
 def cli(*args: str) -> str:
-    """`python -m devstack.cli …` from the repository root; its stdout (it must succeed)."""
-    done = subprocess.run([sys.executable, "-m", "devstack.cli", *args], cwd=ROOT, env=_cli_env(),
+    """`python -m cli …` from the repository root; its stdout (it must succeed)."""
+    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, env=_cli_env(),
                           capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
-        raise RuntimeError(f"devstack.cli {args[0]} failed ({done.returncode}): {done.stderr.strip()}")
+        raise RuntimeError(f"agentrt {args[0]} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout
 
 
 @dataclass
 class TlsScheduler:
-    """`python -m devstack.cli scheduler` on a free loopback port with TLS on, in one auth mode."""
+    """`python -m cli scheduler` on a free loopback port with TLS on, in one auth mode."""
 
     label: str
     db_url: str
@@ -92,7 +92,7 @@ class TlsScheduler:
                "AGENTRT_WORK_TOKEN": secrets.token_hex(16),  # WorkService closed, as with auth it must be
                # the bench submits for an agent no executor registered
                "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "devstack.cli", "scheduler"], cwd=ROOT, env=env)
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli", "scheduler"], cwd=ROOT, env=env)
 
     @property
     def addr(self) -> str:

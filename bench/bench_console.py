@@ -87,7 +87,7 @@ async def seed(url: str, runs: int, steps: int) -> str:
 
 def start(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     with open(log_path, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "devstack.cli", *args], env=env, stdout=out,
+        return subprocess.Popen([sys.executable, "-m", "cli", *args], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, cwd=REPO)
 
 

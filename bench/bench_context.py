@@ -4,7 +4,7 @@
 
 One scratch database on AGENTRT_BENCH_DATABASE_URL (default
 postgresql://postgres@127.0.0.1:5432/postgres), dropped at the end; one scheduler process and one
-executor process (`python -m devstack.cli scheduler|executor`, log level WARNING), and, in this
+executor process (`python -m cli scheduler|executor`, log level WARNING), and, in this
 process, a loopback fake model provider speaking the wire formats of OpenAI's Chat Completions and
 Anthropic's Messages API. The fake counts each request's prompt tokens itself (its JSON length / 4),
 reports them as the provider would (usage, with cached tokens), and answers:
@@ -182,7 +182,7 @@ def agent_file(directory: Path, name: str, decider: dict[str, Any]) -> None:
 
 
 def start_executor(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "devstack.cli", "executor"], cwd=ROOT, env=env)
+    return subprocess.Popen([sys.executable, "-m", "cli", "executor"], cwd=ROOT, env=env)
 
 
 async def one_run(db_url: str, scheduler: SchedulerProc, agents: Path, agent: str, limit_s: float) -> str:

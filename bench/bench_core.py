@@ -9,7 +9,7 @@ postgresql://postgres@127.0.0.1:5432/postgres), dropped at the end.
 1. Baseline: `pgbench -N -c 8 -j 2 -T 15` (scale 10) on its own scratch database,
    run once before and once after the throughput runs; the baseline is their mean,
    so both sides see the same background load on a shared machine.
-2. Throughput: schedulers run as their own processes (`python -m devstack.cli scheduler`,
+2. Throughput: schedulers run as their own processes (`python -m cli scheduler`,
    default settings, log level WARNING, each on its own port), as deployed. The
    headline configuration is the documented deployment: as many scheduler processes
    as the Helm chart's default `scheduler.replicas`; the other of 1 / 2 processes is
@@ -359,7 +359,7 @@ def throughput_notes(results: dict[str, Throughput], before: Pgbench, after: Pgb
     ratio = main.cycles_per_s * 3 / tps
     notes = [
         f"configuration of the headline figures (no suffix): {main.label} ({source}), each "
-        f"`python -m devstack.cli scheduler` with default settings (db_pool_max=20, OTel gRPC server "
+        f"`python -m cli scheduler` with default settings (db_pool_max=20, OTel gRPC server "
         f"interceptor on, no span exporter) on its own port; {main.clients} executors in this process "
         f"split evenly over one grpc channel per scheduler, ClaimWork wait_ms=100; baseline: mean of "
         f"pgbench -N -c 8 -j 2 -T {pgbench_seconds} (scale 10) before ({before.tps:.0f}) and after "

@@ -5,7 +5,7 @@
 Everything runs in one scratch database on AGENTRT_BENCH_DATABASE_URL (default
 postgresql://postgres@127.0.0.1:5432/postgres), dropped at the end:
 
-1. Throughput: one scheduler process and two executor processes (`python -m devstack.cli ...`,
+1. Throughput: one scheduler process and two executor processes (`python -m cli ...`,
    exactly as deployed, log level WARNING). Each run of the bench agent is a scripted plan of
    fenced tool steps: decision (persisted) + Tx1 + a no-op python tool + Tx2. Each window counts
    SUCCEEDED ledger rows completed inside it, by the database clock; the figure is the median of
@@ -96,7 +96,7 @@ def backends_cpu(pids: list[int]) -> dict[int, float]:
 
 
 class SchedulerProc:
-    """`python -m devstack.cli scheduler` on a free loopback port, default settings, log level WARNING."""
+    """`python -m cli scheduler` on a free loopback port, default settings, log level WARNING."""
 
     def __init__(self, db_url: str) -> None:
         self.addr = f"127.0.0.1:{free_port()}"
@@ -105,7 +105,7 @@ class SchedulerProc:
                # runs are submitted before the executors start (auth is not under test here)
                "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false", "AGENTRT_AUTH_MODE": "none"}
         env.pop("AGENTRT_CONFIG_FILE", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "devstack.cli", "scheduler"], cwd=ROOT, env=env)
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli", "scheduler"], cwd=ROOT, env=env)
 
     async def wait_serving(self, limit_s: float = 30.0) -> None:
         await wait_serving(self.addr, self.proc, limit_s)
@@ -156,7 +156,7 @@ class ExecutorProc:
                "AGENTRT_SLOTS": str(slots), "AGENTRT_CLAIMERS": "4", "AGENTRT_HEALTH_ADDR": "",
                "AGENTRT_LOG_LEVEL": "WARNING", "AGENTRT_WORKER_ID": worker_id, "AGENTRT_CLAIM_WAIT_MS": "1000"}
         env.pop("AGENTRT_CONFIG_FILE", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "devstack.cli", "executor"], cwd=ROOT, env=env)
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli", "executor"], cwd=ROOT, env=env)
 
     def rss_mb(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():

@@ -5,9 +5,9 @@
 
 One scratch database on AGENTRT_BENCH_DATABASE_URL (default
 postgresql://postgres@127.0.0.1:5432/postgres), dropped at the end; one scheduler process
-(`python -m devstack.cli scheduler`, default settings but the lease duration, which is passed
+(`python -m cli scheduler`, default settings but the lease duration, which is passed
 explicitly so the takeover's claim time can be read back) and executor processes
-(`python -m devstack.cli executor`, one slot, log level WARNING, stderr kept for the stop reason).
+(`python -m cli executor`, one slot, log level WARNING, stderr kept for the stop reason).
 
 The agent is a scripted plan: one node repeating a python tool `--steps` times, then finish.
 The tool answers `answer_bytes` of base64 text of SHAKE-256 output keyed by the step's
@@ -153,7 +153,7 @@ class Processes:
         out = path.open("w")
         env = {**os.environ, **env}
         env.pop("AGENTRT_CONFIG_FILE", None)
-        proc = subprocess.Popen([sys.executable, "-m", "devstack.cli", *args], cwd=ROOT, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=ROOT, env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
         self.started.append((proc, out))
         return proc, path

@@ -7,7 +7,7 @@ call and a durable result. A round ends when the last run has finished; its rate
 length; each system gets one unmeasured warm-up round, then `--rounds` measured ones, and its
 figure is their median. docs/performance/peers.md says what each system guarantees here.
 
-- agentrt: one scheduler and `--executors` executor processes (`python -m devstack.cli ...`, as
+- agentrt: one scheduler and `--executors` executor processes (`python -m cli ...`, as
   bench.bench_executor starts them) with N slots between them, on a scratch database; a run is
   the bench agent of bench.bench_executor (fenced tool steps: decision, Tx1, no-op python tool,
   Tx2). A round inserts N queued runs and ends at the last one's finished_at (database clock).

@@ -260,7 +260,7 @@ async def main() -> int:
         env.update(AGENTRT_DATABASE_URL=db_url, AGENTRT_KAFKA_BOOTSTRAP=bootstrap, AGENTRT_TOPIC=topic,
                    AGENTRT_HEALTH_ADDR="127.0.0.1:0", AGENTRT_LOG_LEVEL="WARNING",
                    AGENTRT_LAG_REPORT_INTERVAL_S="3600", AGENTRT_RETENTION_INTERVAL_S="3600")
-        relay = subprocess.Popen([sys.executable, "-m", "devstack.cli", "relay"], cwd=ROOT, env=env)  # noqa: ASYNC220
+        relay = subprocess.Popen([sys.executable, "-m", "cli", "relay"], cwd=ROOT, env=env)  # noqa: ASYNC220
         await wait_for(lambda: db.fetchval("SELECT count(*) > 0 FROM relay_shards WHERE owner IS NOT NULL"), 60,
                        "relay start")
         await db.execute("INSERT INTO agent_runs (id, tenant_id, agent_name) "

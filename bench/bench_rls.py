@@ -3,7 +3,7 @@ in force and with them off, in one scratch database, as the scheduler role.
 
     python -m bench.bench_rls [--clients 16] [--seconds 10] [--blocks 2]
 
-The schedulers run as their own processes (`python -m devstack.cli scheduler`, as deployed, as
+The schedulers run as their own processes (`python -m cli scheduler`, as deployed, as
 many as the Helm chart's default replicas) connected as the runtime scheduler role (created by
 `agentrt roles apply` in the scratch database): a superuser or the owner would skip the policies
 and measure nothing. C fake executors loop ClaimWork → SaveCheckpoint → FinishRun(COMPLETED)

@@ -121,7 +121,7 @@ def start_relay(db_url: str, bootstrap: str) -> subprocess.Popen[bytes]:
     env.update(AGENTRT_DATABASE_URL=db_url, AGENTRT_KAFKA_BOOTSTRAP=bootstrap, AGENTRT_TOPIC="bench.profile",
                AGENTRT_HEALTH_ADDR="127.0.0.1:0", AGENTRT_LOG_LEVEL="WARNING",
                AGENTRT_LAG_REPORT_INTERVAL_S="3600", AGENTRT_RETENTION_INTERVAL_S="3600")
-    return subprocess.Popen([sys.executable, "-m", "devstack.cli", "relay"], cwd=ROOT, env=env)
+    return subprocess.Popen([sys.executable, "-m", "cli", "relay"], cwd=ROOT, env=env)
 
 
 async def profile_steps(db_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:

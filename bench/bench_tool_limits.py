@@ -3,7 +3,7 @@
     python -m bench.bench_tool_limits [--rate 50] [--seconds 12] [--runs 300] [--slots 16]
 
 One scratch database on AGENTRT_BENCH_DATABASE_URL (default postgresql://postgres@127.0.0.1:5432/postgres),
-dropped at the end. One scheduler process and two executor processes (`python -m devstack.cli ...`,
+dropped at the end. One scheduler process and two executor processes (`python -m cli ...`,
 as deployed). The limit is set at run time, `SetLimit tool work rate 50/s` (migration 0015), after
 the runs are queued and before the executors start. Each run is a scripted plan of fenced no-op
 tool steps, so the executors ask for many times the rate.

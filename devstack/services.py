@@ -66,7 +66,7 @@ class Service:
             log.write(f"--- {time.strftime('%H:%M:%S')} start #{self.incarnation}: agentrt "
                       f"{' '.join(self.args)}\n".encode())
             log.flush()
-            self._process = subprocess.Popen([sys.executable, "-m", "devstack.cli", *self.args], env=env,
+            self._process = subprocess.Popen([sys.executable, "-m", "cli", *self.args], env=env,
                                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              start_new_session=True)
 

@@ -35,8 +35,9 @@ import aiohttp
 from rich.console import Console
 from rich.live import Live
 
-from devstack import demo, local_config, summary
-from devstack.cli_events import TailSettings
+from cli import local_config
+from cli.events import TailSettings
+from devstack import demo, summary
 from devstack.dev_args import validate
 from devstack.embedded_pg import EmbeddedPostgres, free_port, pid_alive
 from devstack.kafka_testing import TansuBroker
@@ -51,9 +52,7 @@ EXAMPLE_MODULE = "devstack.examples.refund_triage"  # a code-first agent every d
 # An AGENTRT_* variable set in your environment wins over these.
 DEV_DEFAULTS = {
     "AGENTRT_LEASE_DURATION_MS": "5000",
-    "AGENTRT_BACKOFF_BASE_MS": "200",
-    "AGENTRT_BACKOFF_CAP_MS": "2000",
-    "AGENTRT_BACKOFF_JITTER_MS": "100",
+    "AGENTRT_BACKOFF_BASE_MS": "200", "AGENTRT_BACKOFF_CAP_MS": "2000", "AGENTRT_BACKOFF_JITTER_MS": "100",
     "AGENTRT_SHUTDOWN_GRACE_S": "3",
     "AGENTRT_CLAIM_WAIT_MS": "2000",
     "AGENTRT_SLOTS": "8",
@@ -277,7 +276,7 @@ class DevStack:
             return
         # Short-lived, and revoked at stop: a key of every tenant should not outlive its session.
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "devstack.cli", "keys", "create", "--database-url", self.database_url,
+            sys.executable, "-m", "cli", "keys", "create", "--database-url", self.database_url,
             "--role", "admin", "--tenant", "*", "--name", f"agentrt-dev {self.session}", "--expires", KEY_LIFETIME,
             "--reason", "agentrt dev session", "--json", env=self.child_env(), stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True)
@@ -294,7 +293,7 @@ class DevStack:
               flush=True)
 
     def write_client_config(self, stopped: bool = False) -> None:
-        """<data-dir>/client.json (0600): what `agentrt` commands run here need (devstack/local_config.py)."""
+        """<data-dir>/client.json (0600): what `agentrt` commands run here need (cli/local_config.py)."""
         if self.args.data_dir.resolve() != (Path.cwd() / local_config.DEFAULT_DIR).resolve():
             note = f"; commands find it when run in {self.data_dir.parent}"
         else:
@@ -330,7 +329,7 @@ class DevStack:
     async def _migrate(self) -> None:
         # Own session, as every service: a terminal's Ctrl-C reaches only `agentrt dev`, which
         # lets the migration finish (it is short and transactional) and then stops.
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", "migrate",
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cli", "migrate",
                                                     env=self.child_env(), stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         out, _ = await proc.communicate()

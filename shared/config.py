@@ -86,7 +86,7 @@ class ComponentSettings(BaseSettings):
     service_name: str = "agentrt"
     # Prometheus /metrics on host:port; empty = off (the Helm chart sets 0.0.0.0:9464).
     metrics_addr: str = ""
-    # auto (uvloop when installed) | asyncio | uvloop: see devstack/loop.py.
+    # auto (uvloop when installed) | asyncio | uvloop: see shared/event_loop.py.
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
     @model_validator(mode="after")

@@ -1,4 +1,4 @@
-"""What tests of every kind share: the `agentrt` command as a real process (`python -m devstack.cli
+"""What tests of every kind share: the `agentrt` command as a real process (`python -m cli
 ARGS`, started from the repository, answered with its exit status, stdout and stderr), and waiting on a
 condition with a deadline."""
 
@@ -28,7 +28,7 @@ async def run_agentrt(*args: str, env: Mapping[str, str] | None = None, cwd: Pat
     """`agentrt ARGS` as a process: `env` is its whole environment (None: this process's). One that
     outlives `within_s` is killed by its pid and the timeout raised."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "devstack.cli", *args, cwd=cwd, env=None if env is None else dict(env),
+        sys.executable, "-m", "cli", *args, cwd=cwd, env=None if env is None else dict(env),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), within_s)

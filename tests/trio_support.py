@@ -1,5 +1,5 @@
 """The real trio's processes for tests that need them as separate processes: schedulers and executors
-started with `python -m devstack.cli`, each logging to its own file, SIGKILLed, restarted on the same
+started with `python -m cli`, each logging to its own file, SIGKILLed, restarted on the same
 port and stopped by pid (devstack/acceptance/procs.py's Proc). Authentication is not under test here:
 every scheduler runs with auth_mode none."""
 
@@ -73,7 +73,7 @@ class Trio:
                "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false", "AGENTRT_AUTH_MODE": "none",
                "AGENTRT_SCHEDULE_POLL_INTERVAL_MS": "100"}
         env.update({f"AGENTRT_{k.upper()}": str(v) for k, v in settings.items()})
-        slot = TrioProc(self, name, [PYTHON, "-m", "devstack.cli", "scheduler"], env, "scheduler listening on")
+        slot = TrioProc(self, name, [PYTHON, "-m", "cli", "scheduler"], env, "scheduler listening on")
         self.slots.append(slot)
         await slot.start()
         return slot, f"127.0.0.1:{port}"
@@ -83,7 +83,7 @@ class Trio:
                "AGENTRT_WORKER_ID": name, "AGENTRT_HEALTH_ADDR": "", "AGENTRT_SLOTS": "8",
                "AGENTRT_CLAIM_WAIT_MS": "1000", "AGENTRT_RPC_TIMEOUT_S": "5", "AGENTRT_SHUTDOWN_GRACE_S": "2"}
         env.update({f"AGENTRT_{k.upper()}": str(v) for k, v in settings.items()})
-        slot = TrioProc(self, name, [PYTHON, "-m", "devstack.cli", "executor"], env, "serving")
+        slot = TrioProc(self, name, [PYTHON, "-m", "cli", "executor"], env, "serving")
         self.slots.append(slot)
         await slot.start()
         return slot

@@ -111,7 +111,7 @@ async def crash_before_tx2(lab: Lab) -> None:
     plain_run = await lab.wait_settled(runs["plain"], 60)
     lookup_run = await lab.wait_settled(runs["lookup"], 60)
     # The reconciler sweeps in-doubt runs: it must not resend what has no lookup contract either.
-    reconcile = lab.spawn("reconcile", [PYTHON, "-m", "devstack.cli", "reconcile", "--tenants", TENANT, "--once",
+    reconcile = lab.spawn("reconcile", [PYTHON, "-m", "cli", "reconcile", "--tenants", TENANT, "--once",
                                         "--scheduler", lab.scheduler_addr, "--agents", str(agents)], {})
     await wait_until(lambda: not reconcile.alive(), 60, "`agentrt reconcile --once` to finish")
     report = reconcile.log().strip().splitlines()[-1] if reconcile.log().strip() else ""

@@ -191,8 +191,8 @@ class Lab:
     async def runtime_database(self) -> str:
         """A fresh database with agentrt's schema, migrated by the CLI; the lab's SQL connection on it."""
         self.db_url = await self.database()
-        argv = [PYTHON, "-m", "devstack.cli", "migrate", "--database-url", self.db_url]
-        self.commands.add(f"python -m devstack.cli migrate --database-url {self.db_url}")
+        argv = [PYTHON, "-m", "cli", "migrate", "--database-url", self.db_url]
+        self.commands.add(f"python -m cli migrate --database-url {self.db_url}")
         done = await asyncio.to_thread(_run, argv)
         if done[0] != 0:
             raise ExperimentError(f"migrate failed: {done[1]}")
@@ -201,7 +201,7 @@ class Lab:
 
     async def api_key(self, tenant: str, role: str) -> str:
         """A real API key of `tenant`, made by the CLI as an operator bootstrapping would."""
-        argv = [PYTHON, "-m", "devstack.cli", "keys", "create", "--database-url", self.db_url, "--tenant", tenant,
+        argv = [PYTHON, "-m", "cli", "keys", "create", "--database-url", self.db_url, "--tenant", tenant,
                 "--role", role, "--name", f"acceptance {tenant}", "--json"]
         self.commands.add(" ".join(argv[1:]))
         done = await asyncio.to_thread(_run_out, argv)
@@ -261,7 +261,7 @@ class Lab:
                # Not about authentication; experiment 6 starts its scheduler with auth_mode api_key.
                "AGENTRT_AUTH_MODE": "none"}
         env.update({f"AGENTRT_{k.upper()}": str(v) for k, v in settings.items()})
-        proc = self.spawn(name, [PYTHON, "-m", "devstack.cli", "scheduler"], env, prefix)
+        proc = self.spawn(name, [PYTHON, "-m", "cli", "scheduler"], env, prefix)
         await wait_log(proc, "scheduler listening on", 60)
         if not self.scheduler_addr:
             self.scheduler_addr = f"127.0.0.1:{port}"
@@ -269,7 +269,7 @@ class Lab:
         return proc
 
     async def executor(self, name: str, agents: Path, faults: Sequence[str] = (), slots: int = 4,
-                       scheduler_addr: str = "", prefix: list[str] | None = None, module: str = "devstack.cli",
+                       scheduler_addr: str = "", prefix: list[str] | None = None, module: str = "cli",
                        wait: bool = True, **settings: Any) -> Proc:
         env = {"AGENTRT_SCHEDULER_ADDR": scheduler_addr or self.scheduler_addr, "AGENTRT_AGENTS_PATH": str(agents),
                "AGENTRT_WORKER_ID": f"{name}-{uuid.uuid4().hex[:6]}", "AGENTRT_HEALTH_ADDR": "",
@@ -279,7 +279,7 @@ class Lab:
             env["AGENTRT_FAULT_POINTS"] = json.dumps(list(faults))
             env["AGENTRT_FAULT_ACTION"] = "sigkill"
         env.update({f"AGENTRT_{k.upper()}": str(v) for k, v in settings.items()})
-        argv = [PYTHON, "-m", module] + (["executor"] if module == "devstack.cli" else [])
+        argv = [PYTHON, "-m", module] + (["executor"] if module == "cli" else [])
         proc = self.spawn(name, argv, env, prefix)
         if wait:
             await wait_log(proc, "serving", 60)
@@ -292,7 +292,7 @@ class Lab:
                        prefix: list[str] | None = None) -> MockTool:
         port = free_port()
         db_path = self.dir / f"{name}.sqlite"
-        proc = self.spawn(name, [PYTHON, "-m", "devstack.cli", "mocktool", "--host", host, "--port", str(port),
+        proc = self.spawn(name, [PYTHON, "-m", "cli", "mocktool", "--host", host, "--port", str(port),
                                  "--db", str(db_path)], {}, prefix)
         await wait_log(proc, "listening on", 60)
         return MockTool(proc, f"http://{url_host or ('127.0.0.1' if host == '0.0.0.0' else host)}:{port}", db_path)
@@ -316,7 +316,7 @@ class Lab:
         if fault_point:
             env["AGENTRT_FAULT_POINT"] = fault_point
         env.update({f"AGENTRT_{k.upper()}": str(v) for k, v in settings.items()})
-        proc = self.spawn(name, [PYTHON, "-m", "devstack.cli", "relay"], env)
+        proc = self.spawn(name, [PYTHON, "-m", "cli", "relay"], env)
         if wait:
             await wait_log(proc, "started: topic", 60)
         return proc

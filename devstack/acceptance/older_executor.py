@@ -34,9 +34,9 @@ def main() -> int:
     toolcalls.SCHEMA_VERSION = runlease.SCHEMA_VERSION = OLD_SCHEMA_VERSION
     runlease.RunLease.unwritten = lambda self, state: []  # type: ignore[method-assign,assignment,misc]
     # As `agentrt executor` does, without importing the CLI (which imports this suite).
-    from devstack.loop import run as run_loop
     from executor.config import ExecutorSettings
     from executor.main import serve
+    from shared.event_loop import run as run_loop
     from shared.logs import setup_logging
 
     settings = ExecutorSettings()

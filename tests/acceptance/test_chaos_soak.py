@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def test_a_short_soak_keeps_every_invariant(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "devstack.cli", "chaos", "--runs", "30", "--minutes", "1", "--kill-every-s", "3",
+        [sys.executable, "-m", "cli", "chaos", "--runs", "30", "--minutes", "1", "--kill-every-s", "3",
          "--settle-minutes", "3", "--seed", "20261130", "--artifacts", str(tmp_path)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=560)
     output = done.stdout[-6000:] + done.stderr[-3000:]

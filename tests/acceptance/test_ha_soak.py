@@ -26,7 +26,7 @@ def test_a_short_ha_soak_keeps_every_invariant_and_samples_every_minute(tmp_path
     missing = ha_cluster.missing_binaries()
     assert not missing, f"the HA soak cannot run here: missing {missing} (apt-get install patroni etcd-server)"
     done = subprocess.run(
-        [sys.executable, "-m", "devstack.cli", "chaos", "--ha", "--minutes", "3", "--failover-every-min", "2",
+        [sys.executable, "-m", "cli", "chaos", "--ha", "--minutes", "3", "--failover-every-min", "2",
          "--calibration-runs", "60", "--kill-every-s", "8", "--keep-finished-s", "20", "--settle-minutes", "4",
          "--maintain-every-min", "1",
          "--seed", "20261206", "--artifacts", str(tmp_path)],

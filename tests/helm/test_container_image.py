@@ -2,16 +2,24 @@
 
 Checks: multi-stage; the final stage runs as a numeric non-root user from a
 sane WORKDIR with ENTRYPOINT ["agentrt"]; it installs every package the
-pyproject ships, on a Python the project supports; .dockerignore lets those in;
-and the agentrt subcommands named by the Dockerfile, the chart and the CLI agree.
+pyproject ships but the dev stack (devstack/), on a Python the project supports;
+.dockerignore lets exactly those in; and the agentrt subcommands named by the
+Dockerfile, the chart and the CLI agree. What the image's packages make when
+built (no devstack/, a CLI that says `agentrt dev` is not there) is built and run
+here from the same list of directories.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +32,8 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 TEMPLATES = ROOT / "helm" / "agentrt" / "templates"
 SUBCOMMANDS = {"scheduler", "executor", "relay", "migrate", "console", "maintain"}
+# In the wheel (`agentrt dev` for a developer's machine) but not in the image.
+DEV_ONLY_PACKAGES = {"devstack"}
 # What the chart runs with arguments of its own after the subcommand (`maintain indexes --bloat ...`).
 WITH_ARGUMENTS = {"maintain": ["maintain", "indexes"]}
 
@@ -156,7 +166,8 @@ def test_image_installs_every_package_on_a_supported_python(
     copied = " ".join(c for s in stages for c in s.all("COPY") if "--from=" not in c)
     packages = [p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]]
     for package in packages:
-        assert re.search(rf"(^|\s){package}(\s|/|$)", copied), f"the image does not copy {package}/"
+        copies = re.search(rf"(^|\s){package}(\s|/|$)", copied) is not None
+        assert copies == (package not in DEV_ONLY_PACKAGES), f"{package}/: copied {copies}"
     assert "pyproject.toml" in copied
     runs = [r for s in stages for r in s.all("RUN")]
     # Dependencies from the hash-pinned lock only, then the project without resolving anything more.
@@ -173,13 +184,14 @@ def test_dockerignore_admits_what_the_build_copies(pyproject: dict) -> None:
     assert rules[0] == "**", "start from nothing and admit what the image needs"
     admitted = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
     packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
-    assert packages | {"pyproject.toml"} <= admitted
+    assert (packages - DEV_ONLY_PACKAGES) | {"pyproject.toml"} <= admitted
+    assert not admitted & DEV_ONLY_PACKAGES
     for secretish in (".env", ".git", ".venv"):
         assert secretish not in admitted
 
 
 def test_console_script_is_agentrt(pyproject: dict) -> None:
-    assert pyproject["project"]["scripts"]["agentrt"] == "devstack.cli:main"
+    assert pyproject["project"]["scripts"]["agentrt"] == "cli.main:main"
 
 
 def test_subcommands_agree_between_image_and_chart() -> None:
@@ -209,3 +221,53 @@ def test_the_console_script_serves_the_subcommands_the_chart_runs(pyproject: dic
     assert not missing, f"the agentrt command has no {sorted(missing)}, which the chart and the image run"
     for sub in SUBCOMMANDS:  # each parses as the chart passes it: settings from env
         assert parser.parse_args(WITH_ARGUMENTS.get(sub, [sub])).command == sub
+
+
+# This venv's editable install answers for the checkout's packages through a meta path finder
+# (tests/unit/test_wheel.py does the same): the probe drops it, so only the built image tree answers.
+WITHOUT_CHECKOUT = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+                    "if '__editable__' not in getattr(f, '__module__', '')]")
+
+
+def test_what_the_image_copies_builds_an_agentrt_without_the_dev_stack(
+        dockerfile: tuple[dict[str, str], list[Stage]], tmp_path: Path) -> None:
+    """The build stage's `pip install --no-deps .`, over exactly the files its COPY lines bring in:
+    the install has no devstack/, serves every subcommand the chart runs, and `agentrt dev` says in
+    one line that this install has no dev stack (exit 2) instead of failing on an import."""
+    _, stages = dockerfile
+    source = tmp_path / "src"
+    source.mkdir()
+    for copy in (c for s in stages for c in s.all("COPY") if "--from=" not in c):
+        *sources, _dest = copy.split()
+        for name in sources:
+            for path in ROOT.glob(name):
+                rel = path.relative_to(ROOT)
+                if path.is_dir():
+                    shutil.copytree(path, source / rel, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                else:
+                    (source / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, source / rel)
+    assert not (source / "devstack").exists() and (source / "cli").is_dir()
+    out = tmp_path / "wheel"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(out), str(source)], check=True, timeout=300,
+                   env={**os.environ, "PIP_NO_INDEX": "1"})
+    (built,) = out.glob("agentrt-*.whl")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(built) as archive:
+        assert not [n for n in archive.namelist() if n.startswith("devstack/")]
+        archive.extractall(site)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+
+    def agentrt(*words: str) -> subprocess.CompletedProcess[str]:
+        probe = f"{WITHOUT_CHECKOUT}; import cli.main as c; sys.exit(c.main(sys.argv[1:]))"
+        return subprocess.run([sys.executable, "-c", probe, *words], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=120)
+
+    listing = agentrt("--help")
+    assert listing.returncode == 0, listing.stderr[-2000:]
+    offered = set(re.search(r"\{([\w,-]+)\}", listing.stdout).group(1).split(","))  # type: ignore[union-attr]
+    assert SUBCOMMANDS <= offered and not offered & {"mocktool", "acceptance", "chaos"}, offered
+    dev = agentrt("dev")
+    lines = dev.stderr.strip().splitlines()
+    assert dev.returncode == 2 and len(lines) == 1 and "no dev stack" in lines[0], dev.stderr[-2000:]

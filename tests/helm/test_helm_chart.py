@@ -1297,7 +1297,7 @@ def test_notes_commands_parse_with_the_agentrt_cli(case: str, renders: Renders) 
     is one the CLI accepts, flags included (TLS, credentials)."""
     import shlex
 
-    from devstack.cli import build_parser
+    from cli.main import build_parser
 
     r = renders(case)
     commands = []

@@ -14,7 +14,7 @@ from kubernetes_validate import utils as kv_utils
 from test_helm_console import render
 from tests_paths import REPO
 
-from devstack.cli import build_parser
+from cli.main import build_parser
 
 pytestmark = pytest.mark.helm
 

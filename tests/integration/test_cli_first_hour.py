@@ -18,7 +18,7 @@ NO_DATABASE = ("agentrt outbox: error: --database-url: name the outbox's Postgre
 
 
 async def agentrt(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Run `python -m devstack.cli ARGS` with no AGENTRT_* settings but those in `env`."""
+    """Run `python -m cli ARGS` with no AGENTRT_* settings but those in `env`."""
     return await run_agentrt(*args, env=without_settings(env))
 
 

@@ -28,7 +28,7 @@ def _closed_reader(*args: str) -> tuple[int, str]:
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the command starts
     try:
-        proc = subprocess.run([sys.executable, "-m", "devstack.cli", *args], stdout=write, stderr=subprocess.PIPE,
+        proc = subprocess.run([sys.executable, "-m", "cli", *args], stdout=write, stderr=subprocess.PIPE,
                               cwd=REPO, env=env, timeout=60, check=False)
     finally:
         os.close(write)
@@ -59,7 +59,7 @@ async def test_runs_export_into_head(db_url):
     async with scheduler_stack(db_url) as stack:
         # Enough history that the export outlasts head's one line and the pipe's buffer.
         run = await submit(stack, payload={"blob": "x" * 200_000})
-        cli = f"{sys.executable} -m devstack.cli"
+        cli = f"{sys.executable} -m cli.main"
         command = (f"{cli} runs export {run.run_id} --addr {stack.addr} --tenant {TENANT} --reason pipe "
                    f"| head -c 100")
         code, out, err = await asyncio.to_thread(_head, command)

@@ -1,6 +1,6 @@
 """Concurrent claims from several OS processes over 1,000 runs (docs/design.md §leases-and-fencing).
 
-Path 1: a scheduler subprocess (`python -m devstack.cli scheduler`) and several
+Path 1: a scheduler subprocess (`python -m cli scheduler`) and several
 worker processes (tests/integration/_claim_worker.py) claiming through gRPC.
 Path 2: several worker processes calling Store.claim directly, each with its own
 asyncpg pool. Some first claims are abandoned without heartbeating, so those runs
@@ -68,7 +68,7 @@ def tail(path: Path, chars: int = 2000) -> str:
 def start_scheduler(db_url: str, addr: str, log: Path) -> subprocess.Popen[Any]:
     with log.open("w") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "devstack.cli", "scheduler"], cwd=REPO_ROOT,
+            [sys.executable, "-m", "cli", "scheduler"], cwd=REPO_ROOT,
             env=child_env(AGENTRT_DATABASE_URL=db_url, AGENTRT_LISTEN_ADDR=addr,
                           AGENTRT_LEASE_DURATION_MS=str(LEASE_MS), AGENTRT_CLAIM_POLL_INTERVAL_MS="100",
                           AGENTRT_DB_POOL_MAX="12", AGENTRT_LOG_LEVEL="WARNING", AGENTRT_SHUTDOWN_GRACE_S="1",

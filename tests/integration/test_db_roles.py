@@ -228,7 +228,7 @@ async def test_the_relay_store_works_as_the_relay_role(roles, db):
 
 
 def test_cli_roles_apply_then_check(db_url, monkeypatch, capsys):
-    from devstack.cli import main
+    from cli.main import main
 
     monkeypatch.setenv("AGENTRT_ROLE_PREFIX", PREFIX)
     assert main(["roles", "apply", "--database-url", db_url]) == 0

@@ -50,7 +50,7 @@ def _processes_naming(text: str) -> list[int]:
 def test_dev_serves_health_and_reflection_then_stops_everything(tmp_path):
     addr = f"127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "AGENTRT_DATABASE_URL"}
-    proc = subprocess.Popen([sys.executable, "-m", "devstack.cli", "dev", "--data-dir", str(tmp_path / "dev"),
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "dev", "--data-dir", str(tmp_path / "dev"),
                              "--listen", addr], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -88,7 +88,7 @@ def test_ctrl_c_while_starting_prints_one_clean_line_and_stops_everything(tmp_pa
     not in a session of its own (the bug: the migration died of it, `migrate failed: 130`)."""
     addr = f"127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if k not in ("AGENTRT_DATABASE_URL", "AGENTRT_KAFKA_BOOTSTRAP")}
-    proc = subprocess.Popen([sys.executable, "-m", "devstack.cli", "dev", "--data-dir", str(tmp_path / "dev"),
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "dev", "--data-dir", str(tmp_path / "dev"),
                              "--listen", addr, "--plain"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

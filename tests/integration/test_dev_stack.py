@@ -40,7 +40,7 @@ def dev_env() -> dict[str, str]:
 
 
 def dev_args(data_dir: Path, addr: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "devstack.cli", "dev", "--data-dir", str(data_dir), "--listen", addr, "--plain",
+    return [sys.executable, "-m", "cli", "dev", "--data-dir", str(data_dir), "--listen", addr, "--plain",
             "--tool-latency-ms", "20", *extra]
 
 

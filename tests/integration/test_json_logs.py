@@ -1,4 +1,4 @@
-"""`log_format: json` end to end: a scheduler and an executor process (`python -m devstack.cli`) run one
+"""`log_format: json` end to end: a scheduler and an executor process (`python -m cli`) run one
 run; every stderr line is a JSON object with the required fields, the lines about the run name its run,
 tenant and fence, and a secret in the run's input (which travels in the tool request, the tool's answer,
 the checkpoints and the run's result) is in no log line, at DEBUG level."""
@@ -46,7 +46,7 @@ def child_env(**extra: str) -> dict[str, str]:
 async def spawn(name: str, env: dict[str, str], tmp_path: Path) -> tuple[asyncio.subprocess.Process, Path, Path]:
     out, err = tmp_path / f"{name}.stdout", tmp_path / f"{name}.stderr"
     with out.open("wb") as stdout, err.open("wb") as stderr:  # the child keeps its own descriptors
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", name, cwd=REPO_ROOT,
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cli", name, cwd=REPO_ROOT,
                                                     env=env, stdout=stdout, stderr=stderr,
                                                     stdin=asyncio.subprocess.DEVNULL)
     return proc, out, err

@@ -38,7 +38,7 @@ def otel_env(endpoint: str, protocol: str) -> dict[str, str]:
 
 
 class Processes:
-    """A scheduler and an executor process (`python -m devstack.cli …`), stopped by their pids."""
+    """A scheduler and an executor process (`python -m cli …`), stopped by their pids."""
 
     def __init__(self, db_url: str, agents: Path, logs: Path, otel: dict[str, str]) -> None:
         self.addr = f"127.0.0.1:{free_port()}"
@@ -54,7 +54,7 @@ class Processes:
     async def _spawn(self, name: str, env: dict[str, str]) -> None:
         with (self.logs / f"{name}.log").open("wb") as log:  # the child keeps its own descriptor
             self.procs[name] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "devstack.cli", name, cwd=REPO, env=env, stdout=log, stderr=log)
+                sys.executable, "-m", "cli", name, cwd=REPO, env=env, stdout=log, stderr=log)
 
     def log(self, name: str) -> str:
         path = self.logs / f"{name}.log"

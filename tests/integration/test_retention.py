@@ -207,7 +207,7 @@ async def test_the_background_task_deletes_expired_runs_and_counts_them(db_url, 
 
 
 def test_cli_retention_policies_and_a_dry_run(db_url, monkeypatch, capsys):
-    from devstack.cli import main
+    from cli.main import main
 
     assert main(["retention", "set", "--tenant", "acme", "--keep-days", "7", "--database-url", db_url]) == 0
     assert "tenant acme: terminal runs kept 7 days" in capsys.readouterr().out

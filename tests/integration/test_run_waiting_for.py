@@ -11,7 +11,7 @@ import uuid
 
 from support import Stack, claim, eid, lease_ref, scheduler_stack, submit
 
-from devstack import cli
+from cli import main as cli
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws

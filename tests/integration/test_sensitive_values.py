@@ -156,7 +156,7 @@ async def test_rotation_rewraps_every_data_key_and_then_the_new_kek_alone_reads(
 
 
 async def test_cli_rotate_and_status(db_url, db, monkeypatch, capsys):
-    from devstack.cli import main
+    from cli.main import main
 
     async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1)) as stack:
         await register(stack)
@@ -331,7 +331,7 @@ async def test_a_schedule_of_a_marked_agent_without_keys_is_refused_and_nothing_
 async def test_rotation_rewraps_a_schedules_key_and_it_fires_under_the_new_kek_alone(db_url, db, monkeypatch, capsys):
     from executor_support import wait_for
 
-    from devstack.cli import main
+    from cli.main import main
 
     async with scheduler_stack(db_url, encryption_keys=keyring("k1", k1=K1), schedule_poll_interval_ms=0) as stack:
         await register(stack)

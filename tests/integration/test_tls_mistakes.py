@@ -103,7 +103,7 @@ async def test_a_json_scheduler_log_stays_json_with_grpcs_own_lines_inside(db_ur
                     **({"GRPC_VERBOSITY": verbosity} if verbosity else {}))
     err_path = tmp_path / "scheduler.stderr"
     with err_path.open("wb") as err:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", "scheduler", cwd=REPO,
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cli", "scheduler", cwd=REPO,
                                                     env=env, stdout=asyncio.subprocess.DEVNULL, stderr=err,
                                                     stdin=asyncio.subprocess.DEVNULL)
     try:

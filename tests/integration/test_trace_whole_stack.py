@@ -46,7 +46,7 @@ async def dev_session(env: dict[str, str], data_dir: Path, bootstrap: str) -> st
     """`agentrt dev --runs 2 --exit-when-done` to its end (every process stopped, so their spans flushed)."""
     summary_path = data_dir.parent / "summary.json"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "devstack.cli", "dev", "--data-dir", str(data_dir), "--listen",
+        sys.executable, "-m", "cli", "dev", "--data-dir", str(data_dir), "--listen",
         f"127.0.0.1:{free_port()}", "--plain", "--tool-latency-ms", "5", "--runs", "2", "--auto-approve",
         "--exit-when-done", "--timeout", "90", "--kafka-bootstrap", bootstrap, "--summary-json", str(summary_path),
         cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)

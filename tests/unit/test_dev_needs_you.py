@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from cli.main import build_parser
 from devstack import demo
-from devstack.cli import build_parser
 from devstack.stack import DevStack
 from devstack.watch import View
 
@@ -64,7 +64,7 @@ def test_elsewhere_the_commands_spell_out_address_and_tenant(tmp_path: Path, mon
 
 
 def test_client_json_is_used_only_when_private_to_this_user(tmp_path: Path, monkeypatch) -> None:
-    from devstack import local_config
+    from cli import local_config
 
     monkeypatch.chdir(tmp_path)
     data_dir = tmp_path / ".agentrt"

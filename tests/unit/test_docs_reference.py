@@ -33,7 +33,7 @@ def test_configuration_page_documents_every_executor_and_relay_setting():
 
 
 def test_cli_reference_names_every_command():
-    from devstack.cli import build_parser
+    from cli.main import build_parser
 
     reference = (DOCS / "cli.md").read_text()
     parser = build_parser()

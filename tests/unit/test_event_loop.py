@@ -5,8 +5,8 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
-from devstack.loop import run, uses_uvloop
 from executor.config import ExecutorSettings
+from shared.event_loop import run, uses_uvloop
 
 
 async def loop_module() -> str:

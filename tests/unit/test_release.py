@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from devstack import cli
+from cli import main as cli
 from scheduler.config import SchedulerSettings
 from shared.tracing import service_resource
 from shared.version import agentrt_version

@@ -65,7 +65,7 @@ def test_wheel_carries_what_the_runtime_and_agentrt_dev_need(wheel: Path) -> Non
         "scheduler/sql/queries.sql", "relay/sql/queries.sql", "shared/py.typed",
         "shared/gen/agentrt/v1/run_service_pb2.py", "shared/gen/agentrt/v1/work_service_pb2_grpc.py",
         "devstack/agents/after_sales_return.yaml", "devstack/examples/refund_triage.py",
-        "devstack/cli.py", "devstack/stack.py", "devstack/embedded_pg.py", "devstack/kafka_testing.py",
+        "cli/main.py", "devstack/stack.py", "devstack/embedded_pg.py", "devstack/kafka_testing.py",
         "devstack/mocktool.py", "scheduler/server.py", "executor/main.py", "relay/main.py",
         "console/app.py", "console/templates/run.html", "console/static/htmx.min.js", "console/static/sse.js",
         "console/static/htmx.LICENSE", "console/static/htmx-ext-sse.LICENSE", "console/static/console.css",
@@ -76,7 +76,7 @@ def test_wheel_carries_what_the_runtime_and_agentrt_dev_need(wheel: Path) -> Non
 def test_wheel_leaves_out_tests_and_the_test_only_parts_of_the_dev_stack(wheel: Path) -> None:
     tops = {name.split("/", 1)[0] for name in _names(wheel)}
     assert tops - {n for n in tops if n.endswith(".dist-info")} == {"scheduler", "executor", "relay", "shared",
-                                                                     "devstack", "console"}
+                                                                     "cli", "devstack", "console"}
     assert not [n for n in _names(wheel) if n.startswith("devstack/acceptance")]
     assert not [n for n in _names(wheel) if "__pycache__" in n or n.endswith(".pyc")]
 
@@ -88,7 +88,7 @@ def test_wheel_metadata_names_the_version_and_the_console_script(wheel: Path) ->
         metadata = email.message_from_bytes(archive.read(f"agentrt-{version}.dist-info/METADATA"))
         entry_points = archive.read(f"agentrt-{version}.dist-info/entry_points.txt").decode()
     assert metadata["Version"] == version
-    assert "agentrt = devstack.cli:main" in entry_points
+    assert "agentrt = cli.main:main" in entry_points
 
 
 def test_the_installed_wheel_runs_its_cli_and_finds_its_migrations(wheel: Path, tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_the_installed_wheel_runs_its_cli_and_finds_its_migrations(wheel: Path, 
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
-    probe = (f"{WITHOUT_CHECKOUT}; import scheduler.migrate as m, devstack.cli as cli; "
+    probe = (f"{WITHOUT_CHECKOUT}; import scheduler.migrate as m, cli.main as cli; "
              "assert m.MIGRATIONS_DIR.is_relative_to(sys.argv[1]), m.MIGRATIONS_DIR; "
              "print(len(m.available_migrations())); sys.argv = ['agentrt', '--version']; cli.main()")
     env = {**os.environ, "PYTHONPATH": str(site)}
@@ -106,7 +106,7 @@ def test_the_installed_wheel_runs_its_cli_and_finds_its_migrations(wheel: Path, 
     assert result.stdout.split() == [str(len(_tracked("scheduler/sql/migrations/*.sql"))), "agentrt", version], (
         result.stdout, result.stderr[-2000:])
     # Without the acceptance suite the CLI still parses, and simply has no `acceptance` command.
-    show_help = f"{WITHOUT_CHECKOUT}; import devstack.cli as c; c.main(['--help'])"
+    show_help = f"{WITHOUT_CHECKOUT}; import cli.main as c; c.main(['--help'])"
     listing = subprocess.run([sys.executable, "-c", show_help], capture_output=True, text=True, env=env, cwd=tmp_path,
                              timeout=120)
     assert listing.returncode == 0, listing.stderr[-2000:]
@@ -118,7 +118,8 @@ def test_the_installed_wheel_runs_its_cli_and_finds_its_migrations(wheel: Path, 
 def test_agentrt_dev_without_the_dev_extra_says_what_to_install_and_starts_nothing(
         absent: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The wheel's dev-stack modules need the `[dev]` extra's binaries: without one, one line and exit 2."""
-    from devstack import cli
+    from cli import main as cli
+    from devstack import commands
 
     monkeypatch.setitem(sys.modules, absent, None)  # what importlib sees when the package is not installed
     monkeypatch.setattr("devstack.stack.run_dev", lambda args: pytest.fail("the dev stack started"), raising=False)
@@ -127,4 +128,4 @@ def test_agentrt_dev_without_the_dev_extra_says_what_to_install_and_starts_nothi
     assert len(err) == 1 and absent in err[0] and "agentrt[dev]" in err[0], err
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
     names = {requirement.split(">")[0].split("=")[0].split("<")[0].strip().replace("-", "_") for requirement in extra}
-    assert names == set(cli.DEV_EXTRA_MODULES)  # the check names exactly the extra's packages
+    assert names == set(commands.DEV_EXTRA_MODULES)  # the check names exactly the extra's packages

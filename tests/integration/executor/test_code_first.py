@@ -85,7 +85,7 @@ async def test_an_executor_process_serves_agents_named_by_module(db_url, db, tmp
         log_path = tmp_path / "executor.log"
         with log_path.open("wb") as log:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "devstack.cli", "executor", "--agents", MODULE, env=env, stdout=log,
+                sys.executable, "-m", "cli", "executor", "--agents", MODULE, env=env, stdout=log,
                 stderr=log, cwd=REPO_ROOT)
             try:
                 done = await wait_status(stack, run.run_id, *END, within=60)
@@ -124,7 +124,7 @@ async def test_a_tool_with_the_wrong_signature_stops_the_executor_at_start_with_
     env = {**os.environ, "AGENTRT_SCHEDULER_ADDR": "127.0.0.1:1", "AGENTRT_HEALTH_ADDR": "127.0.0.1:0",
            "PYTHONPATH": str(tmp_path)}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "devstack.cli", "executor", "--agents", str(agents), env=env,
+        sys.executable, "-m", "cli", "executor", "--agents", str(agents), env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT)
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     lines = err.decode().strip().splitlines()
@@ -146,7 +146,7 @@ async def test_a_code_first_tool_with_the_wrong_signature_stops_the_executor_at_
     env = {**os.environ, "AGENTRT_SCHEDULER_ADDR": "127.0.0.1:1", "AGENTRT_HEALTH_ADDR": "127.0.0.1:0",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "devstack.cli", "executor", "--agents", "bad_code_tools", env=env,
+        sys.executable, "-m", "cli", "executor", "--agents", "bad_code_tools", env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT)
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     lines = err.decode().strip().splitlines()

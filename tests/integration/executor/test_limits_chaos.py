@@ -55,7 +55,7 @@ def start_executor(stack: Any, agents: Path, worker_id: str, log: Path) -> subpr
                 "AGENTRT_SCHEDULER_ADDR": stack.addr, "AGENTRT_AGENTS_PATH": str(agents),
                 "AGENTRT_HEALTH_ADDR": "", "AGENTRT_CLAIM_WAIT_MS": "300", "AGENTRT_WORKER_ID": worker_id,
                 "AGENTRT_SLOTS": "3", "AGENTRT_SHUTDOWN_GRACE_S": "1"})
-    return subprocess.Popen([sys.executable, "-m", "devstack.cli", "executor"], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "cli", "executor"], cwd=REPO, env=env,
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 

@@ -199,7 +199,7 @@ async def test_answers_and_errors_of_a_real_server_map_onto_the_error_table(tmp_
 
 async def reconcile_once(stack, agents):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "devstack.cli", "reconcile", "--once", "--tenants", "tenant-a",
+        sys.executable, "-m", "cli", "reconcile", "--once", "--tenants", "tenant-a",
         "--scheduler", stack.addr, "--agents", str(agents),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
@@ -303,7 +303,7 @@ async def spawn_executor(stack, agents, tmp_path):
     env = {**os.environ, "AGENTRT_SCHEDULER_ADDR": stack.addr, "AGENTRT_AGENTS_PATH": str(agents),
            "AGENTRT_HEALTH_ADDR": "", "AGENTRT_CLAIM_WAIT_MS": "300", "AGENTRT_WORKER_ID": "exec-a"}
     log = open(tmp_path / "executor-a.log", "wb")  # noqa: ASYNC230 - closed by the test
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", "executor", env=env,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cli", "executor", env=env,
                                                 stdout=log, stderr=log)
     return proc, log
 
@@ -373,7 +373,7 @@ async def test_an_unreachable_server_stops_the_executor_with_one_line(db_url, tm
     async with scheduler_stack(db_url) as stack:
         env = {**os.environ, "AGENTRT_SCHEDULER_ADDR": stack.addr, "AGENTRT_AGENTS_PATH": str(agents),
                "AGENTRT_HEALTH_ADDR": ""}
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", "executor", env=env,
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cli", "executor", env=env,
                                                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         _, err = await asyncio.wait_for(proc.communicate(), 60)
     last = err.decode().strip().splitlines()[-1]

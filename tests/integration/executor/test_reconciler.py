@@ -29,7 +29,7 @@ async def paused_run(stack, mock, agents, agent_name, tool, mode, n):
 
 async def reconcile_once(stack, agents):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "devstack.cli", "reconcile", "--once", "--tenants", "tenant-a",
+        sys.executable, "-m", "cli", "reconcile", "--once", "--tenants", "tenant-a",
         "--scheduler", stack.addr, "--agents", str(agents),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)

@@ -22,7 +22,7 @@ async def spawn_executor(stack, agents, tmp_path):
            "AGENTRT_HEALTH_ADDR": "127.0.0.1:0", "AGENTRT_CLAIM_WAIT_MS": "300",
            "AGENTRT_SHUTDOWN_GRACE_S": str(GRACE_S), "AGENTRT_WORKER_ID": "exec-a"}
     log = open(tmp_path / "executor-a.log", "wb")  # noqa: ASYNC230 - closed by the test
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devstack.cli", "executor", env=env,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cli", "executor", env=env,
                                                 stdout=log, stderr=log)
     return proc, log
 

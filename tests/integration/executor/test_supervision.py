@@ -25,7 +25,7 @@ def start_executor(addr: str, agents: Path, log: Path, faults: list[str]) -> sub
            "AGENTRT_HEALTH_ADDR": "", "AGENTRT_CLAIM_WAIT_MS": "200", "AGENTRT_CLAIMERS": "2", "AGENTRT_SLOTS": "2",
            "AGENTRT_REGISTRATION_TTL_MS": "3000", "AGENTRT_SHUTDOWN_GRACE_S": "1", "AGENTRT_WORKER_ID": "sup-1",
            "AGENTRT_FAULT_POINTS": json.dumps(faults), "AGENTRT_FAULT_ACTION": "raise"}
-    return subprocess.Popen([sys.executable, "-m", "devstack.cli", "executor"], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "cli", "executor"], cwd=REPO, env=env,
                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 

@@ -167,7 +167,7 @@ def relay_env(db_url: str, bootstrap: str, topic: str, **extra: Any) -> dict[str
 
 def start_relay_process(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "devstack.cli", "relay"], env=env, cwd=REPO_ROOT,
+        return subprocess.Popen([sys.executable, "-m", "cli", "relay"], env=env, cwd=REPO_ROOT,
                                 stdout=log, stderr=subprocess.STDOUT)
 
 

@@ -21,7 +21,7 @@ async def relay_cli(**env_overrides: str) -> tuple[int, list[str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRT_")}
     env.update({"AGENTRT_HEALTH_ADDR": "127.0.0.1:0", **env_overrides})
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "devstack.cli", "relay", cwd=REPO_ROOT, env=env,
+        sys.executable, "-m", "cli", "relay", cwd=REPO_ROOT, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         _, err = await asyncio.wait_for(process.communicate(), 60)

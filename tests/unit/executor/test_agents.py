@@ -77,7 +77,7 @@ def test_unreadable_syntax_and_duplicates(tmp_path):
 def test_the_executor_command_stops_at_start_with_one_line(tmp_path):
     path = tmp_path / "agent.yaml"
     path.write_text(yaml.safe_dump(bad(**{"decider.plan.0.tool": "missing.tool"})))
-    result = subprocess.run([sys.executable, "-m", "devstack.cli", "executor", "--agents", str(path),
+    result = subprocess.run([sys.executable, "-m", "cli", "executor", "--agents", str(path),
                              "--scheduler", "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
@@ -91,7 +91,7 @@ def test_a_python_tool_that_cannot_be_imported_stops_the_executor_naming_file_an
                       {"name": "gone", "kind": "python", "callable": "no_such_module_here:run"}]}
     path = tmp_path / "py.yaml"
     path.write_text(yaml.safe_dump(data))
-    result = subprocess.run([sys.executable, "-m", "devstack.cli", "executor", "--agents", str(path),
+    result = subprocess.run([sys.executable, "-m", "cli", "executor", "--agents", str(path),
                              "--scheduler", "127.0.0.1:1"], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "PYTHONPATH": "tests", "AGENTRT_HEALTH_ADDR": ""})
     assert result.returncode == 1

@@ -15,7 +15,7 @@ import re
 import sys
 from typing import Any
 
-from devstack.cli_runs import _client, _common, _print_json, parse_time
+from cli.runs import _client, _common, _print_json, parse_time
 from shared.errors import InvalidArgument
 
 _DURATION = re.compile(r"^(\d+)([smhdw])$")

@@ -5,7 +5,7 @@ AGENTRT_ADDR (default 127.0.0.1:50051). The credential from --api-key / AGENTRT_
 or --token / AGENTRT_TOKEN (OIDC) decides the tenant; --tenant / AGENTRT_TENANT picks one
 when it may act for several (and is required with auth_mode none). In a directory where
 `agentrt dev` runs, .agentrt/client.json supplies the address, the session's key and its
-default tenant for whatever flags and environment leave open (devstack/local_config.py). TLS with --tls-ca /
+default tenant for whatever flags and environment leave open (cli/local_config.py). TLS with --tls-ca /
 AGENTRT_TLS_CA (plus --tls-cert/--tls-key for mutual TLS); a credential goes in clear
 only to a loopback address or with --insecure.
 """
@@ -21,7 +21,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from devstack import local_config
+from cli import local_config
 from shared.client.runs import AgentrtClient, History, RunInfo
 from shared.errors import InvalidArgument
 from shared.transport import ClientTls, open_channel

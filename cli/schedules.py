@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from devstack.cli_runs import _common, _json_arg, _print_json, _runner
+from cli.runs import _common, _json_arg, _print_json, _runner
 from shared.client.runs import AgentrtClient
 from shared.errors import InvalidArgument
 from shared.gen.agentrt.v1 import run_service_pb2 as rs

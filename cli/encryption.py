@@ -18,7 +18,7 @@ from shared.errors import InvalidArgument
 
 
 def _with_store(args: argparse.Namespace, action: Any) -> Any:
-    from devstack.cli_retention import with_store
+    from cli.retention import with_store
 
     batch = getattr(args, "batch", None)
     return with_store(args.database_url, action, **({"rotate_batch": batch} if batch is not None else {}))

@@ -11,7 +11,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from devstack.cli_runs import _client, _common, _print_json
+from cli.runs import _client, _common, _print_json
 
 
 def _where(args: argparse.Namespace) -> dict[str, str]:

