@@ -52,7 +52,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {"scheduler": (RETENTION_FUNCTION, FLOW_
 # Row-level security (migrations 0016, 0017, 0019; docs/database-roles.md): every table with a column that
 # names a tenant or a run (tenant_id, tenants, run_id, *_run_id) has forced row-level security and a
 # policy, except these, each with the reason it holds no tenant's rows to hide. The test
-# tests/integration/test_rls.py finds such tables in the catalog and reads this list.
+# tests/integration/scheduler/test_rls.py finds such tables in the catalog and reads this list.
 RLS_EXEMPT_TABLES: dict[str, str] = {
     "api_keys": "looked up by the hash of a key's secret before a call has a tenant; no runtime role but "
                 "the scheduler's may read it (its `tenants` names what the key may act for)",

@@ -43,7 +43,7 @@ PRIMARY_LOST: tuple[type[BaseException], ...] = (
     asyncpg.TargetServerAttributeNotMatched,  # no host of the DSN is (yet) a primary
     # asyncpg 0.32, a session ended while idle (pg_terminate_backend, a switchover): the server's
     # FATAL arrives before the next query and the protocol answers "cannot switch to state 11;
-    # another operation (2) is in progress" (tests/integration/test_primary_loss.py meets it).
+    # another operation (2) is in progress" (tests/integration/scheduler/test_primary_loss.py meets it).
     asyncpg.exceptions.InternalClientError,
 )
 # The same, plus the socket-level errors that mean the server cannot be reached at all.

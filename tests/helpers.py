@@ -53,3 +53,11 @@ async def wait_until(probe: Callable[[], Awaitable[T | None]], within_s: float, 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within_s:g}s waiting for {what} (last: {last!r})")
         await asyncio.sleep(interval)
+
+
+async def agentrt(*args: str, addr: str | None = None, tenant: str = "tenant-a") -> tuple[int, str, str]:
+    """`agentrt ARGS --tenant TENANT [--addr ADDR]` as a process, in this process's environment."""
+    extra = ["--tenant", tenant] if tenant else []
+    if addr:
+        extra += ["--addr", addr]
+    return await run_agentrt(*args, *extra)

@@ -1,6 +1,6 @@
 """Numeric fields of request messages, found by walking the proto descriptors: their paths inside a
 request, how to set one, and the extreme values a sweep sends (tests/unit/test_bounds.py,
-tests/integration/test_numeric_bounds.py)."""
+tests/integration/scheduler/test_numeric_bounds.py)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ async def scheduler_stack(db_url: str, tracer_provider: Any = None, **overrides:
                               "backoff_base_ms": 100, "backoff_cap_ms": 1000, "backoff_jitter_ms": 10,
                               "shutdown_grace_s": 1,
                               # Most tests submit runs no executor serves (they act as the executor):
-                              # tests/integration/test_agent_registry.py turns the check on.
+                              # tests/integration/scheduler/test_agent_registry.py turns the check on.
                               "require_registered_agents": False,
                               # Not about authentication: tests/integration/test_auth*.py turn it on.
                               "auth_mode": "none"}

@@ -1,7 +1,7 @@
 """Invariant queries over the runtime database: each returns the rows that violate it (none = holds).
 
 Used after load experiments and the chaos soak. The schema's CHECK constraints
-already refuse many bad states (tests/integration/test_db_invariants.py); these
+already refuse many bad states (tests/integration/scheduler/test_db_invariants.py); these
 queries cover what spans rows and tables.
 """
 

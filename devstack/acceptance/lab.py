@@ -256,7 +256,7 @@ class Lab:
                "AGENTRT_BACKOFF_BASE_MS": "200", "AGENTRT_BACKOFF_CAP_MS": "2000", "AGENTRT_BACKOFF_JITTER_MS": "50",
                "AGENTRT_SHUTDOWN_GRACE_S": "1", "AGENTRT_DB_COMMAND_TIMEOUT_S": "10",
                # The experiments submit runs before (or while no) executor serves them: recovery is
-               # under test here, not admission (tests/integration/test_agent_registry.py is).
+               # under test here, not admission (tests/integration/scheduler/test_agent_registry.py is).
                "AGENTRT_REQUIRE_REGISTERED_AGENTS": "false",
                # Not about authentication; experiment 6 starts its scheduler with auth_mode api_key.
                "AGENTRT_AUTH_MODE": "none"}

@@ -70,7 +70,7 @@ def test_parsed_once_canonical_text_stores_and_hashes_like_the_value(value):
 # jsonb keeps a number as numeric: numeric_in keeps max(0, fractional digits - exponent) digits after
 # the point and numeric_out writes them all, with no exponent and no negative zero. The canonical
 # text must already be in that form, or a hash taken over it stops matching the stored value
-# (tests/integration/test_json_numbers.py checks the same against PostgreSQL itself).
+# (tests/integration/scheduler/test_json_numbers.py checks the same against PostgreSQL itself).
 
 FINITE = st.floats(allow_nan=False, allow_infinity=False)  # the whole range: subnormals, -0.0, 1.8e308
 NUMBER_LIKE_TEXT = st.text(alphabet='0123456789.e+-E"\\[]{},: x\u00e9', max_size=12)

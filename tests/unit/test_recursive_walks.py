@@ -11,7 +11,7 @@ from scheduler.migrate import available_migrations
 from scheduler.queries import Q
 
 ROOT = Path(__file__).resolve().parents[2]
-TREES = "tests/integration/test_run_trees.py"
+TREES = "tests/integration/scheduler/test_run_trees.py"
 # Query name (or migration file) → the tests that walk it: a chain of 45 (past the old 32), a wide
 # tree read in pages, detached branches, and at the spawn limits.
 TESTED_WALKS: dict[str, tuple[str, ...]] = {

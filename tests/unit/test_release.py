@@ -2,7 +2,7 @@
 
 The version is the installed distribution's metadata (pyproject.toml's `version`); `agentrt
 --version`, every command's `--version`, the OpenTelemetry `service.version` resource attribute
-and (tests/integration/test_release_version.py) GetStats's server_version all report it.
+and (tests/integration/scheduler/test_release_version.py) GetStats's server_version all report it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Hostile input to scheduler/validate.py: nesting depth, NUL deep inside, the tenant header given twice.
 
 The integration side (the same through the gRPC server, nothing written) is
-tests/integration/test_hostile_input.py.
+tests/integration/scheduler/test_hostile_input.py.
 """
 
 import json

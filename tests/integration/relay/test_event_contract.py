@@ -9,9 +9,7 @@ documented type (a frozen run by deleting half of a committed write, as commit-u
 from __future__ import annotations
 
 import json
-import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,9 +17,7 @@ import pytest
 from event_contract import contract
 from relay_support import TopicReader, pending_count, relay_settings, running_relay, wait_until
 from support import claim, eid, lease_ref, scheduler_stack, submit, tool_state
-
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from test_combined_tool_call import REQ1, S1, TOOL, combined
+from tool_call_support import REQ1, S1, TOOL, combined
 
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws

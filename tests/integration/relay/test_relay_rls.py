@@ -17,7 +17,7 @@ from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
-PREFIX = "agentrt_t_"  # tests/integration/test_db_roles.py's roles
+PREFIX = "agentrt_t_"  # tests/integration/scheduler/test_db_roles.py's roles
 SETTINGS = DatabaseRoleSettings(role_prefix=PREFIX)
 
 

@@ -154,7 +154,7 @@ async def test_a_number_written_out_past_the_payload_limit_is_refused(db_url):
 
 def _documented_number_table() -> list[tuple[str, str]]:
     """The API reference's table of how JSON numbers come back (sent → read back), as the reader sees it."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "rpcs.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "rpcs.md").read_text()
     block = text.split("<!-- json-numbers:begin", 1)[1].split("<!-- json-numbers:end -->", 1)[0]
     rows = []
     for line in block.splitlines():

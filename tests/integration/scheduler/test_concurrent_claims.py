@@ -1,7 +1,7 @@
 """Concurrent claims from several OS processes over 1,000 runs (docs/design.md §leases-and-fencing).
 
 Path 1: a scheduler subprocess (`python -m cli scheduler`) and several
-worker processes (tests/integration/_claim_worker.py) claiming through gRPC.
+worker processes (tests/integration/scheduler/_claim_worker.py) claiming through gRPC.
 Path 2: several worker processes calling Store.claim directly, each with its own
 asyncpg pool. Some first claims are abandoned without heartbeating, so those runs
 are taken over with fence 2 once the lease lapses by database time.
@@ -35,7 +35,7 @@ from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 
 pytestmark = pytest.mark.integration
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 WORKER_SCRIPT = Path(__file__).with_name("_claim_worker.py")
 RUNS = 1000
 LEASE_MS = 3000

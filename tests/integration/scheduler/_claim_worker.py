@@ -1,4 +1,4 @@
-"""A fake executor process for tests/integration/test_concurrent_claims.py (not a test module).
+"""A fake executor process for tests/integration/scheduler/test_concurrent_claims.py (not a test module).
 
 Claims runs, saves one checkpoint, finishes COMPLETED, and appends one JSON line
 per event to --out: {"op": "claim" | "save" | "done" | "abandon" | "lost", "run", "fence",
@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO_ROOT))
 
 

@@ -20,7 +20,7 @@ from support import TENANT, scheduler_stack, submit
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _closed_reader(*args: str) -> tuple[int, str]:

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from helpers import run_agentrt
+from helpers import agentrt
 from support import claim, eid, lease_ref, scheduler_stack, submit, tool_state
 
 from devstack.embedded_pg import free_port
@@ -13,11 +13,6 @@ from shared.gen.agentrt.v1 import work_service_pb2 as ws
 pytestmark = pytest.mark.integration
 
 
-async def agentrt(*args: str, addr: str | None = None, tenant: str = "tenant-a") -> tuple[int, str, str]:
-    extra = ["--tenant", tenant] if tenant else []
-    if addr:
-        extra += ["--addr", addr]
-    return await run_agentrt(*args, *extra)
 
 
 async def test_every_runs_command_against_a_live_scheduler(db_url):

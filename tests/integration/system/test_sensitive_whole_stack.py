@@ -9,7 +9,6 @@ import asyncio
 import base64
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from executor_support import scripted_agent, write_agent
-from test_sensitive_values import raw_tables
+from relay_support import TopicReader
+from sealing_support import raw_tables
 from test_trace_whole_stack import consumer_process
 from tests_paths import REPO
 
@@ -25,9 +25,6 @@ from devstack.embedded_pg import free_port
 from devstack.kafka_testing import kafka_for_tests
 from devstack.otlp_receiver import OtlpReceiver
 from devstack.services import Service
-
-sys.path.insert(0, str(Path(__file__).parent / "relay"))
-from relay_support import TopicReader
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 

@@ -4,7 +4,7 @@ JSON nested deeper than the one depth limit (validate.MAX_JSON_DEPTH), bytes
 that are no protobuf message, a message over gRPC's receive limit, and the
 tenant header given twice. Each is refused with a definite status naming what
 was wrong (never INTERNAL or UNKNOWN), and nothing is written.
-tests/integration/test_bad_input.py sends the depth cases to every JSON field.
+tests/integration/scheduler/test_bad_input.py sends the depth cases to every JSON field.
 """
 
 from __future__ import annotations

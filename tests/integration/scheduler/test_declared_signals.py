@@ -13,8 +13,8 @@ import os
 import grpc
 import pytest
 from pydantic import BaseModel, Field
+from sealing_support import raw_tables
 from support import claim, eid, lease_ref, reason_of, rpc_error, scheduler_stack
-from test_sensitive_values import raw_tables
 
 from executor.agents import AgentCatalog
 from executor.registration import registrations

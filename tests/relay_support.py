@@ -23,7 +23,7 @@ from relay.config import RelaySettings
 from relay.main import RelayServer
 from shared.cloudevents import AgentEvent
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def unique_topic(prefix: str = "t") -> str:

@@ -13,8 +13,8 @@ import grpc
 import pytest
 from auth_support import make_key
 from google.protobuf.timestamp_pb2 import Timestamp
+from sealing_support import K1, SECRET, keyring, raw_tables, register
 from support import TENANT, Stack, claim, eid, lease_ref, reason_of, rpc_error, scheduler_stack, submit
-from test_sensitive_values import K1, SECRET, keyring, raw_tables, register
 
 from shared.errors import error_info
 from shared.gen.agentrt.v1 import common_pb2 as pb

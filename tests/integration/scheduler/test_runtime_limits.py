@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 import pytest
+from helpers import agentrt
 from support import claim, lease_ref, rpc_error, scheduler_stack, submit, tool_state
-from test_cli_runs import agentrt
 
 from shared.errors import error_info
 from shared.gen.agentrt.v1 import common_pb2 as pb

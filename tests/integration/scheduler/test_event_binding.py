@@ -17,7 +17,7 @@ import grpc
 import pytest
 from support import claim, eid, lease_ref, reason_of, rpc_error, scheduler_stack, snapshot, submit, tool_state
 from support import commit_unknown_count as counter
-from test_combined_tool_call import REQ1, S1, TOOL, waiting_on_s1
+from tool_call_support import REQ1, S1, TOOL, waiting_on_s1
 
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs

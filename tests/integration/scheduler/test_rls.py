@@ -39,7 +39,7 @@ from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 A, B = "tenant-a", "tenant-b"
 STEP, TOOL, REQUEST = "label.create/attempt-1", "shipping.create_label", {"order": 17}
 RLS_TABLES = {"agent_runs", "agent_checkpoints", "tool_executions", "run_journal", "outbox", "outbox_parked",

@@ -30,7 +30,7 @@ from shared.client.consumer_metrics import ConsumerCollector
 from shared.metrics import Metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
-CHART = Path(__file__).resolve().parents[2] / "helm" / "agentrt"
+CHART = Path(__file__).resolve().parents[3] / "helm" / "agentrt"
 PROMETHEUS = shutil.which("prometheus")
 
 

@@ -14,7 +14,6 @@ import asyncio
 import base64
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,9 @@ import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
+from relay_support import TopicReader
+from sealing_support import raw_tables
 from support import TENANT, claim, eid, lease_ref, scheduler_stack, tool_state
-from test_sensitive_values import raw_tables
 from test_sensitive_whole_stack import env_for, scrape, stop_and_collect
 
 from devstack.embedded_pg import free_port
@@ -38,9 +38,6 @@ from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
 from shared.writes import WRITE_OPS
-
-sys.path.insert(0, str(Path(__file__).parent / "relay"))
-from relay_support import TopicReader
 
 pytestmark = pytest.mark.integration
 

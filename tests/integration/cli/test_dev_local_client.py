@@ -40,7 +40,7 @@ AGENTRT = str(Path(sys.executable).parent / "agentrt")
 
 def user_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRT_")}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
     return env
 
 

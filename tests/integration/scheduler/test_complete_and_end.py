@@ -16,7 +16,7 @@ import grpc
 import pytest
 from support import commit_unknown_count as counter
 from support import eid, reason_of, rpc_error, scheduler_stack, snapshot, tool_state
-from test_combined_tool_call import REQ1, S1, TOOL, waiting_on_s1
+from tool_call_support import REQ1, S1, TOOL, waiting_on_s1
 
 from scheduler.store import LeaseRef, RunEnd, tx2_binding
 from shared.canonical import sha256_of

@@ -27,7 +27,7 @@ from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 
 pytestmark = pytest.mark.integration
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 SECRET = "tok-9f3b2c71e4-do-not-log"
 TENANT = "tenant-logs"
 REQUIRED = ("time", "level", "service", "logger", "message")

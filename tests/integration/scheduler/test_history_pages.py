@@ -12,8 +12,8 @@ from typing import Any
 
 import grpc
 import pytest
+from helpers import agentrt
 from support import claim, eid, lease_ref, reason_of, rpc_error, scheduler_stack, submit, tool_state
-from test_cli_runs import agentrt
 
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
