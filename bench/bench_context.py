@@ -50,7 +50,7 @@ from aiohttp import web
 
 from bench._core_procs import SchedulerProc, stop_process
 from bench._pg import emit, figure, free_port, log, scratch_database
-from scheduler.migrate import migrate
+from scheduler.store.migrate import migrate
 
 BENCH = "context"
 ROOT = Path(__file__).resolve().parent.parent

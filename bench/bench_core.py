@@ -60,9 +60,9 @@ from bench._core_procs import (
 )
 from bench._pg import emit, figure, log, percentile, pgbench_init, scratch_database
 from scheduler.config import SchedulerSettings
-from scheduler.migrate import migrate
-from scheduler.queries import Q
 from scheduler.store import Store, connect_pool
+from scheduler.store.migrate import migrate
+from scheduler.store.queries import Q
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.gen.agentrt.v1 import work_service_pb2_grpc as ws_grpc
 

@@ -38,7 +38,7 @@ import yaml
 
 from bench._core_procs import stop_process, wait_serving
 from bench._pg import emit, figure, free_port, log, scratch_database
-from scheduler.migrate import migrate
+from scheduler.store.migrate import migrate
 
 BENCH = "executor"
 ROOT = Path(__file__).resolve().parent.parent

@@ -42,8 +42,8 @@ import asyncpg
 
 from bench._pg import emit, figure, log, percentile, scratch_database
 from scheduler.config import SchedulerSettings
-from scheduler.migrate import migrate
 from scheduler.store import Store, SubmitSpec, connect_pool
+from scheduler.store.migrate import migrate
 
 BENCH = "fairness"
 AGENT = "bench"

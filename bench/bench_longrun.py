@@ -72,7 +72,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench._pg import emit, figure, free_port, log, scratch_database
 from executor.tools.base import LookupOutcome, ToolCallContext
-from scheduler.migrate import migrate
+from scheduler.store.migrate import migrate
 
 BENCH = "longrun"
 ROOT = Path(__file__).resolve().parent.parent

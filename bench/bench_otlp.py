@@ -40,7 +40,7 @@ import asyncpg
 from bench._pg import emit, figure, free_port, log, scratch_database
 from bench.bench_executor import ExecutorProc, SchedulerProc, agent_file, submit_bulk, succeeded
 from devstack.otlp_receiver import OtlpReceiver
-from scheduler.migrate import migrate
+from scheduler.store.migrate import migrate
 
 BENCH = "otlp"
 TARGET_RATIO = 0.9

@@ -52,7 +52,7 @@ from bench._peer_measure import (
 )
 from bench._pg import emit, figure, log, scratch_database
 from bench.bench_executor import ExecutorProc, SchedulerProc, agent_file, submit_bulk
-from scheduler.migrate import migrate
+from scheduler.store.migrate import migrate
 
 BENCH = "peers"
 ROOT = Path(__file__).resolve().parent.parent

@@ -42,7 +42,7 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from devstack.kafka_testing import TansuBroker
-from scheduler.migrate import migrate
+from scheduler.store.migrate import migrate
 
 BENCH = "relay"
 ROOT = Path(__file__).resolve().parent.parent

@@ -34,11 +34,11 @@ import asyncpg
 import grpc
 
 from bench._pg import emit, figure, log, percentile, scratch_database
+from scheduler.background.retention import TABLES, RetentionCounts
 from scheduler.config import SchedulerSettings
-from scheduler.migrate import migrate
-from scheduler.retention import TABLES, RetentionCounts
 from scheduler.server import SchedulerServer
 from scheduler.store import Store
+from scheduler.store.migrate import migrate
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.gen.agentrt.v1 import work_service_pb2 as ws

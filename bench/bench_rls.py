@@ -27,7 +27,7 @@ import asyncpg
 
 from bench._pg import emit, figure, log, scratch_database
 from bench.bench_core import RPCS, Throughput, documented_replicas, migrated, submit_bulk, throughput
-from scheduler.db_roles import DatabaseRoleSettings, apply_roles
+from scheduler.store.database_roles import DatabaseRoleSettings, apply_roles
 
 BENCH = "rls"
 ROLES = DatabaseRoleSettings(role_prefix="agentrt_bench_")

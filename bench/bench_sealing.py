@@ -27,9 +27,9 @@ import grpc
 
 from bench._pg import emit, figure, log, percentile, scratch_database
 from scheduler.config import SchedulerSettings
-from scheduler.migrate import migrate
-from scheduler.sealing import RunKey, Sensitivity
+from scheduler.security.sealing import RunKey, Sensitivity
 from scheduler.server import SchedulerServer
+from scheduler.store.migrate import migrate
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 from shared.gen.agentrt.v1 import work_service_pb2 as ws

@@ -48,7 +48,7 @@ from bench.bench_executor import (
     submit_bulk,
     succeeded,
 )
-from scheduler.migrate import migrate
+from scheduler.store.migrate import migrate
 
 BENCH = "step_profile"
 SNAPSHOT_SQL = {

@@ -31,7 +31,7 @@ import grpc
 
 from bench._pg import emit, figure, log, scratch_database
 from bench.bench_executor import ExecutorProc, SchedulerProc, agent_file, submit_bulk
-from scheduler.migrate import migrate
+from scheduler.store.migrate import migrate
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc
 

@@ -46,11 +46,11 @@ def _tenants(args: argparse.Namespace) -> list[str]:
 
 
 async def _create_in_database(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from scheduler.auth import local_principal, new_api_key
+    from scheduler.api.auth import local_principal, new_api_key
+    from scheduler.api.validate import require_tenant
     from scheduler.config import SchedulerSettings
-    from scheduler.roles import ROLE_ORDER
+    from scheduler.security.rbac import ROLE_ORDER
     from scheduler.store import Store, connect_pool
-    from scheduler.validate import require_tenant
 
     tenants = _tenants(args)
     if not tenants:

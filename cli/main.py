@@ -41,7 +41,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     import asyncpg
 
     from scheduler.config import SchedulerSettings
-    from scheduler.migrate import available_migrations, migrate
+    from scheduler.store.migrate import available_migrations, migrate
 
     settings = SchedulerSettings(**({"database_url": args.database_url} if args.database_url else {}))
 
@@ -69,7 +69,7 @@ def _owner_url(args: argparse.Namespace) -> str:
 def _apply_roles(database_url: str) -> int:
     import asyncpg
 
-    from scheduler.db_roles import DatabaseRoleSettings, apply_roles
+    from scheduler.store.database_roles import DatabaseRoleSettings, apply_roles
 
     settings = DatabaseRoleSettings()
 
@@ -89,7 +89,7 @@ def _apply_roles(database_url: str) -> int:
 def cmd_roles(args: argparse.Namespace) -> int:
     import asyncpg
 
-    from scheduler.db_roles import DatabaseRoleSettings, check_roles
+    from scheduler.store.database_roles import DatabaseRoleSettings, check_roles
 
     if args.roles_command == "apply":
         return _apply_roles(_owner_url(args))

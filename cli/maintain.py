@@ -1,5 +1,5 @@
 """`agentrt maintain indexes`: rebuild, online, the btree indexes sparse pages have bloated
-(scheduler/maintenance.py says why they bloat; docs/retention.md when to run it).
+(scheduler/background/maintenance.py says why they bloat; docs/retention.md when to run it).
 
 Run as the schema's owner, like `agentrt migrate`: a cron job (the chart's maintenance CronJob)
 or by hand. Prints one JSON object: every index with its size and its estimated compact size,
@@ -29,8 +29,8 @@ def _positive_mib(text: str) -> float:
 def cmd_maintain(args: argparse.Namespace) -> int:
     import asyncpg
 
+    from scheduler.background.maintenance import maintain_indexes
     from scheduler.config import SchedulerSettings
-    from scheduler.maintenance import maintain_indexes
 
     if not args.bloat > 1.0:
         raise InvalidArgument("--bloat", "must be more than 1 (an index's size over its compact size)")

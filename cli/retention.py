@@ -20,7 +20,7 @@ MAX_KEEP_DAYS = 36_500
 
 
 def _tenant(text: str) -> str:
-    from scheduler.validate import require_tenant
+    from scheduler.api.validate import require_tenant
 
     return text if text == "*" else require_tenant("--tenant", text)
 
@@ -48,7 +48,7 @@ async def with_store(database_url: str | None, action: Callable[[Any], Awaitable
 
 
 def _run(args: argparse.Namespace) -> int:
-    from scheduler.retention import sweep
+    from scheduler.background.retention import sweep
 
     if not 1 <= args.batch_runs <= 10_000:
         raise InvalidArgument("--batch-runs", "must be between 1 and 10000")

@@ -25,7 +25,7 @@ from shared.errors import AgentrtError, InvalidArgument, Unauthenticated, status
 
 HERE = Path(__file__).resolve().parent
 
-# What each role may do, for showing buttons only: the scheduler decides (scheduler/roles.py).
+# What each role may do, for showing buttons only: the scheduler decides (scheduler/security/rbac.py).
 _ROLE_ORDER = ("viewer", "submitter", "operator", "admin")
 _FIRST_ROLE = {"cancel": "submitter", "retry": "submitter", "signal": "submitter", "schedules": "submitter",
                "resume": "operator", "resolve": "operator", "reveal": "operator", "audit": "admin", "keys": "admin",

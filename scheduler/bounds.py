@@ -8,7 +8,7 @@ negative, a page holds at most a few hundred rows, a wait is at most a year). Nu
 were accepted before and failed later, where they were stored or used, as INTERNAL: a tool rate
 of 99999999999999999999/s made every BeginToolCall of the tool fail.
 
-`check_request` is called by the rpc wrapper (scheduler/rpc.py) before any handler runs, so a
+`check_request` is called by the rpc wrapper (scheduler/api/rpc.py) before any handler runs, so a
 number out of range is INVALID_ARGUMENT naming the field and its range, and nothing is read or
 written. Rules between fields (sleep_ms only with SLEEP, exactly one of interval_ms and cron)
 stay with their handlers. Every numeric field the request messages hold must have an entry here

@@ -9,7 +9,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from scheduler.bounds import MAX_COUNT, MAX_PAYLOAD_BYTES, MAX_WAIT_MS, MAX_WEIGHT, MIN_WEIGHT
-from scheduler.roles import parse_auth_mode
+from scheduler.security.rbac import parse_auth_mode
 from shared.config import ComponentSettings
 from shared.transport import ServerTls
 
@@ -192,7 +192,7 @@ class SchedulerSettings(ComponentSettings):
     shutdown_grace_s: float = Field(10.0, ge=0, le=3_600, allow_inf_nan=False)
     # A span per named SQL statement (shared/db.py), where spans are exported: off by default for speed.
     trace_sql: bool = False
-    # Database health metrics (scheduler/db_health.py), read this often with metrics_addr set; 0 = off.
+    # Database health metrics (scheduler/background/db_health.py), read this often with metrics_addr set; 0 = off.
     db_health_interval_s: float = Field(60.0, ge=0, le=86_400, allow_inf_nan=False)
     # pg_stat_statements (where installed and loaded): a statement is slow at this mean time or more;
     # the slowest this many are exported by query id.

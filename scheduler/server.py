@@ -16,19 +16,19 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from scheduler.auth import RunAuth, build_run_auth
+from scheduler.api.auth import RunAuth, build_run_auth
+from scheduler.api.metrics import SchedulerMetrics
+from scheduler.api.reflection_v1 import enable_reflection
+from scheduler.api.schedule_service import ScheduleFirer
+from scheduler.api.service import RunServicer, WorkServicer
+from scheduler.api.wire import add_service
+from scheduler.background.notifier import WorkNotifier
+from scheduler.background.pruner import CheckpointPruner
+from scheduler.background.retention import RunRetention
 from scheduler.config import SchedulerSettings
-from scheduler.metrics import SchedulerMetrics
-from scheduler.migrate import require_current_schema
-from scheduler.notifier import WorkNotifier
-from scheduler.pruner import CheckpointPruner
-from scheduler.reflection_v1 import enable_reflection
-from scheduler.retention import RunRetention
-from scheduler.schedule_service import ScheduleFirer
-from scheduler.service import RunServicer, WorkServicer
 from scheduler.store import Store, connect_pool
-from scheduler.store_core import WORK_SCOPE, check_row_security
-from scheduler.wire import add_service
+from scheduler.store.core import WORK_SCOPE, check_row_security
+from scheduler.store.migrate import require_current_schema
 from shared.db import trace_queries
 from shared.errors import AgentrtError
 from shared.gen.agentrt.v1 import run_service_pb2, work_service_pb2

@@ -1,7 +1,7 @@
 """Which fields an agent marks sensitive: JSON-schema properties with "x-agentrt-sensitive": true.
 
 Executors send the marked paths with their registration (AgentRegistration.sensitive_json); the
-scheduler seals those values (scheduler/sealing.py).
+scheduler seals those values (scheduler/security/sealing.py).
 """
 
 from __future__ import annotations

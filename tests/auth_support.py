@@ -15,7 +15,7 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
-from scheduler.auth import local_principal, new_api_key
+from scheduler.api.auth import local_principal, new_api_key
 from scheduler.config import SchedulerSettings
 from scheduler.store import Store
 from shared.db import init_connection

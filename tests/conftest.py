@@ -23,7 +23,7 @@ from devstack.embedded_pg import EmbeddedPostgres
 # they start, which inherit this) with auth_mode none; the tests about it pass auth_mode
 # explicitly (settings given in code win over the environment).
 os.environ["AGENTRT_AUTH_MODE"] = "none"
-from scheduler.migrate import migrate
+from scheduler.store.migrate import migrate
 
 
 def _with_database(url: str, database: str) -> str:

@@ -19,9 +19,9 @@ from executor.services import RunCounts
 from relay.loop import RelayMetrics
 from relay.metrics import _RelayCollector
 from relay.store import Lag
-from scheduler.db_health import DbHealthCollector
-from scheduler.metrics import SchedulerMetrics, _PoolCollector
-from scheduler.rows import DbHealth, DbTableHealth
+from scheduler.api.metrics import SchedulerMetrics, _PoolCollector
+from scheduler.background.db_health import DbHealthCollector
+from scheduler.store.rows import DbHealth, DbTableHealth
 from shared.client.consumer import ConsumerStats
 from shared.client.consumer_metrics import ConsumerCollector
 from shared.otlp_metrics import MetricExportStats

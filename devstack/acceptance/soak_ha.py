@@ -20,7 +20,7 @@ while:
   passing), and the sweep then deletes it with its rows, as it would a day later;
 - every `--maintain-every-min` minutes the soak runs `agentrt maintain indexes` as the owner, as
   the chart's CronJob does (runs paused in doubt are never deleted, and each pins the pages of
-  the time-ordered indexes it sits on: scheduler/maintenance.py).
+  the time-ordered indexes it sits on: scheduler/background/maintenance.py).
 
 Every minute it samples: RSS of the scheduler and of executor-1; table plus index size of the
 runtime tables; p50/p99 of step latency (from one tool result of a run to its next, in the ledger),
@@ -296,7 +296,7 @@ class HaSoak:
     async def maintain(self) -> None:
         """`agentrt maintain indexes` every `--maintain-every-min` minutes, as the chart's CronJob runs it
         (as the owner; the soak's pace is a week's in an hour, so its cron is minutes, not days)."""
-        from scheduler.maintenance import maintain_indexes
+        from scheduler.background.maintenance import maintain_indexes
 
         every = self.args.maintain_every_min * 60
         while every > 0 and not self.stopping.is_set():

@@ -1,5 +1,5 @@
 -- agentrt relay: every runtime query, as named blocks (parsed once at import
--- by relay/store.py with scheduler.queries.parse_named_queries).
+-- by relay/store.py with scheduler.store.queries.parse_named_queries).
 -- No query here holds a row lock or a transaction while the relay waits on
 -- Kafka: a claim is a plain read checked against the shard lease, and the mark
 -- is a separate statement issued after the broker's acknowledgement.

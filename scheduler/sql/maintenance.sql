@@ -1,4 +1,4 @@
--- Index upkeep (scheduler/maintenance.py, `agentrt maintain indexes`). Run by the schema's owner:
+-- Index upkeep (scheduler/background/maintenance.py, `agentrt maintain indexes`). Run by the schema's owner:
 -- REINDEX and DROP INDEX need ownership of the table. Statements that name an index are built
 -- here by format() (%I quotes identifiers), never by pasting strings together in Python.
 

@@ -3,7 +3,7 @@
 -- query guards (cited as sections of docs/design.md), then the statement.
 -- Parameters are `:name` (rewritten once at load to $1..$n, a name used twice
 -- is one parameter; `::type` is a cast); `{fragment}` includes a
--- `-- fragment:` block below. Parsed once at import by scheduler/queries.py
+-- `-- fragment:` block below. Parsed once at import by scheduler/store/queries.py
 -- (shared/db.py). Lease predicates always use clock_timestamp(): the database
 -- clock decides.
 
@@ -86,7 +86,7 @@ WHERE r.rolname = current_user AND c.oid = 'agent_runs'::regclass;
 -- is further on (a tenant without a backlog joins at the head), each one index probe (0013_fair_share.sql); two concurrent submits of a tenant may
 -- share a pass (then enqueue order decides). A repeated
 -- (tenant, client_request_id) inserts nothing. Claimers are woken afterwards by
--- a coalesced NOTIFY (scheduler/notifier.py): a NOTIFY inside every submit's
+-- a coalesced NOTIFY (scheduler/background/notifier.py): a NOTIFY inside every submit's
 -- transaction would serialise their commits on the notification queue lock.
 WITH inserted AS (
   INSERT INTO agent_runs (id, tenant_id, agent_name, agent_version, input, labels, max_attempts,
@@ -295,7 +295,7 @@ LEFT JOIN tool_executions AS te ON te.run_id = claimed.id AND te.step_key = clai
 -- limited groups are locked (advisory, transaction scope, in a fixed order)
 -- before the statement ends: the caller's slot_overflow, a new snapshot in the
 -- same transaction, then sees every claim that committed before it
--- (store_work.py rolls back a claim that would pass a limit). With the run
+-- (store/work.py rolls back a claim that would pass a limit). With the run
 -- come its pending signals (see the claim_answer fragment).
 WITH waking AS (
   SELECT id FROM agent_runs
@@ -362,7 +362,7 @@ WITH waking AS (
 -- claim_work where no concurrency limit can apply (no tenant or agent limit is
 -- configured): one scan per path straight off its index, LIMIT 1 FOR UPDATE
 -- SKIP LOCKED, in the same claim order. A run with a concurrency key is left
--- to claim_work (store_work.py switches once keys are in use), so this
+-- to claim_work (store/work.py switches once keys are in use), so this
 -- statement never passes a limit.
 WITH waking AS (
   SELECT id FROM agent_runs
@@ -1210,7 +1210,7 @@ SELECT
   (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend') AS client_connections,
   current_setting('max_connections')::int AS max_connections;
 
--- Database health for operators (scheduler/db_health.py): read-only, on their own
+-- Database health for operators (scheduler/background/db_health.py): read-only, on their own
 -- interval, never per scrape.
 
 -- name: db_health_server
@@ -1377,7 +1377,7 @@ WHERE (:tenant_id::text IS NULL OR tenant_id = :tenant_id OR :tenant_id = ANY(st
 ORDER BY id DESC
 LIMIT :limit;
 
--- Retention of terminal runs (migration 0012, scheduler/retention.py).
+-- Retention of terminal runs (migration 0012, scheduler/background/retention.py).
 
 -- name: retention_purge
 -- One batch through the narrowly-scoped function that decides what has expired
@@ -1594,7 +1594,7 @@ WHERE k.run_id = :run_id;
 -- name: run_sealed_values
 -- A run's stored payloads that hold sealed values (ledger requests and answers, signal payloads, the
 -- human input of ResumeRun), each with the field it came from: a scheduler that did not see them
--- sealed learns the run's marked values from them (scheduler/store_keys.py).
+-- sealed learns the run's marked values from them (scheduler/store/keys.py).
 SELECT 'request_json' AS field, request_json AS value FROM tool_executions
 WHERE run_id = :run_id AND request_json::text LIKE '%"$sealed"%'
 UNION ALL

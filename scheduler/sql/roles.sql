@@ -1,4 +1,4 @@
--- The runtime roles (scheduler/db_roles.py): each statement that names a role
+-- The runtime roles (scheduler/store/database_roles.py): each statement that names a role
 -- or a table is built here by format() (%I quotes identifiers, %L literals),
 -- never by pasting strings together in Python. Run by the owner.
 

@@ -11,10 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 from executor.config import ExecutorSettings
-from scheduler.auth import ANONYMOUS, DbClock, KeyCache, Principal, new_api_key, parse_api_key, secret_hash
+from scheduler.api.auth import ANONYMOUS, DbClock, KeyCache, Principal, new_api_key, parse_api_key, secret_hash
 from scheduler.config import SchedulerSettings
-from scheduler.roles import ROLE_ORDER, ROLES, RPC_VERBS, VERBS, parse_auth_mode, verbs_of
-from scheduler.store_auth import KeyForAuth
+from scheduler.security.rbac import ROLE_ORDER, ROLES, RPC_VERBS, VERBS, parse_auth_mode, verbs_of
+from scheduler.store.auth import KeyForAuth
 from shared.errors import CredentialInvalid, InvalidArgument, TenantForbidden
 from shared.gen.agentrt.v1 import run_service_pb2
 

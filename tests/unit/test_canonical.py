@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.validate import parse_json_canonical
+from scheduler.api.validate import parse_json_canonical
 from shared.canonical import CanonicalJson, canonical_json, encode_json, idempotency_key, request_hash, sha256_of, uuid7
 
 json_values = st.recursive(

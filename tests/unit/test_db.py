@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler.migrate import available_migrations
+from scheduler.store.migrate import available_migrations
 from shared.db import SCHEMA_VERSION, load_queries, parse_named_queries
 
 

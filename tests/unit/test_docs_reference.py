@@ -47,7 +47,7 @@ def test_cli_reference_names_every_command():
 
 
 def test_keys_page_prints_the_role_table_of_the_code():
-    from scheduler.roles import markdown_table
+    from scheduler.security.rbac import markdown_table
 
     assert markdown_table() in (DOCS / "keys-and-tls.md").read_text()
 

@@ -163,7 +163,7 @@ def test_outbox_rows_are_written_only_where_this_test_looks():
         text = path.read_text()
         assert not re.search(r"INSERT INTO outbox\b", text), f"{path}: an outbox insert outside queries.sql"
         if "Q.insert_event" in text:
-            assert path.relative_to(REPO).as_posix() in {"scheduler/store_core.py", "scheduler/store_auth.py"}, path
+            assert path.relative_to(REPO).as_posix() in {"scheduler/store/core.py", "scheduler/store/auth.py"}, path
     for sql in (REPO / "scheduler" / "sql" / "migrations").glob("*.sql"):
         assert not re.search(r"INSERT INTO outbox\b", sql.read_text()), sql
 

@@ -10,7 +10,7 @@ import ast
 import re
 from pathlib import Path
 
-from scheduler.queries import Q
+from scheduler.store.queries import Q
 
 SCHEDULER = Path(__file__).resolve().parents[2] / "scheduler"
 LEASE_COLUMNS = {"lease_owner", "lease_expires_at", "lease_live"}

@@ -3,8 +3,8 @@
 import pytest
 
 from executor.agents import Concurrency
+from scheduler.admission import check_key_template, render_key
 from scheduler.config import SchedulerSettings, ToolLimit, parse_rate
-from scheduler.registry import check_key_template, render_key
 from shared.errors import InvalidArgument
 
 

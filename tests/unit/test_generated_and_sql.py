@@ -4,8 +4,8 @@ import sys
 
 from tests_paths import REPO
 
-from scheduler.migrate import available_migrations
-from scheduler.queries import SQL_DIR, Q
+from scheduler.store.migrate import available_migrations
+from scheduler.store.queries import SQL_DIR, Q
 from shared.db import parse_named_queries
 
 

@@ -24,7 +24,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from scheduler.jwt_verify import REFETCH_INTERVAL_S, JwtConfig, JwtVerifier, VerifiedToken
+from scheduler.security.jwt_verify import REFETCH_INTERVAL_S, JwtConfig, JwtVerifier, VerifiedToken
 from shared.errors import CredentialExpired, CredentialInvalid, Unavailable
 
 ISSUER = "https://idp.example.test/realms/agentrt"

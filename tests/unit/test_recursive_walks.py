@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from scheduler.migrate import available_migrations
-from scheduler.queries import Q
+from scheduler.store.migrate import available_migrations
+from scheduler.store.queries import Q
 
 ROOT = Path(__file__).resolve().parents[2]
 TREES = "tests/integration/scheduler/test_run_trees.py"

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import scheduler.store  # noqa: F401 - every row class of the store is defined by now
-from scheduler.rows import DbTableHealth, Row, RunRow
 from scheduler.states import RunStatus, run_status
+from scheduler.store.rows import DbTableHealth, Row, RunRow
 
 
 class Record(dict[str, Any]):

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from scheduler.sealing import KeyError_, Keyring, RunKey, Sensitivity, check_sensitivity, parse_keyring
+from scheduler.security.sealing import KeyError_, Keyring, RunKey, Sensitivity, check_sensitivity, parse_keyring
 from shared.sensitive import redact_sealed_text, sensitivity_of
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.queries import Q
-from scheduler.rows import ChildRow, RunRow
 from scheduler.states import TRANSITIONS, Op, RunStatus, run_status
+from scheduler.store.queries import Q
+from scheduler.store.rows import ChildRow, RunRow
 
 WRITES = {
     "claim_work": {Op.CLAIM, Op.CLAIM_EXPIRED},

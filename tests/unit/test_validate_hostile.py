@@ -1,4 +1,4 @@
-"""Hostile input to scheduler/validate.py: nesting depth, NUL deep inside, the tenant header given twice.
+"""Hostile input to scheduler/api/validate.py: nesting depth, NUL deep inside, the tenant header given twice.
 
 The integration side (the same through the gRPC server, nothing written) is
 tests/integration/scheduler/test_hostile_input.py.
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.validate import (
+from scheduler.api.validate import (
     MAX_JSON_DEPTH,
     TENANT_HEADER,
     _has_nul,

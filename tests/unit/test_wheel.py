@@ -96,7 +96,7 @@ def test_the_installed_wheel_runs_its_cli_and_finds_its_migrations(wheel: Path, 
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
-    probe = (f"{WITHOUT_CHECKOUT}; import scheduler.migrate as m, cli.main as cli; "
+    probe = (f"{WITHOUT_CHECKOUT}; import scheduler.store.migrate as m, cli.main as cli; "
              "assert m.MIGRATIONS_DIR.is_relative_to(sys.argv[1]), m.MIGRATIONS_DIR; "
              "print(len(m.available_migrations())); sys.argv = ['agentrt', '--version']; cli.main()")
     env = {**os.environ, "PYTHONPATH": str(site)}

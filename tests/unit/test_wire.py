@@ -1,10 +1,10 @@
-"""scheduler/wire.py: every method registered, and bytes that are no message decoded to a MalformedRequest."""
+"""scheduler/api/wire.py: every method registered, and bytes that are no message decoded to a MalformedRequest."""
 
 import pytest
 
+from scheduler.api.service import RunServicer, WorkServicer
+from scheduler.api.wire import MalformedRequest, method_handlers
 from scheduler.server import RUN_SERVICE, WORK_SERVICE
-from scheduler.service import RunServicer, WorkServicer
-from scheduler.wire import MalformedRequest, method_handlers
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 
 CORRUPT = b"\x0a\xff\xff\xff\xff\x0f"  # field 1 claims a length far past the end of the message

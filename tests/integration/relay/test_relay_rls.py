@@ -11,7 +11,7 @@ import pytest
 from relay_support import TopicReader, pending_count, relay_settings, running_relay, wait_until
 from support import claim, eid, lease_ref, scheduler_stack, submit
 
-from scheduler.db_roles import DatabaseRoleSettings, apply_roles
+from scheduler.store.database_roles import DatabaseRoleSettings, apply_roles
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws

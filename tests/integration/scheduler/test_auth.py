@@ -15,8 +15,8 @@ from executor_support import wait_for
 from support import TENANT, scheduler_stack, submit
 from test_bad_input import RUN_RPCS, World, base_request, build_world, snapshot
 
-from scheduler.roles import ROLES as ROLE_VERBS
-from scheduler.roles import RPC_VERBS
+from scheduler.security.rbac import ROLES as ROLE_VERBS
+from scheduler.security.rbac import RPC_VERBS
 from shared.errors import error_info
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws

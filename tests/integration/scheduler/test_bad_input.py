@@ -934,7 +934,7 @@ async def test_corrupt_message_changes_nothing_and_leaks_no_trace(shared):
 
 
 async def test_corrupt_message_is_invalid_argument(shared):
-    """grpcio decodes before any servicer code runs; scheduler/wire.py turns its DecodeError into this.
+    """grpcio decodes before any servicer code runs; scheduler/api/wire.py turns its DecodeError into this.
 
     Every method: tests/integration/scheduler/test_hostile_input.py.
     """

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 from support import claim, scheduler_stack, submit
 
-from scheduler.migrate import available_migrations, migrate
+from scheduler.store.migrate import available_migrations, migrate
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 

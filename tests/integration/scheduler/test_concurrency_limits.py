@@ -21,7 +21,7 @@ import grpc
 import pytest
 from support import claim, lease_ref, rpc_error, scheduler_stack, submit
 
-from scheduler.metrics import SchedulerMetrics
+from scheduler.api.metrics import SchedulerMetrics
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 

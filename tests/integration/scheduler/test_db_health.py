@@ -17,7 +17,7 @@ import pytest
 from support import scheduler_stack, submit
 
 from devstack.embedded_pg import EmbeddedPostgres
-from scheduler.migrate import migrate
+from scheduler.store.migrate import migrate
 
 pytestmark = pytest.mark.integration
 FAST = {"metrics_addr": "127.0.0.1:0", "db_health_interval_s": 0.2}
@@ -96,7 +96,7 @@ async def test_table_bloat_freeze_age_vacuum_and_wal_rate_are_exported(db_url, d
 
 
 async def test_pg_stat_statements_installed_but_not_loaded_is_skipped_cleanly(db_url, db, caplog):
-    caplog.set_level(logging.INFO, logger="scheduler.db_health")
+    caplog.set_level(logging.INFO, logger="scheduler.background.db_health")
     await db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     async with scheduler_stack(db_url, **FAST) as stack:
         port = stack.server.metrics_port

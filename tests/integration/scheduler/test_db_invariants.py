@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from scheduler.migrate import MIGRATION_LOCK_KEY, Migration, available_migrations, migrate
+from scheduler.store.migrate import MIGRATION_LOCK_KEY, Migration, available_migrations, migrate
 from shared.errors import SchemaMismatch
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The least-privilege runtime roles (scheduler/db_roles.py), on a real PostgreSQL.
+"""The least-privilege runtime roles (scheduler/store/database_roles.py), on a real PostgreSQL.
 
 For each role, the statements it must not run fail (DDL, other services' tables,
 deletes of ledger rows, updates and deletes of audit rows) and the work it
@@ -25,7 +25,8 @@ from support import scheduler_stack, submit
 
 from relay.store import RelayStore
 from relay.store import connect_pool as relay_pool
-from scheduler.db_roles import (
+from scheduler.background.pruner import prune_once
+from scheduler.store.database_roles import (
     RETENTION_FUNCTION,
     SERVICES,
     DatabaseRoleSettings,
@@ -33,7 +34,6 @@ from scheduler.db_roles import (
     check_roles,
     scram_verifier,
 )
-from scheduler.pruner import prune_once
 from shared.client.consumer import SQL_CLAIM_EVENT
 from shared.db import init_connection
 from shared.gen.agentrt.v1 import common_pb2 as pb

@@ -18,10 +18,10 @@ import grpc
 import pytest
 from support import claim, eid, lease_ref, scheduler_stack, submit
 
+from scheduler.api.service import RunServicer, WorkServicer
+from scheduler.api.validate import MAX_JSON_DEPTH
 from scheduler.config import SchedulerSettings
 from scheduler.server import max_receive_bytes
-from scheduler.service import RunServicer, WorkServicer
-from scheduler.validate import MAX_JSON_DEPTH
 from shared.errors import error_info
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws

@@ -1,4 +1,4 @@
-"""Index upkeep (scheduler/maintenance.py, `agentrt maintain indexes`) on a real PostgreSQL.
+"""Index upkeep (scheduler/background/maintenance.py, `agentrt maintain indexes`) on a real PostgreSQL.
 
 The bloat is made the way the soak makes it: time-ordered keys inserted at the right edge, a
 retention that deletes everything old but a half percent that lingers, VACUUM after each round.
@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 from helpers import run_agentrt, without_settings
 
-from scheduler.maintenance import index_sizes, maintain_indexes
+from scheduler.background.maintenance import index_sizes, maintain_indexes
 from shared.errors import InvalidArgument, PermissionDenied
 
 pytestmark = pytest.mark.integration

@@ -224,7 +224,7 @@ async def test_the_listeners_keep_trying_while_no_host_is_a_primary(db_url, capl
     no host of the DSN is what it asks for (here: a standby, of a server that is a primary), each
     logs and tries again; neither task ends (an ended relay side task would stop the relay)."""
     from relay.wakeup import OutboxListener
-    from scheduler.notifier import WorkNotifier
+    from scheduler.background.notifier import WorkNotifier
 
     never = f"{db_url}?target_session_attrs=standby"
     notifier = WorkNotifier(never)

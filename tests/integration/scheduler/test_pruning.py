@@ -19,8 +19,8 @@ from executor_support import wait_for
 from support import claim, eid, lease_ref, reason_of, rpc_error, scheduler_stack, snapshot, submit, tool_state
 from support import commit_unknown_count as counter
 
-from scheduler import pruner
-from scheduler.pruner import CheckpointPruner, prune_once
+from scheduler.background import pruner
+from scheduler.background.pruner import CheckpointPruner, prune_once
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws

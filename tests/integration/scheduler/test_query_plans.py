@@ -12,7 +12,7 @@ import uuid
 import asyncpg
 import pytest
 
-from scheduler.queries import Q
+from scheduler.store.queries import Q
 from shared.db import init_connection
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Retention of terminal runs (scheduler/retention.py, migration 0012), on a real PostgreSQL.
+"""Retention of terminal runs (scheduler/background/retention.py, migration 0012), on a real PostgreSQL.
 
 Rows are written with timestamps backdated from the database clock, so every
 age below is the database's. An expired run goes with its checkpoints, ledger,
@@ -21,8 +21,8 @@ from executor_support import wait_for
 from support import scheduler_stack
 from test_db_roles import SETTINGS, as_role
 
-from scheduler.db_roles import apply_roles
-from scheduler.retention import sweep
+from scheduler.background.retention import sweep
+from scheduler.store.database_roles import apply_roles
 
 pytestmark = pytest.mark.integration
 CHILD_TABLES = {"agent_checkpoints": "run_id", "tool_executions": "run_id", "run_journal": "run_id",

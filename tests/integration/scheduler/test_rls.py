@@ -2,8 +2,8 @@
 never a superuser (both would bypass or own the policies).
 
 Tenant B's rows are made through a scheduler connected as the scheduler role. Then every
-statement of RunService's side of the store (every named query store_runs.py, store_schedules.py,
-replay.py and store_core.py use, less the background tasks' and the key tables') is run with
+statement of RunService's side of the store (every named query store/runs.py, store/schedules.py,
+store/recovery.py and store/core.py use, less the background tasks' and the key tables') is run with
 tenant A's setting, and with no setting at all, but with B's ids and B's tenant as its
 parameters: what an application bug would pass. Reads return nothing of B's, writes are refused by
 a policy or change nothing, and a superuser's snapshot of the database is the same afterwards.
@@ -25,13 +25,13 @@ from support import Stack, claim, eid, lease_ref, scheduler_stack, submit, tool_
 from test_db_roles import PREFIX, SETTINGS, as_role, connect
 
 from scheduler.config import SchedulerSettings
-from scheduler.db_roles import apply_roles
-from scheduler.queries import Q
 from scheduler.server import SchedulerServer
 from scheduler.store import RunFilter, connect_pool
-from scheduler.store_core import WORK_SCOPE
-from scheduler.store_schedules import ScheduleSpec
-from scheduler.store_types import AuditEntry
+from scheduler.store.core import WORK_SCOPE
+from scheduler.store.database_roles import apply_roles
+from scheduler.store.queries import Q
+from scheduler.store.schedules import ScheduleSpec
+from scheduler.store.types import AuditEntry
 from shared.db import Query
 from shared.errors import NotFound
 from shared.gen.agentrt.v1 import common_pb2 as pb
@@ -81,8 +81,8 @@ NOT_RUN_SERVICE = {
     # runtime limits (flow_limits: operator settings, no tenant's rows)
     "list_flow_limits", "lock_flow_limit", "set_flow_limit", "clear_flow_limit",
 }
-STORE_MODULES = ("store_runs.py", "store_schedules.py", "replay.py", "store_core.py", "store_auth.py",
-                 "store_children.py", "store_limits.py")
+STORE_MODULES = ("store/runs.py", "store/schedules.py", "store/recovery.py", "store/core.py", "store/auth.py",
+                 "store/children.py", "store/limits.py")
 
 
 def run_service_queries() -> list[str]:
@@ -465,7 +465,7 @@ async def test_every_table_naming_a_tenant_or_a_run_is_under_forced_rls_or_a_doc
     """The sweep of issue 24's defect 5: the tables are found from the catalog, not from a list, so a
     new table with a tenant or a run column fails here until it has forced RLS and a policy, or an entry
     in db_roles.RLS_EXEMPT_TABLES (with its reason, named in docs/database-roles.md, Row-level security)."""
-    from scheduler.db_roles import RLS_EXEMPT_TABLES
+    from scheduler.store.database_roles import RLS_EXEMPT_TABLES
 
     rows = await db.fetch(
         "SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity, "

@@ -20,7 +20,7 @@ import pytest
 from executor_support import executor, scripted_agent, wait_status, write_agent
 from support import Stack, claim, eid, lease_ref, reason_of, rpc_error, scheduler_stack, submit
 
-from scheduler.migrate import available_migrations, migrate
+from scheduler.store.migrate import available_migrations, migrate
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws

@@ -412,7 +412,7 @@ class Runtime(RuleBasedStateMachine):
           sweep=st.sampled_from([True, True, False]))
     def prune(self, keep_last: int, batch_runs: int, max_versions: int, sweep: bool) -> None:
         """Checkpoint pruning with checkpoint_keep_last = keep_last: one statement, or a whole sweep the way
-        the background pruner makes it (scheduler.pruner.prune_once). Each statement's effect is predicted
+        the background pruner makes it (scheduler.background.pruner.prune_once). Each statement's effect is predicted
         exactly from the rows just before it: of its batch (the next batch_runs runs by id), each run keeps
         its latest keep_last versions and loses at most max_versions older ones, the horizon recorded on its
         row; nothing else changes (no other column, no ledger row, event or journal entry)."""

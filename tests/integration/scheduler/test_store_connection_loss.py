@@ -17,7 +17,7 @@ import pytest
 
 from scheduler.config import SchedulerSettings
 from scheduler.store import LeaseRef, RunFilter, Store, connect_pool
-from scheduler.store_core import db_call
+from scheduler.store.core import db_call
 from shared.errors import Unavailable
 
 TENANT = "acme"

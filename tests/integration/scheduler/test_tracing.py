@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from support import claim, eid, lease_ref, scheduler_stack
 
-from scheduler.queries import Q
+from scheduler.store.queries import Q
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 from shared.tracing import inject_metadata

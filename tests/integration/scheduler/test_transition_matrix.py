@@ -32,7 +32,7 @@ import grpc
 import pytest
 from support import Stack, claim, eid, lease_ref, reason_of, scheduler_stack, submit, tool_state
 
-from scheduler.convert import RUN_STATUS_NAME
+from scheduler.api.convert import RUN_STATUS_NAME
 from scheduler.states import LEASED, TERMINAL, TRANSITIONS, Op, RunStatus, sources, transition
 from shared.db import init_connection
 from shared.errors import InvalidTransition

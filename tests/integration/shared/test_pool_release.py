@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from relay.store import connect_pool as relay_pool
-from scheduler.store_core import connect_pool as scheduler_pool
+from scheduler.store.core import connect_pool as scheduler_pool
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The one sealing filter (scheduler/shield.py), swept: every RPC that names a run, and every free-text
+"""The one sealing filter (scheduler/api/shield.py), swept: every RPC that names a run, and every free-text
 and JSON field it takes, is called with a marked value planted in that field (directly, and each
 WorkService write again as a WriteBatch item). Then no table (all of them, from the catalog, read raw
 as superuser), outbox row, Kafka record, log line, exported span, metric point or Prometheus scrape
@@ -31,7 +31,7 @@ from devstack.embedded_pg import free_port
 from devstack.kafka_testing import kafka_for_tests
 from devstack.otlp_receiver import OtlpReceiver
 from devstack.services import Service
-from scheduler.shield import _OTHER_RUNS, IDENTIFIER_FIELDS
+from scheduler.api.shield import _OTHER_RUNS, IDENTIFIER_FIELDS
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import run_service_pb2_grpc as rs_grpc

@@ -1,0 +1,321 @@
+"""The WorkService side of the store: claim, heartbeat and the lease holder's fenced writes.
+
+Hot-path writes (claim, heartbeat, checkpoint, Tx1, Tx2, in-doubt, finish) are
+single statements from sql/queries.sql: one round trip, atomic by
+construction, every predicate on the database clock, every fenced write under
+the one guard (the `fenced_guard` fragment: docs/design.md §leases-and-fencing).
+When such a statement matches no row, scheduler/store/recovery.py says why.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from typing import Any
+
+from scheduler.config import ConcurrencyLimits
+from scheduler.states import TRANSITIONS, Op, RunStatus, run_status, transition
+from scheduler.store.core import binding_params, db_call, fence_params, fenced_write, prefixed, trace_params
+from scheduler.store.queries import Q
+from scheduler.store.rows import (
+    CheckpointRow,
+    CompactJournalPage,
+    Completed,
+    ExecutionRow,
+    Finished,
+    JournalPage,
+    JournalRow,
+    RunRow,
+    SignalRow,
+    Written,
+)
+from scheduler.store.types import NO_JOURNAL, Claimed, Journal, LeaseRef, RunEnd, bind_write, tx2_binding
+from scheduler.store.work_tools import ToolWrites
+from shared.canonical import CanonicalJson, sha256_of
+from shared.db import fetch, fetchrow, fetchval
+from shared.errors import InvalidArgument
+from shared.tracing import NO_TRACE, Trace, annotate
+
+# FinishRun's outcomes: the statement's mode, the operation, and its target status, which is the
+# transition table's (finish_run's SQL sets exactly this target, or the exhausted one below).
+_FINISH = {outcome: (mode, op, TRANSITIONS[(RunStatus.RUNNING, op)]) for outcome, mode, op in (
+    ("COMPLETED", "end", Op.FINISH_COMPLETED), ("FAILED", "end", Op.FINISH_FAILED),
+    ("PAUSED_HUMAN", "end", Op.FINISH_PAUSED_HUMAN), ("RETRY", "retry", Op.FINISH_RETRY),
+    ("SLEEP", "sleep", Op.FINISH_SLEEP))}
+_EXHAUSTED = {True: TRANSITIONS[(RunStatus.RUNNING, Op.FINISH_RETRY_EXHAUSTED_PAUSE)],
+              False: TRANSITIONS[(RunStatus.RUNNING, Op.FINISH_RETRY_EXHAUSTED)]}
+_TOOL_END_OP = {RunStatus.COMPLETED: Op.COMPLETE_TOOL_CALL_AND_COMPLETE,
+                RunStatus.FAILED: Op.COMPLETE_TOOL_CALL_AND_FAIL}
+
+
+# Due re-queued runs one claim statement makes ready (claim_work's `waking`).
+WAKE_BATCH = 64
+
+
+class _SlotTaken(Exception):
+    """A concurrent claim took the last slot of a group first: roll this claim back."""
+
+
+class WorkStore(ToolWrites):
+    _keys_used = False  # runs with concurrency keys exist (once true, for good)
+    _keys_checked_at = float("-inf")
+
+    @db_call
+    async def claim(self, worker_id: str, agents: list[str], trace: Trace = NO_TRACE) -> Claimed | None:
+        lease_ms = self.settings.lease_duration_ms
+        async with self.work_pool.acquire() as conn:
+            for _ in range(16):  # bounded: each pass ends one cancelled/expired run or returns
+                row = await self._claim_within_limits(conn, worker_id, agents)
+                if row is None:
+                    continue  # the claim would have passed a limit: rolled back, judged again
+                if row["id"] is None:
+                    if row["woken"] or row["parked"]:
+                        continue  # runs became ready, or blocked ones moved aside: look again
+                    if row["looked"]:
+                        continue  # every free run looked at was taken by concurrent claims
+                    return None
+                reason = None
+                if row["cancel_requested_at"] is not None:
+                    reason, event = f"cancelled: {row['cancel_reason']}", "agent.run_cancelled"
+                elif row["deadline_at"] is not None and row["deadline_at"] <= row["db_now"]:
+                    reason, event = "budget exhausted: deadline passed", "agent.run_failed"
+                if reason is None:
+                    checkpoint, execution = prefixed(row, "cp_"), prefixed(row, "te_")
+                    return Claimed(
+                        run=RunRow.of(row),
+                        checkpoint=None if checkpoint is None else CheckpointRow.of(checkpoint, run_id=row["id"]),
+                        step_execution=None if execution is None else ExecutionRow.of(execution, run_id=row["id"]),
+                        lease_duration_ms=lease_ms,
+                        signals=tuple(SignalRow.of_claim(item) for item in row["pending_signals"]),
+                        signals_seen=row["signals_seen"], claim_wait_s=row["claim_wait_s"])
+                op = Op.APPLY_CANCEL if event == "agent.run_cancelled" else Op.EXPIRE_DEADLINE
+                async with conn.transaction():
+                    locked = await fetchrow(conn, Q.lock_run, run_id=row["id"])
+                    assert locked is not None
+                    if locked["fencing_token"] != row["fencing_token"]:
+                        continue  # taken over in between: its new holder will end it
+                    target = transition(locked["status"], op)
+                    ended = await fetchrow(conn, Q.end_run, run_id=row["id"], status=target.value, reason=reason,
+                                           cancel=False, cancel_reason=None)
+                    assert ended is not None
+                    await self._event(conn, ended, event,
+                                      {"reason": reason, "intents_in_doubt": ended["doubted_intents"]}, trace)
+        return None
+
+    async def _limits_apply(self, conn: Any, limits: ConcurrencyLimits) -> bool:
+        """Whether a concurrency limit may apply to a claim: a tenant or agent limit is configured, or runs
+        with concurrency keys were ever submitted (runtime_counters, read at most once a second until true)."""
+        if limits.active:
+            return True
+        if not self._keys_used and time.monotonic() >= self._keys_checked_at + 1.0:
+            self._keys_used = await fetchval(conn, Q.get_counter, name="concurrency_keys_used") is not None
+            self._keys_checked_at = time.monotonic()
+        return self._keys_used
+
+    async def _claim_within_limits(self, conn: Any, worker_id: str, agents: list[str]) -> Any:
+        """One claim statement. Without limits that could apply: claim_work_plain, one round trip. Else
+        claim_work in its own transaction, kept only when no concurrency limit of the claimed run is passed
+        (slot_overflow, after the statement locked its groups); None when it was rolled back."""
+        limits = (await self.flow(conn)).concurrency
+        if not await self._limits_apply(conn, limits):
+            return await fetchrow(conn, Q.claim_work_plain, worker_id=worker_id, agents=agents,
+                                  lease_ms=self.settings.lease_duration_ms, wake_batch=WAKE_BATCH)
+        try:
+            async with conn.transaction():
+                row = await fetchrow(
+                    conn, Q.claim_work, worker_id=worker_id, lease_ms=self.settings.lease_duration_ms,
+                    agents=agents, wake_batch=WAKE_BATCH, lookahead=self.settings.claim_lookahead,
+                    recheck_ms=self.settings.concurrency_recheck_ms, **limits.params())
+                assert row is not None  # one row always: the counts, and the claimed run's columns or NULLs
+                if row["id"] is not None and row["slot_locks"]:
+                    overflow = await fetchval(
+                        conn, Q.slot_overflow, tenant_id=row["tenant_id"], agent_name=row["agent_name"],
+                        concurrency_key=row["concurrency_key"], tenant_max=row["tenant_max"],
+                        agent_max=row["agent_max"], key_max=row["concurrency_max"] or 0)
+                    if overflow is not None:
+                        raise _SlotTaken(overflow)
+                return row
+        except _SlotTaken:
+            return None
+
+    @db_call
+    async def heartbeat(self, lease: LeaseRef) -> dt.datetime:
+        async with self.work_pool.acquire() as conn:
+            row = await fetchrow(conn, Q.heartbeat, **fence_params(lease, Op.HEARTBEAT),
+                                 lease_ms=self.settings.lease_duration_ms)
+            if row is not None:
+                annotate(tenant_id=row["tenant_id"])
+                return row["lease_expires_at"]  # type: ignore[no-any-return]
+            raise await self._refusal(conn, Op.HEARTBEAT, lease, None)
+
+    @db_call
+    async def save_checkpoint(
+        self, lease: LeaseRef, *, expected_version: int, state: dict[str, Any], schema_version: int,
+        step_key: str | None, event_id: uuid.UUID, event_type: str, event_payload: dict[str, Any],
+        trace: Trace = NO_TRACE, state_text: CanonicalJson | None = None, journal: Journal = NO_JOURNAL,
+        consume_signal_seqs: tuple[int, ...] = (),
+    ) -> Written:
+        """`state_text`, when given, is canonical_json(state): stored and hashed without encoding again.
+
+        `journal`: the entries this checkpoint records, appended in the same statement.
+        `consume_signal_seqs`: the signals it consumes, marked in the same statement.
+        """
+        stored = state if state_text is None else state_text
+        state_hash = sha256_of(stored)
+        consumed = {"consume_signal_seqs": list(consume_signal_seqs)} if consume_signal_seqs else {}
+        binding = bind_write("SaveCheckpoint", lease, expected_version=expected_version, state=state_hash,
+                             schema_version=schema_version, step_key=step_key, event_id=event_id,
+                             event_type=event_type, event_payload=event_payload, **journal.binding_fields(),
+                             **consumed)
+        async with self.work_pool.acquire() as conn:
+            written = await fenced_write(
+                conn, Q.save_checkpoint, **fence_params(lease, Op.SAVE_CHECKPOINT), expected_version=expected_version,
+                schema_version=schema_version, state=stored, step_key=step_key, state_hash=state_hash,
+                event_id=event_id, event_type=event_type, event_payload=event_payload, **trace_params(trace),
+                **binding_params(binding), **journal.params, consume_signal_seqs=list(consume_signal_seqs))
+            if written is not None:
+                return Written(written["version"], False)
+            replay = await self._replay(conn, lease, binding, event_id, "checkpoint")
+            if replay is not None:
+                return Written(replay["version"], True)
+            raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, expected_version, journal,
+                                      consume_signal_seqs)
+
+    @db_call
+    async def complete_tool_call(
+        self, lease: LeaseRef, *, expected_version: int, step_key: str, succeeded: bool, response: Any,
+        remote_resource_id: str | None, error_code: str | None, state: dict[str, Any], schema_version: int,
+        next_step_key: str | None, evidence: dict[str, Any] | None, event_id: uuid.UUID,
+        trace: Trace = NO_TRACE, state_text: CanonicalJson | None = None, end: RunEnd | None = None,
+        journal: Journal = NO_JOURNAL,
+    ) -> Completed:
+        """Tx2 with a definite outcome; with `end`, the run ends in the same statement."""
+        stored = state if state_text is None else state_text
+        outcome = "SUCCEEDED" if succeeded else "FAILED"
+        op = Op.COMPLETE_TOOL_CALL if end is None else _TOOL_END_OP[run_status(end.outcome)]
+        state_hash = sha256_of(stored)
+        binding = tx2_binding(
+            lease, expected_version=expected_version, step_key=step_key, outcome=outcome,
+            next_step_key=next_step_key, state_hash=state_hash, schema_version=schema_version, response=response,
+            remote_resource_id=remote_resource_id, error_code=error_code, evidence=evidence, event_id=event_id,
+            end=end, journal=journal)
+        params = dict(**fence_params(lease, op), expected_version=expected_version, step_key=step_key, outcome=outcome,
+                      next_step_key=next_step_key, state=stored, schema_version=schema_version, response=response,
+                      remote_resource_id=remote_resource_id, error_code=error_code, evidence=evidence,
+                      state_hash=state_hash, event_id=event_id, **trace_params(trace), **binding_params(binding),
+                      **journal.params)
+        async with self.work_pool.acquire() as conn:
+            if end is None:
+                written = await fenced_write(conn, Q.complete_tool_call, **params)
+                if written is not None:
+                    return Completed(written["version"], TRANSITIONS[(RunStatus.WAITING_TOOL, op)], False)
+                replay = await self._replay(conn, lease, binding, event_id, "checkpoint")
+                if replay is not None:
+                    return Completed(replay["version"], TRANSITIONS[(RunStatus.WAITING_TOOL, op)], True)
+            else:
+                written = await fenced_write(conn, Q.complete_tool_call_and_end, **params, end_outcome=end.outcome,
+                                             end_result=end.result, end_reason=end.reason,
+                                             end_error_class=end.error_class, end_event_id=end.event_id)
+                if written is not None:
+                    return Completed(written["version"], run_status(written["status"]), False)
+                found = await self._replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),
+                                                                      (end.event_id, "run", "end.event_id")))
+                if found is not None:
+                    return Completed(found[0]["version"], run_status(end.outcome), True)
+            raise await self._tool_refusal(conn, op, lease, expected_version, step_key,
+                                           close_as=(outcome, response, remote_resource_id, error_code),
+                                           journal=journal)
+
+    @db_call
+    async def finish_run(
+        self, lease: LeaseRef, *, expected_version: int, outcome: str, reason: str, result: Any,
+        sleep_ms: int, pause_when_exhausted: bool, error_class: str, event_id: uuid.UUID,
+        trace: Trace = NO_TRACE, wait_signal: str | None = None, signals_seen: int = 0,
+        wait_children: bool = False,
+    ) -> Finished:
+        """outcome: COMPLETED | FAILED | PAUSED_HUMAN | RETRY | SLEEP (with `wait_signal`: a signal wait)."""
+        mode, op, target = _FINISH[outcome]
+        s = self.settings
+        waits: dict[str, Any] = {"wait_signal": wait_signal, "signals_seen": signals_seen} if wait_signal else {}
+        if wait_children:
+            waits["wait_children"] = True
+        binding = bind_write("FinishRun", lease, expected_version=expected_version, outcome=outcome,
+                             reason=reason, result=sha256_of(result).hex(), sleep_ms=sleep_ms,
+                             pause_when_exhausted=pause_when_exhausted, error_class=error_class, event_id=event_id,
+                             **waits)
+        async with self.work_pool.acquire() as conn:
+            row = await fenced_write(
+                conn, Q.finish_run, **fence_params(lease, op), expected_version=expected_version, target=target,
+                mode=mode, sleep_ms=sleep_ms, backoff_base_ms=s.backoff_base_ms, backoff_cap_ms=s.backoff_cap_ms,
+                backoff_jitter_ms=s.backoff_jitter_ms,
+                exhausted_status=_EXHAUSTED[pause_when_exhausted], result=result,
+                reason=reason, event_id=event_id, error_class=error_class, **trace_params(trace),
+                **binding_params(binding), wait_signal=wait_signal, wait_children=wait_children)
+            if row is not None:
+                status = run_status(row["status"])
+                return Finished(status, row["next_attempt_at"] if status is RunStatus.QUEUED else None, False)
+            event = await self._replay(conn, lease, binding, event_id, "run")
+            if event is not None:
+                payload = event["payload"]
+                next_at = payload.get("next_attempt_at")
+                return Finished(run_status(payload["status"]), dt.datetime.fromisoformat(next_at) if next_at else None,
+                                True)
+            raise await self._refusal(conn, op, lease, expected_version)
+
+    @db_call
+    async def read_journal_compact(self, lease: LeaseRef, *, after_seq: int, page_size: int,
+                                   page_bytes: int) -> CompactJournalPage:
+        """As read_journal, the page as one JSON array text built by PostgreSQL."""
+        async with self.work_pool.acquire() as conn:
+            row = await fetchrow(conn, Q.read_journal_compact, run_id=lease.run_id, worker_id=lease.worker_id,
+                                 fencing_token=lease.fencing_token, after_seq=after_seq, page_size=page_size,
+                                 page_bytes=page_bytes)
+            assert row is not None
+            if row["fetched"] == 0:  # nothing after after_seq, or not the holder's to read
+                await self._unless_holder(conn, lease)
+        return CompactJournalPage(row["items"], row["beyond"] > 0)
+
+    @db_call
+    async def read_journal(self, lease: LeaseRef, *, after_seq: int, page_size: int,
+                           page_bytes: int) -> JournalPage:
+        """The holder's journal entries after `after_seq`, in seq order (docs/design.md §journal).
+
+        Up to `page_size` entries and `page_bytes` of detail JSON (one entry at
+        least). Not the live holder → LEASE_LOST (or NOT_FOUND), nothing written.
+        """
+        async with self.work_pool.acquire() as conn:
+            rows = await fetch(conn, Q.read_journal, run_id=lease.run_id, worker_id=lease.worker_id,
+                               fencing_token=lease.fencing_token, after_seq=after_seq, limit=page_size + 1)
+            if not rows:
+                await self._unless_holder(conn, lease)
+        taken: list[JournalRow] = []
+        used = 0
+        for row in rows[:page_size]:  # (the byte budget as read_journal_compact applies it)
+            if taken and used + row["page_bytes"] > page_bytes:
+                break
+            taken.append(JournalRow(*row))
+            used += row["page_bytes"]
+        return JournalPage(taken, len(taken) < len(rows))
+
+    @db_call
+    async def tool_results(self, lease: LeaseRef, step_keys: list[str], *, answer_bytes: int) -> list[ExecutionRow]:
+        """The holder's ledger rows of `step_keys` (those that exist); LEASE_LOST for anyone else.
+
+        More than `answer_bytes` of JSON in more than one row is refused (ask for
+        fewer steps): an answer never silently leaves a row out.
+        """
+        async with self.work_pool.acquire() as conn:
+            rows = await fetch(conn, Q.tool_results_for_steps, run_id=lease.run_id, worker_id=lease.worker_id,
+                               fencing_token=lease.fencing_token, step_keys=step_keys)
+            if not rows:
+                await self._unless_holder(conn, lease)
+        size = sum(row["page_bytes"] for row in rows)
+        if len(rows) > 1 and size > answer_bytes:
+            raise InvalidArgument("step_keys", f"the {len(rows)} results hold {size} bytes of JSON, more than one "
+                                               f"answer carries ({answer_bytes}); ask for fewer steps at a time")
+        return [ExecutionRow.of(row) for row in rows]
+
+
+
+__all__ = ["WorkStore"]
