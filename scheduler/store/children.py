@@ -18,7 +18,9 @@ import asyncpg
 from scheduler.security.sealing import Sensitivity
 from scheduler.states import TERMINAL, Op
 from scheduler.store.core import db_call, fence_params, trace_params
+from scheduler.store.keys import KeyStore
 from scheduler.store.queries import Q
+from scheduler.store.recovery import Recovery
 from scheduler.store.rows import ChildRow, RunRow, Spawned
 from scheduler.store.types import LeaseRef
 from shared.canonical import content_hash, sha256_of, uuid7
@@ -78,10 +80,8 @@ def join_met(mode: str, total: int, done: int) -> bool:
     return done > 0 if mode == "ANY" else done >= total
 
 
-class ChildStore:
-    pool: asyncpg.Pool  # RunService's (tenant_tx): run_tree
-    work_pool: asyncpg.Pool  # the work path's (work scope): spawn_children
-    settings: Any
+class ChildStore(Recovery, KeyStore):
+    """Child runs: spawn (the lease holder's write, sealed as SubmitRun seals), join and the run tree."""
 
     @db_call
     async def spawn_children(self, lease: LeaseRef, *, spawn_key: str, children: list[ChildSpec], join_mode: str,
@@ -106,7 +106,7 @@ class ChildStore:
                         run_id, stored, sealed = child_id(lease.run_id, spawn_key, index), spec.input, None
                         marks = Sensitivity.of_json(spec.sensitive)
                         if marks.any or spec.carried:
-                            sealed = self.new_run_key(run_id, marks)  # type: ignore[attr-defined]
+                            sealed = self.new_run_key(run_id, marks)
                             sealed.key.secrets.update(spec.carried)
                             stored = sealed.key.seal_strings(sealed.key.seal_paths(spec.input, marks.input),
                                                              spec.carried)
@@ -128,7 +128,7 @@ class ChildStore:
                                           join_mode=join_mode, join_total=len(children))
                     rows = await fetch(conn, Q.spawn_group, parent_run_id=lease.run_id, spawn_key=spawn_key)
                     return Spawned([ChildRow.of(r) for r in rows], created, join_met(join_mode, len(children), done))
-            raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, None)  # type: ignore[attr-defined]
+            raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, None)
 
     async def _within_tree_limits(self, conn: asyncpg.Connection, root: uuid.UUID, depth: int, new: int) -> None:
         """Refuses (SpawnLimitExceeded, before anything is written) a spawn whose children would sit
@@ -155,7 +155,7 @@ class ChildStore:
                        after: TreeCursor | None = None) -> list[RunRow]:
         """The run and its descendants within the tenant, breadth first; at most `limit` rows after
         `after` (a page's last node). NotFound when the run is not the tenant's."""
-        async with self.tenant_tx(tenant_id, readonly=True) as conn:  # type: ignore[attr-defined]
+        async with self.tenant_tx(tenant_id, readonly=True) as conn:
             if after is not None and await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id) is None:
                 raise NotFound(f"run {run_id} not found", run_id=run_id)
             rows = await fetch(conn, Q.run_tree, tenant_id=tenant_id, run_id=run_id, limit=limit,

@@ -21,6 +21,7 @@ from scheduler.states import LEASED, TERMINAL, Op, RunStatus, transition
 from scheduler.store.auth import run_state, write_audit
 from scheduler.store.children import ChildStore
 from scheduler.store.core import db_call, replayed_request, request_event_id, trace_params
+from scheduler.store.keys import KeyStore
 from scheduler.store.queries import Q
 from scheduler.store.recovery import Recovery
 from scheduler.store.rows import (
@@ -68,7 +69,7 @@ _RESOLVE_OP = {"SUCCEEDED": Op.RESOLVE_SUCCEEDED, "NOT_EXECUTED": Op.RESOLVE_NOT
                "UNKNOWN": Op.RESOLVE_UNKNOWN}
 
 
-class RunStore(Recovery):
+class RunStore(Recovery, KeyStore):
     @db_call
     async def submit_run(self, tenant_id: str, spec: SubmitSpec, trace: Trace = NO_TRACE,
                          created: Callable[[asyncpg.Connection, Record], Awaitable[None]] | None = None) -> Submitted:
@@ -275,7 +276,7 @@ class RunStore(Recovery):
         deterministic)."""
         event_id, bound = None, None
         if request_id is not None:
-            plain = {**human_input, "input": await self.plain(run_id, human_input.get("input"))}  # type: ignore[attr-defined]
+            plain = {**human_input, "input": await self.plain(run_id, human_input.get("input"))}
             event_id = request_event_id(run_id, "ResumeRun", request_id)
             bound = ("ResumeRun", content_hash(plain))
         async with self.tenant_tx(tenant_id) as conn:
@@ -318,9 +319,9 @@ class RunStore(Recovery):
         event_id = event_id or uuid7()
         # Over the plain values: the edge seals marked ones anew at each attempt (a fresh nonce).
         binding = sha256_of({"run_id": str(run_id), "step_key": step_key, "outcome": outcome,
-                             "result": await self.plain(run_id, result),  # type: ignore[attr-defined]
+                             "result": await self.plain(run_id, result),
                              "remote_resource_id": remote_resource_id,
-                             "evidence": await self.plain(run_id, evidence),  # type: ignore[attr-defined]
+                             "evidence": await self.plain(run_id, evidence),
                              "resolved_by": resolved_by})
         async with self.tenant_tx(tenant_id) as conn:
             previous = await fetchrow(conn, Q.event_by_id, event_id=event_id)

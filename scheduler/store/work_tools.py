@@ -15,6 +15,7 @@ from asyncpg import Record
 from scheduler.config import ToolLimit
 from scheduler.states import Op, run_status
 from scheduler.store.core import binding_params, db_call, fence_params, fenced_write, trace_params
+from scheduler.store.keys import KeyStore
 from scheduler.store.queries import Q
 from scheduler.store.recovery import Recovery
 from scheduler.store.rows import Began, Chained, Completed, ExecutionRow
@@ -25,7 +26,7 @@ from shared.errors import AlreadyExists, DecisionNotCheckpointed, ToolRateLimite
 from shared.tracing import NO_TRACE, Trace
 
 
-class ToolWrites(Recovery):
+class ToolWrites(Recovery, KeyStore):
     async def _within_tool_limits(self, conn: asyncpg.Connection, lease: LeaseRef, tool_name: str,
                                   write: Callable[[], Awaitable[Record | None]]) -> Record | None:
         """Runs a Tx1 write (`write`) only when the tool's limits allow one more call: in one transaction,
@@ -72,7 +73,7 @@ class ToolWrites(Recovery):
         """Tx1. `existing` is never a licence to resend. `request` is stored as it is (its marked values
         sealed by the edge's filter, scheduler/api/shield.py); its hash is over the plain request, so a replay
         compares equal whichever values are sealed."""
-        digest, legacy_digest = request_hashes(tool_name, await self.plain(lease.run_id, request))  # type: ignore[attr-defined]
+        digest, legacy_digest = request_hashes(tool_name, await self.plain(lease.run_id, request))
         binding = bind_write("BeginToolCall", lease, expected_version=expected_version, step_key=step_key,
                              tool_name=tool_name, idempotency_key=idempotency_key, request=digest,
                              execution_id=execution_id, event_id=event_id)
@@ -130,7 +131,7 @@ class ToolWrites(Recovery):
         DECISION_NOT_CHECKPOINTED (the new checkpoint does not record the next call).
         """
         digest, legacy_digest = request_hashes(
-            intent.tool_name, await self.plain(lease.run_id, intent.request))  # type: ignore[attr-defined]
+            intent.tool_name, await self.plain(lease.run_id, intent.request))
         stored = state if state_text is None else state_text
         state_hash = sha256_of(stored)
         outcome = "SUCCEEDED" if succeeded else "FAILED"
