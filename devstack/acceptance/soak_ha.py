@@ -64,7 +64,7 @@ from devstack.acceptance.experiments_ha import CLUSTER_PROCS, CommitProbe, _fina
 from devstack.acceptance.ha_cluster import HaCluster
 from devstack.acceptance.lab import Lab, Suite
 from devstack.acceptance.pipeline import Pipeline
-from devstack.acceptance.procs import Proc, wait_until
+from devstack.acceptance.procs import ExperimentError, Proc, wait_until
 from devstack.embedded_pg import free_port
 from shared.db import CONNECTION_ERRORS
 
@@ -435,7 +435,12 @@ class HaSoak:
             await asyncio.to_thread(self.line.relay.stop, 10)
         await self.spawn_relay()
         self.statuses = await self._settled(self.args.settle_minutes * 60)
-        await self.line.wait_delivered(self.args.settle_minutes * 60)
+        try:
+            await self.line.wait_delivered(self.args.settle_minutes * 60)
+        except ExperimentError as exc:
+            # Not the end of the soak: the report still gives every figure it measured, and the
+            # delivery check below fails naming the events not applied (their details are in the evidence).
+            self.note(f"settle: {exc}")
         if self.probe is not None:
             await self.probe.stop()
 

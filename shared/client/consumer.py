@@ -1,12 +1,18 @@
 """The exactly-once consumer library for downstream services.
 
 Kafka delivers at least once (the relay may publish an event twice); this
-library makes the *effect* happen once. For every event, one PostgreSQL
+library makes the *effect* happen once. For every event, a PostgreSQL
 transaction inserts (consumer_name, event_id) into consumed_events and runs the
 handler's own writes on the same connection; a conflict on that insert means
 the event was already applied, so the handler is skipped. The Kafka offset is
 committed only after the database commit: a crash in between redelivers the
 event, and the dedupe row turns the redelivery into a skip.
+
+Consecutive events of one partition are applied up to `apply_batch_max` to a
+transaction, each under its own savepoint (one commit, and one synchronous
+replication round trip, for the lot): a handler that raises undoes only its own
+writes, the events before it commit, and it goes on alone as below. A lost
+database loses the whole batch uncommitted, and it is applied again.
 
 A handler that raises is retried with backoff; after `max_attempts` (or at
 once for `PermanentFailure`) the event goes to the dead-letter topic with the
@@ -110,6 +116,9 @@ class ConsumerSettings(KafkaClientSettings):
     consumer_name: str | None = None
     dead_letter_topic: str = "agentrt.events.dlq"
     max_attempts: int = Field(5, ge=1)
+    # Consecutive events of a partition applied in one transaction (each under a savepoint);
+    # 1: a transaction per event.
+    apply_batch_max: int = Field(100, ge=1)
     retry_backoff_base_ms: int = Field(200, ge=1)
     retry_backoff_cap_ms: int = Field(10_000, ge=1)
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
@@ -131,6 +140,12 @@ class ConsumerSettings(KafkaClientSettings):
     @property
     def dedupe_name(self) -> str:
         return self.consumer_name or self.group_id
+
+
+def _failed(span: trace.Span, exc: BaseException) -> None:
+    cause = exc.__cause__ if isinstance(exc, _HandlerFailed) and exc.__cause__ else exc
+    span.record_exception(cause)
+    span.set_status(Status(StatusCode.ERROR, f"{type(cause).__name__}: {cause}"))
 
 
 @dataclass
@@ -226,13 +241,24 @@ class EventConsumer:
     async def _consume_partition(self, tp: TopicPartition, records: list[Any],
                                  stopping: asyncio.Event | None) -> tuple[TopicPartition, int | None]:
         next_offset: int | None = None
-        for record in records:
-            if self._stopping.is_set() or (stopping is not None and stopping.is_set()):
+        i = 0
+        while i < len(records) and not self._stopped(stopping):
+            chunk = records[i:i + self.settings.apply_batch_max]
+            applied, failure = await self._apply_batch(chunk)
+            if applied:
+                i += applied
+                next_offset = records[i - 1].offset + 1
+            if applied == len(chunk) or i >= len(records):
+                continue
+            # records[i] goes alone: malformed, its handler failed in the batch, or the batch was lost.
+            if not await self._consume_one(records[i], stopping, failure):
                 break
-            if not await self._consume_one(record, stopping):
-                break
-            next_offset = record.offset + 1
+            next_offset = records[i].offset + 1
+            i += 1
         return tp, next_offset
+
+    def _stopped(self, stopping: asyncio.Event | None) -> bool:
+        return self._stopping.is_set() or (stopping is not None and stopping.is_set())
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         assert self._consumer is not None
@@ -260,8 +286,10 @@ class EventConsumer:
                 waiter.cancel()
         return not done
 
-    async def _consume_one(self, record: Any, stopping: asyncio.Event | None) -> bool:
-        """Applies, skips or dead-letters one record. False: stopped before it was settled."""
+    async def _consume_one(self, record: Any, stopping: asyncio.Event | None,
+                           first_failure: _HandlerFailed | None = None) -> bool:
+        """Applies, skips or dead-letters one record. False: stopped before it was settled.
+        `first_failure`: its handler already failed once in a batch (that was attempt 1)."""
         try:
             event = AgentEvent.from_record(record)
         except MalformedEvent as exc:
@@ -271,6 +299,9 @@ class EventConsumer:
         while True:
             attempt += 1
             try:
+                if first_failure is not None:
+                    earlier, first_failure = first_failure, None
+                    raise earlier
                 await self._apply(event)
                 return True
             except _DB_UNAVAILABLE as exc:
@@ -294,7 +325,8 @@ class EventConsumer:
                 if not await self._pause(self._backoff(attempt), stopping):
                     return False
 
-    async def _apply(self, event: AgentEvent) -> None:
+    def _span(self, event: AgentEvent) -> trace.Span:
+        """The CONSUMER span of one event, a child of the span that wrote its outbox row."""
         attributes: dict[str, Any] = {
             "messaging.system": "kafka", "messaging.operation": "process", "messaging.operation.type": "process",
             "messaging.operation.name": "process", "messaging.destination.name": event.topic,
@@ -305,29 +337,88 @@ class EventConsumer:
             RUN_ID: str(event.run_id), TENANT: event.tenant_id, FENCING_TOKEN: event.fencing_token,
             RUN_VERSION: event.run_version,
         }
-        with self._tracer.start_as_current_span(
-                f"process {event.type}", context=extract_context(event.trace_carrier()), kind=SpanKind.CONSUMER,
-                attributes=attributes, record_exception=False, set_status_on_exception=False) as span:
+        return self._tracer.start_span(
+            f"process {event.type}", context=extract_context(event.trace_carrier()), kind=SpanKind.CONSUMER,
+            attributes=attributes, record_exception=False, set_status_on_exception=False)
+
+    async def _claim_and_handle(self, conn: asyncpg.Connection, event: AgentEvent, span: trace.Span) -> bool:
+        """The dedupe row, then the handler, on `conn` (inside the caller's transaction). True: applied;
+        False: applied before (skipped). The handler's own exception comes out as _HandlerFailed."""
+        if not await conn.fetchval(SQL_CLAIM_EVENT, self.settings.dedupe_name, event.id):
+            span.set_attribute("agentrt.duplicate", True)
+            return False
+        try:
+            await self.handler(event, conn)
+        except _DB_LOST:
+            raise
+        except Exception as exc:
+            raise _HandlerFailed() from exc
+        return True
+
+    async def _apply(self, event: AgentEvent) -> None:
+        """One event in a transaction of its own."""
+        span = self._span(event)
+        with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
-                    first = await conn.fetchval(SQL_CLAIM_EVENT, self.settings.dedupe_name, event.id)
-                    if not first:
-                        span.set_attribute("agentrt.duplicate", True)
-                        self.stats.duplicates += 1
-                        return
-                    try:
-                        await self.handler(event, conn)
-                    except _DB_LOST:
-                        raise
-                    except Exception as exc:
-                        raise _HandlerFailed() from exc
+                    applied = await self._claim_and_handle(conn, event, span)
             except Exception as exc:
-                cause = exc.__cause__ if isinstance(exc, _HandlerFailed) and exc.__cause__ else exc
-                span.record_exception(cause)
-                span.set_status(Status(StatusCode.ERROR, f"{type(cause).__name__}: {cause}"))
+                _failed(span, exc)
                 raise
+            self._count(span, applied)
+
+    async def _apply_batch(self, records: list[Any]) -> tuple[int, _HandlerFailed | None]:
+        """Applies the leading well-formed events of `records` in one transaction, each under a savepoint.
+        Returns how many committed, and the handler failure of the next one if that is where it stopped.
+        (0, None): nothing committed (fewer than two events, or the database was lost); go one at a time."""
+        events: list[AgentEvent] = []
+        for record in records:
+            try:
+                events.append(AgentEvent.from_record(record))
+            except MalformedEvent:
+                break
+        if len(events) < 2:
+            return 0, None
+        done: list[tuple[trace.Span, bool]] = []
+        failure: _HandlerFailed | None = None
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                for event in events:
+                    span = self._span(event)
+                    done.append((span, False))
+                    with trace.use_span(span, end_on_exit=False, record_exception=False,
+                                        set_status_on_exception=False):
+                        try:
+                            async with conn.transaction():  # a savepoint: a failure undoes this event's writes only
+                                done[-1] = (span, await self._claim_and_handle(conn, event, span))
+                        except _HandlerFailed as failed:
+                            cause = failed.__cause__
+                            _failed(span, cause if cause is not None else failed)
+                            span.end()
+                            done.pop()
+                            failure = failed
+                            break
+        except BaseException as exc:
+            for span, _ in done:
+                _failed(span, exc)
+                span.end()
+            if isinstance(exc, _DB_UNAVAILABLE):
+                await expire_stale(exc, self._pool)
+                log.warning("database unavailable while applying a batch of %d events (%s); applying them again",
+                            len(done), exc)
+                return 0, None
+            raise
+        for span, applied in done:
+            self._count(span, applied)
+            span.end()
+        return len(done), failure
+
+    def _count(self, span: trace.Span, applied: bool) -> None:
+        if applied:
             self.stats.applied += 1
             span.set_status(Status(StatusCode.OK))
+        else:
+            self.stats.duplicates += 1
 
     async def _dead_letter(self, record: Any, reason: str, attempts: int, stopping: asyncio.Event | None) -> bool:
         assert self._dlq is not None

@@ -1,7 +1,9 @@
 """A crash between the broker's ack and the outbox mark publishes duplicates; the consumer applies once.
 
 Also: a failing handler is retried, then dead-lettered with its reason, and the
-partition moves on; offsets are committed after the database commit.
+partition moves on; offsets are committed after the database commit. Consecutive
+events of a partition share one transaction (apply_batch_max), a failing one
+undoing only its own writes, with the same attempts as one at a time.
 """
 
 from __future__ import annotations
@@ -113,8 +115,9 @@ async def _no_pending(db) -> bool:
     return await pending_count(db) == 0
 
 
+@pytest.mark.parametrize("batch_max", [1, 100], ids=["one-per-transaction", "batched"])
 async def test_failing_handler_is_retried_then_dead_lettered_and_the_partition_moves_on(
-        db_url, db, kafka_bootstrap):
+        db_url, db, kafka_bootstrap, batch_max):
     await db.execute(EFFECTS_DDL)
     run_id = await make_run(db)
     ids = await insert_events(db, run_id, 6, payload=lambda n: {"n": n, "poison": n == 2, "flaky": n == 4})
@@ -130,8 +133,10 @@ async def test_failing_handler_is_retried_then_dead_lettered_and_the_partition_m
         await producer.stop()
 
     flaky_attempts = collections.Counter()
+    calls = collections.Counter()
 
     async def handler(event, conn) -> None:
+        calls[event.sequence] += 1
         await record_effect(event, conn)  # rolled back whenever the handler raises
         if event.payload["poison"]:
             raise RuntimeError("boom")
@@ -140,7 +145,7 @@ async def test_failing_handler_is_retried_then_dead_lettered_and_the_partition_m
             # An OSError from the handler's own network call is the handler's failure, not the database's.
             raise ConnectionResetError("downstream hiccup")
 
-    csettings = consumer_settings(db_url, kafka_bootstrap, settings.topic)
+    csettings = consumer_settings(db_url, kafka_bootstrap, settings.topic, apply_batch_max=batch_max)
     consumer = EventConsumer(csettings, handler)
     await consumer.start()
     stop = asyncio.Event()
@@ -156,6 +161,8 @@ async def test_failing_handler_is_retried_then_dead_lettered_and_the_partition_m
     effects = await db.fetch("SELECT sequence FROM applied_effects ORDER BY applied_at")
     assert [e["sequence"] for e in effects] == [ids[i] for i in (0, 1, 3, 4, 5)]
     assert consumer.stats.handler_failures == 3 + 1
+    # A failure inside a batch is the event's first attempt: no extra call, batched or not.
+    assert calls == {ids[0]: 1, ids[1]: 1, ids[2]: 3, ids[3]: 1, ids[4]: 2, ids[5]: 1}, calls
 
     dlq = await TopicReaderRaw.read(kafka_bootstrap, csettings.dead_letter_topic, 2)
     reasons = sorted(dict(r.headers)[DLQ_REASON].decode() for r in dlq)
@@ -176,6 +183,38 @@ async def test_failing_handler_is_retried_then_dead_lettered_and_the_partition_m
             assert (await check.committed(tp) or 0) == ends[tp], tp
     finally:
         await check.stop()
+
+
+async def test_consecutive_events_of_a_partition_commit_together_and_in_order(db_url, db, kafka_bootstrap):
+    """apply_batch_max: a partition's events in hand share one transaction (one commit, one synchronous
+    replication round trip), each still applied once and in order; at 1, every event has its own."""
+    await db.execute(EFFECTS_DDL)
+    await db.execute("ALTER TABLE applied_effects ADD COLUMN xid bigint NOT NULL DEFAULT txid_current()")
+    run_id = await make_run(db)
+    ids = await insert_events(db, run_id, 60)
+    settings = relay_settings(db_url, kafka_bootstrap)
+    async with running_relay(settings):
+        await wait_until(lambda: _no_pending(db), 30, "the relay to publish")
+    transactions = {}
+    for batch_max in (100, 1):
+        await db.execute("TRUNCATE applied_effects, consumed_events")
+        consumer = EventConsumer(consumer_settings(db_url, kafka_bootstrap, settings.topic, apply_batch_max=batch_max),
+                                 record_effect)
+        await consumer.start()
+        stop = asyncio.Event()
+        task = asyncio.create_task(consumer.run(stop))
+        try:
+            await wait_until(lambda c=consumer: asyncio.sleep(0, c.stats.applied == 60), 30, "60 applied")
+        finally:
+            stop.set()
+            await task
+            await consumer.stop()
+        effects = await db.fetch("SELECT sequence, xid FROM applied_effects ORDER BY applied_at")
+        assert [e["sequence"] for e in effects] == ids, "each event once, in order"
+        transactions[batch_max] = len({e["xid"] for e in effects})
+    assert transactions[1] == 60
+    # The broker hands the consumer what it has in one or a few fetches: a handful of transactions.
+    assert transactions[100] <= 6, transactions
 
 
 class TopicReaderRaw:
