@@ -17,6 +17,13 @@ from tests_paths import REPO
 T = TypeVar("T")
 
 
+# A probe run with `python -c` prefixes this: this venv's editable install answers for the checkout's
+# packages through a meta path finder ahead of sys.path; dropping it leaves only what PYTHONPATH names
+# (an unpacked wheel) to answer.
+WITHOUT_CHECKOUT = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+                    "if '__editable__' not in getattr(f, '__module__', '')]")
+
+
 def without_settings(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment without any AGENTRT_* setting, plus `extra`."""
     clean = {key: value for key, value in os.environ.items() if not key.startswith("AGENTRT_")}

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from helpers import WITHOUT_CHECKOUT
 
 pytestmark = pytest.mark.helm
 
@@ -221,12 +222,6 @@ def test_the_console_script_serves_the_subcommands_the_chart_runs(pyproject: dic
     assert not missing, f"the agentrt command has no {sorted(missing)}, which the chart and the image run"
     for sub in SUBCOMMANDS:  # each parses as the chart passes it: settings from env
         assert parser.parse_args(WITH_ARGUMENTS.get(sub, [sub])).command == sub
-
-
-# This venv's editable install answers for the checkout's packages through a meta path finder
-# (tests/unit/test_wheel.py does the same): the probe drops it, so only the built image tree answers.
-WITHOUT_CHECKOUT = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
-                    "if '__editable__' not in getattr(f, '__module__', '')]")
 
 
 def test_what_the_image_copies_builds_an_agentrt_without_the_dev_stack(

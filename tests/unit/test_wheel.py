@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import WITHOUT_CHECKOUT
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,12 +41,6 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    env={**os.environ, "PIP_NO_INDEX": "1"})
     (built,) = out.glob("agentrt-*.whl")
     return built
-
-
-# This venv's editable install of the checkout answers for agentrt's packages through a meta path
-# finder ahead of sys.path: the probes drop it, so only the unpacked wheel can answer.
-WITHOUT_CHECKOUT = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
-                    "if '__editable__' not in getattr(f, '__module__', '')]")
 
 
 def _names(wheel: Path) -> set[str]:
