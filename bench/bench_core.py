@@ -393,7 +393,7 @@ class ClaimSide:
     async def claims(self, count: int, keep: bool) -> None:
         for _ in range(count):
             t0 = time.perf_counter()
-            claimed = await self.store.claim("bench-claimer", [AGENT])
+            claimed = await self.store.work.claim("bench-claimer", [AGENT])
             elapsed = time.perf_counter() - t0
             if claimed is None:
                 raise RuntimeError(f"{self.name}: the fixed queue ran dry")

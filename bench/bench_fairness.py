@@ -108,7 +108,7 @@ class Quiet:
 async def claimer(store: Store, name: str, work_s: float, stop: asyncio.Event, seen: Quiet,
                   rng: random.Random) -> None:
     while not stop.is_set():
-        got = await store.claim(name, [AGENT])
+        got = await store.work.claim(name, [AGENT])
         if got is not None:
             seen.claims += 1
             if got.run.tenant_id == QUIET:
@@ -140,7 +140,7 @@ async def quiet_side(url: str, args: argparse.Namespace, *, backlog: int, fair: 
         for n in range(int(args.seconds * args.quiet_rate)):
             await asyncio.sleep(max(0.0, start + n * period - time.perf_counter()))
             t0 = time.perf_counter()
-            row, _ = await store.submit_run(QUIET, spec(n))
+            row, _ = await store.runs.submit_run(QUIET, spec(n))
             seen.submitted[row.id] = t0
         seen.submitting = False
         if len(seen.claimed) == len(seen.submitted):
@@ -188,7 +188,7 @@ async def quiet_part(args: argparse.Namespace, notes: list[str]) -> list[dict[st
 async def timed_claims(store: Store, count: int, samples: list[float] | None) -> None:
     for n in range(count):
         t0 = time.perf_counter()
-        got = await store.claim(f"c{n}", [AGENT])
+        got = await store.work.claim(f"c{n}", [AGENT])
         if got is None:
             raise RuntimeError("the claim-latency queue ran dry: raise --queue-per-tenant")
         if samples is not None:
@@ -237,7 +237,7 @@ async def submit_for(store: Store, seconds: float, submitters: int = 16) -> int:
         nonlocal done
         n = 0
         while time.perf_counter() < end:
-            await store.submit_run(f"tenant-{k % 8}", spec(n))
+            await store.runs.submit_run(f"tenant-{k % 8}", spec(n))
             n += 1
             done += 1
 

@@ -129,8 +129,8 @@ class ToggledRetention:
             await self.enabled.wait()
             async with self._in_batch:
                 started = time.perf_counter()
-                batch = await self.store.retention_purge(max_runs=self.batch_runs, dry_run=False,
-                                                         after_finished=after_finished, after_id=after_id)
+                batch = await self.store.runs.retention_purge(max_runs=self.batch_runs, dry_run=False,
+                                                              after_finished=after_finished, after_id=after_id)
                 self.busy_s += time.perf_counter() - started
             self.counts.batches += 1
             for table in TABLES:

@@ -67,7 +67,7 @@ async def _create_in_database(args: argparse.Namespace) -> tuple[dict[str, Any],
     try:
         key_id, secret, digest = new_api_key()
         audit = local_principal(getpass.getuser()).audit(reason=args.reason, ticket_id=args.ticket)
-        key = await Store(pool, settings).create_api_key(
+        key = await Store(pool, settings).auth.create_api_key(
             key_id=key_id, name=args.name, tenants=sorted(set(tenants)), role=args.role, secret_hash=digest,
             expires_in_s=expires_in_s(args.expires), audit=audit)
     finally:

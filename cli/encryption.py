@@ -29,8 +29,8 @@ def _rotate(args: argparse.Namespace) -> int:
         raise InvalidArgument("--batch", "must be between 1 and 10000")
 
     async def act(store: Any) -> dict[str, Any]:
-        done = await store.rotate_keys()
-        return {"current_key_id": store.keyring().current_key_id(), "rewrapped": done.rewrapped,
+        done = await store.keys.rotate_keys()
+        return {"current_key_id": store.keys.keyring().current_key_id(), "rewrapped": done.rewrapped,
                 "keys_by_kek": done.remaining}
 
     print(json.dumps(asyncio.run(_with_store(args, act)), sort_keys=True))
@@ -39,7 +39,8 @@ def _rotate(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     async def act(store: Any) -> dict[str, Any]:
-        return {"current_key_id": store.keyring().current_key_id(), "keys_by_kek": await store.data_key_counts()}
+        return {"current_key_id": store.keys.keyring().current_key_id(),
+                "keys_by_kek": await store.keys.data_key_counts()}
 
     print(json.dumps(asyncio.run(_with_store(args, act)), sort_keys=True))
     return 0

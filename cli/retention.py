@@ -65,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    rows = asyncio.run(with_store(args.database_url, lambda store: store.retention_policies()))
+    rows = asyncio.run(with_store(args.database_url, lambda store: store.runs.retention_policies()))
     for row in rows:
         print(json.dumps({"tenant": row["tenant_id"], "keep_days": row["keep_days"],
                           "updated_at": row["updated_at"].isoformat()}, sort_keys=True))
@@ -76,14 +76,14 @@ def _list(args: argparse.Namespace) -> int:
 
 def _set(args: argparse.Namespace) -> int:
     tenant, days = _tenant(args.tenant), _keep_days(args.keep_days)
-    row = asyncio.run(with_store(args.database_url, lambda store: store.set_retention_policy(tenant, days)))
+    row = asyncio.run(with_store(args.database_url, lambda store: store.runs.set_retention_policy(tenant, days)))
     print(f"tenant {row['tenant_id']}: terminal runs kept {row['keep_days']} days after they finish")
     return 0
 
 
 def _clear(args: argparse.Namespace) -> int:
     tenant = _tenant(args.tenant)
-    if not asyncio.run(with_store(args.database_url, lambda store: store.clear_retention_policy(tenant))):
+    if not asyncio.run(with_store(args.database_url, lambda store: store.runs.clear_retention_policy(tenant))):
         raise InvalidArgument("--tenant", f"no retention policy for tenant {tenant}")
     print(f"tenant {tenant}: " + ("no default policy: runs without one of their own are kept for ever"
                                   if tenant == "*" else "the default policy applies"))

@@ -94,7 +94,7 @@ class SchedulerServer:
         metered = s.metrics_addr or s.otel_metrics_exporter == "otlp"
         self.metrics = SchedulerMetrics(s.claim_wait_tenant_labels) if metered else None
         if self.metrics is not None:
-            self.store.on_integrity_failure = self.metrics.sealed_value_failed
+            self.store.keys.on_integrity_failure = self.metrics.sealed_value_failed
         server = grpc.aio.server(
             interceptors=[
                 ServerSpans(provider, self.metrics.observe_rpc if self.metrics else None).interceptor(),
@@ -103,7 +103,7 @@ class SchedulerServer:
                      ("grpc.so_reuseport", 0)],
         )
         # Not the generated add_*_to_server: bytes that are no message answer INVALID_ARGUMENT (wire.py).
-        self.auth = await build_run_auth(s, self.store)
+        self.auth = await build_run_auth(s, self.store.auth)
         add_service(server, RUN_SERVICE, RunServicer(self.store, s, self.auth, self._notifier))
         add_service(server, WORK_SERVICE, WorkServicer(
             self.store, s, self._notifier, tracer=provider.get_tracer("agentrt.grpc.server"),
@@ -147,7 +147,7 @@ class SchedulerServer:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                reachable = await asyncio.wait_for(self.store.primary_reachable(), timeout)
+                reachable = await asyncio.wait_for(self.store.runs.primary_reachable(), timeout)
             except (AgentrtError, TimeoutError) as exc:
                 reachable, why = False, str(exc)
             else:

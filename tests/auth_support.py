@@ -31,7 +31,7 @@ async def make_key(db_url: str, *, role: str, tenants: list[str], name: str | No
     pool = await asyncpg.create_pool(db_url, min_size=1, max_size=1, init=init_connection)
     try:
         key_id, secret, digest = new_api_key()
-        await Store(pool, SchedulerSettings(database_url=db_url)).create_api_key(
+        await Store(pool, SchedulerSettings(database_url=db_url)).auth.create_api_key(
             key_id=key_id, name=name or f"{role}-key", tenants=tenants, role=role, secret_hash=digest,
             expires_in_s=expires_in_s, audit=local_principal("tests").audit(reason="test setup"))
     finally:

@@ -173,8 +173,8 @@ class AdminRpcs:
         before = _untoken(request.page_token, filter_key).get("b") if request.page_token else None
         if before is not None and (not isinstance(before, int) or isinstance(before, bool)):
             raise InvalidArgument("page_token", "is not a token this server issued")
-        rows = await self.store.list_audit(tenant_id=tenant, run_id=run_id, principal=who, action=action,
-                                           since=since, until=until, before_id=before, limit=size + 1)
+        rows = await self.store.auth.list_audit(tenant_id=tenant, run_id=run_id, principal=who, action=action,
+                                                since=since, until=until, before_id=before, limit=size + 1)
         token = ""
         if len(rows) > size:
             rows = rows[:size]
@@ -201,9 +201,9 @@ class AdminRpcs:
         # ALREADY_EXISTS. The text shown names that id (it named a random one, which no lookup finds).
         key_id, secret, digest = new_api_key(
             uuid.uuid5(_KEY_REQUESTS, f"{caller.id}\x1f{request_id}") if request_id is not None else None)
-        key = await self.store.create_api_key(key_id=key_id, name=name, tenants=tenants, role=role,
-                                              secret_hash=digest, expires_in_s=request.expires_in_s, audit=audit,
-                                              trace=current_trace())
+        key = await self.store.auth.create_api_key(key_id=key_id, name=name, tenants=tenants, role=role,
+                                                   secret_hash=digest, expires_in_s=request.expires_in_s, audit=audit,
+                                                   trace=current_trace())
         return rs.CreateApiKeyResponse(key=key_to_proto(key), secret=secret)
 
     @rpc
@@ -219,8 +219,8 @@ class AdminRpcs:
                 after = (dt.datetime.fromisoformat(data["c"]), uuid.UUID(data["i"]))
             except (KeyError, TypeError, ValueError):
                 raise InvalidArgument("page_token", "is not a token this server issued") from None
-        rows = await self.store.list_api_keys(within=within, include_revoked=request.include_revoked, after=after,
-                                              limit=size + 1)
+        rows = await self.store.auth.list_api_keys(within=within, include_revoked=request.include_revoked, after=after,
+                                                   limit=size + 1)
         token = ""
         if len(rows) > size:
             rows = rows[:size]
@@ -231,8 +231,8 @@ class AdminRpcs:
     async def RevokeApiKey(self, request: rs.RevokeApiKeyRequest, context: grpc.aio.ServicerContext) -> rs.ApiKey:
         key_id = v.require_uuid("key_id", request.key_id)
         audit = audit_entry(context, request.note, request_id=_request_id(request))
-        key = await self.store.revoke_api_key(key_id, within=_managed_tenants(principal()), audit=audit,
-                                              trace=current_trace())
+        key = await self.store.auth.revoke_api_key(key_id, within=_managed_tenants(principal()), audit=audit,
+                                                   trace=current_trace())
         if self.keys is not None:
             self.keys.forget(key_id)  # this replica at once; the others within api_key_cache_ttl_ms
         return key_to_proto(key)
@@ -242,7 +242,7 @@ class AdminRpcs:
         key = _limit_key(request, lambda: self._tenant(context))
         value = check_value(key, request.value)
         audit = audit_entry(context, request.note, request_id=_request_id(request))
-        row = await self.store.set_limit(key, value, audit=audit, trace=current_trace())
+        row = await self.store.limits.set_limit(key, value, audit=audit, trace=current_trace())
         return limit_to_proto(row)
 
     @rpc
@@ -250,7 +250,7 @@ class AdminRpcs:
                          context: grpc.aio.ServicerContext) -> rs.ClearLimitResponse:
         key = _limit_key(request, lambda: self._tenant(context))
         audit = audit_entry(context, request.note, request_id=_request_id(request))
-        row = await self.store.clear_limit(key, audit=audit, trace=current_trace())
+        row = await self.store.limits.clear_limit(key, audit=audit, trace=current_trace())
         if row is None:
             return rs.ClearLimitResponse(cleared=False)
         return rs.ClearLimitResponse(cleared=True, limit=limit_to_proto(row))
@@ -264,6 +264,6 @@ class AdminRpcs:
         every = caller.kind != "anonymous" and ANY_TENANT in caller.tenants \
             and not v.tenant_values(context.invocation_metadata())
         tenant = None if every else self._tenant(context)
-        rows = [row for row in await self.store.list_limits()
+        rows = [row for row in await self.store.limits.list_limits()
                 if tenant is None or row.key.deployment_wide or row.key.tenant_id == tenant]
         return rs.ListLimitsResponse(limits=[limit_to_proto(r) for r in rows])

@@ -125,7 +125,7 @@ class SchedulerMetrics:
     async def _refresh(self, store: Any, refresh_s: float) -> None:
         while True:
             try:
-                self.apply(await store.global_stats())
+                self.apply(await store.runs.global_stats())
             except Exception as exc:  # metrics must never take the scheduler down
                 log.warning("metrics refresh failed: %s", exc)
             await asyncio.sleep(refresh_s)

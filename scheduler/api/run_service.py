@@ -97,7 +97,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
             concurrency_key=key, concurrency_max=served.concurrency_max if key and served else None,
             labels=self.shield.submit_labels(served.sensitive, payload, spec.labels) if served else spec.labels,
             sealed=self.shield.seal_submit(served.sensitive, payload) if served is not None else None)
-        row, created = await self.store.submit_run(tenant, spec, current_trace())
+        row, created = await self.store.runs.submit_run(tenant, spec, current_trace())
         if created and self.notifier is not None:
             self.notifier.poke()
         annotate(run_id=str(row.id), run_version=row.version, fencing_token=row.fencing_token)
@@ -110,7 +110,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         annotate(run_id=str(run_id))
         if request.reveal:
             await self._reveal(context, tenant, run_id, request.note, "GetRun")
-        row = await self.store.get_run(tenant, run_id)
+        row = await self.store.runs.get_run(tenant, run_id)
         annotate(fencing_token=row.fencing_token, run_version=row.version)
         return await self._shown(run_id, convert.run_to_proto(row), request.reveal)
 
@@ -121,7 +121,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         size = request.page_size or 50
         filter_key = _filter_key(tenant, where)
         after = _decode_page_token(request.page_token, filter_key) if request.page_token else None
-        rows = await self.store.list_runs(tenant, where, after=after, limit=size + 1)
+        rows = await self.store.runs.list_runs(tenant, where, after=after, limit=size + 1)
         token = ""
         if len(rows) > size:
             rows = rows[:size]
@@ -148,7 +148,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         annotate(run_id=str(run_id))
         limit = request.max_runs or 1000
         after = _decode_tree_token(request.page_token, run_id) if request.page_token else None
-        rows = await self.store.run_tree(tenant, run_id, limit=limit + 1, after=after)
+        rows = await self.store.children.run_tree(tenant, run_id, limit=limit + 1, after=after)
         response = rs.GetRunTreeResponse(truncated=len(rows) > limit)
         for row in rows[:limit]:
             response.nodes.add(run=convert.run_to_proto(row), depth=row.depth or 0)
@@ -165,8 +165,8 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
             or "cancelled by request"
         request_id = v.optional_text("request_id", request.request_id, max_len=200)
         audit = audit_entry(context, request.note, reason=reason, request_id=request_id)
-        row = await self.store.cancel_run(tenant, run_id, reason=reason, request_id=request_id,
-                                          trace=current_trace(), audit=audit, keep_children=request.keep_children)
+        row = await self.store.runs.cancel_run(tenant, run_id, reason=reason, request_id=request_id,
+                                               trace=current_trace(), audit=audit, keep_children=request.keep_children)
         return redact_message(convert.run_to_proto(row))
 
     @rpc
@@ -176,8 +176,8 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         annotate(run_id=str(run_id))
         request_id = v.optional_text("request_id", request.request_id, max_len=200)
         audit = audit_entry(context, request.note, request_id=request_id)
-        row, created = await self.store.retry_run(tenant, run_id, request_id=request_id, trace=current_trace(),
-                                                  audit=audit)
+        row, created = await self.store.retries.retry_run(tenant, run_id, request_id=request_id, trace=current_trace(),
+                                                          audit=audit)
         if created and self.notifier is not None:
             self.notifier.poke()
         annotate(retry_run_id=str(row.id))
@@ -191,12 +191,12 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         name = v.require_name("name", request.name)
         payload = v.parse_json("payload_json", request.payload_json, self.limit, object_only=False)
         request_id = v.optional_text("request_id", request.request_id, max_len=200)
-        run = await self.store.get_run(tenant, run_id)  # NOT_FOUND for another tenant's run, before any check
+        run = await self.store.runs.get_run(tenant, run_id)  # NOT_FOUND for another tenant's run, before any check
         # Checked in the clear: the edge's filter (scheduler/api/shield.py) has sealed its marked values already.
-        check_signal(await self.store.live_agent_versions(run.agent_name), run.agent_name, run.agent_version, name,
-                     await self.store.plain(run_id, payload))
-        signal, row, created, woke = await self.store.signal_run(tenant, run_id, name=name, payload=payload,
-                                                                 request_id=request_id, trace=current_trace())
+        versions = await self.store.registry.live_agent_versions(run.agent_name)
+        check_signal(versions, run.agent_name, run.agent_version, name, await self.store.keys.plain(run_id, payload))
+        signal, row, created, woke = await self.store.runs.signal_run(tenant, run_id, name=name, payload=payload,
+                                                                      request_id=request_id, trace=current_trace())
         if woke and self.notifier is not None:
             self.notifier.poke()
         return redact_message(rs.SignalRunResponse(signal=convert.signal_to_proto(signal), created=created,
@@ -219,8 +219,8 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         request_id = v.optional_text("request_id", request.request_id, max_len=200)
         audit = audit_entry(context, request.note, comment=" | ".join(p for p in (said, comment) if p) or None,
                             request_id=request_id)
-        row = await self.store.resume_run(tenant, run_id, human_input=human_input, request_id=request_id,
-                                          trace=current_trace(), audit=audit)
+        row = await self.store.runs.resume_run(tenant, run_id, human_input=human_input, request_id=request_id,
+                                               trace=current_trace(), audit=audit)
         return redact_message(convert.run_to_proto(row))
 
     @rpc
@@ -250,7 +250,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
                     **({"stated_resolved_by": stated} if stated != resolved_by else {})}
         audit = audit_entry(context, request.note, comment=None if stated == resolved_by else f"resolved_by: {stated}",
                             request_id=request_id or (str(event_id) if event_id else None))
-        run, execution = await self.store.resolve_tool_execution(
+        run, execution = await self.store.runs.resolve_tool_execution(
             tenant, run_id, step_key=step_key, outcome=cast(ResolveOutcome, outcome), result=result,
             remote_resource_id=remote_id, evidence=evidence, resolved_by=resolved_by, event_id=event_id,
             trace=current_trace(), audit=audit)
@@ -270,14 +270,14 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
                 raise PermissionDenied(f"role {','.join(principal().roles)} may not runs.export",
                                        verb="runs.export", principal=principal().id)
             if not request.page_token:  # one audit row per export, at its first page
-                await self.store.record_export(tenant, run_id, parts=parts, audit=audit_entry(context, request.note),
-                                               trace=current_trace())
+                await self.store.runs.record_export(tenant, run_id, parts=parts,
+                                                    audit=audit_entry(context, request.note), trace=current_trace())
         if request.reveal and not request.page_token:  # one audit row per revealed read, at its first page
             await self._reveal(context, tenant, run_id, request.note, "GetRunHistory")
         elif request.reveal:
             self._may_reveal()
-        history, following = await self.store.history(tenant, run_id, parts=parts, cursor=cursor,
-                                                      page_size=request.page_size or 100, page_bytes=4 * self.limit)
+        history, following = await self.store.runs.history(
+            tenant, run_id, parts=parts, cursor=cursor, page_size=request.page_size or 100, page_bytes=4 * self.limit)
         return await self._shown(run_id, rs.RunHistory(
             run=convert.run_to_proto(history.run),
             checkpoints=[convert.checkpoint_to_proto(c) for c in history.checkpoints],
@@ -297,8 +297,8 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
                       note: rs.AuditNote, rpc_name: str) -> None:
         """A reveal is allowed (runs.reveal) and audited before anything is read."""
         self._may_reveal()
-        await self.store.record_reveal(tenant, run_id, rpc=rpc_name, audit=audit_entry(context, note),
-                                       trace=current_trace())
+        await self.store.runs.record_reveal(tenant, run_id, rpc=rpc_name, audit=audit_entry(context, note),
+                                            trace=current_trace())
 
     async def _shown(self, run_id: uuid.UUID, message: M, reveal: bool) -> M:
         """The answer with its sensitive values redacted, or opened for a reveal."""
@@ -313,11 +313,11 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
         submit that created its run is answered with that run, even when its agent is no longer served or its
         schema has changed since (submit_run still refuses another payload under the same id)."""
         allow = allow_unregistered or not self.settings.require_registered_agents
-        versions = await self.store.live_agent_versions(spec.agent_name)
+        versions = await self.store.registry.live_agent_versions(spec.agent_name)
         try:
             return admit(versions, spec.agent_name, spec.agent_version, payload, allow_unregistered=allow)
         except (AgentNotRegistered, InvalidArgument):
-            if spec.client_request_id is None or await self.store.run_for_request(
+            if spec.client_request_id is None or await self.store.runs.run_for_request(
                     tenant, spec.client_request_id) is None:
                 raise
         return None
@@ -327,7 +327,7 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
                          context: grpc.aio.ServicerContext) -> rs.ListAgentsResponse:
         self._tenant(context)  # the registry is every tenant's, but the API is called as one
         response = rs.ListAgentsResponse()
-        for row in await self.store.registered_agents():
+        for row in await self.store.registry.registered_agents():
             agent = response.agents.add(
                 name=row.agent_name, version=row.agent_version, tool_names=row.tool_names, executors=row.executors,
                 input_schema_json=canonical_json(row.input_schema) if row.input_schema is not None else "")
@@ -337,11 +337,11 @@ class RunServicer(AdminRpcs, ScheduleRpcs, rs_grpc.RunServiceServicer):
     @rpc
     async def GetStats(self, request: rs.GetStatsRequest, context: grpc.aio.ServicerContext) -> rs.RunStats:
         tenant = self._tenant(context)
-        row = await self.store.tenant_stats(tenant)
-        flow = await self.store.tenant_flow(tenant)
+        row = await self.store.runs.tenant_stats(tenant)
+        flow = await self.store.limits.tenant_flow(tenant)
         stats = rs.RunStats(
             queued=flow.queued, running=flow.running, waiting_on_limit=flow.waiting_on,
-            limits=limits_of_tenant(await self.store.current_flow(), tenant),
+            limits=limits_of_tenant(await self.store.db.current_flow(), tenant),
             runs_by_status={name: int(n) for name, n in row.by_status.items()},
             oldest_queued_age_s=float(row.oldest_queued_s or 0), in_doubt_runs=row.in_doubt,
             oldest_in_doubt_age_s=float(row.oldest_in_doubt_s or 0), outbox_pending=row.outbox_pending,

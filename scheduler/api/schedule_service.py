@@ -101,7 +101,8 @@ class ScheduleRpcs:
         tenant = self._schedule_tenant(context)
         name = v.require_name("name", request.name)
         spec = spec_from_proto(request.spec, self.limit)
-        row, created = await self.store.create_schedule(tenant, name, spec, _audit(context, request.request_id))
+        row, created = await self.store.schedules.create_schedule(tenant, name, spec,
+                                                                  _audit(context, request.request_id))
         return rs.CreateScheduleResponse(schedule=schedule_to_proto(row), created=created)
 
     @rpc
@@ -110,13 +111,13 @@ class ScheduleRpcs:
         schedule_id = v.require_uuid("schedule_id", request.schedule_id)
         spec = spec_from_proto(request.spec, self.limit)
         audit = _audit(context, request.request_id)
-        return schedule_to_proto(await self.store.update_schedule(tenant, schedule_id, spec, audit))
+        return schedule_to_proto(await self.store.schedules.update_schedule(tenant, schedule_id, spec, audit))
 
     @rpc
     async def PauseSchedule(self, request: rs.PauseScheduleRequest, context: grpc.aio.ServicerContext) -> rs.Schedule:
         tenant = self._schedule_tenant(context)
         schedule_id = v.require_uuid("schedule_id", request.schedule_id)
-        return schedule_to_proto(await self.store.pause_schedule(tenant, schedule_id, request.paused,
+        return schedule_to_proto(await self.store.schedules.pause_schedule(tenant, schedule_id, request.paused,
                                                                      _audit(context, request.request_id)))
 
     @rpc
@@ -124,13 +125,13 @@ class ScheduleRpcs:
         tenant = self._schedule_tenant(context)
         schedule_id = v.require_uuid("schedule_id", request.schedule_id)
         audit = _audit(context, request.request_id)
-        return schedule_to_proto(await self.store.delete_schedule(tenant, schedule_id, audit))
+        return schedule_to_proto(await self.store.schedules.delete_schedule(tenant, schedule_id, audit))
 
     @rpc
     async def ListSchedules(self, request: rs.ListSchedulesRequest,
                             context: grpc.aio.ServicerContext) -> rs.ListSchedulesResponse:
         tenant = self._schedule_tenant(context)
-        rows = await self.store.list_schedules(tenant)
+        rows = await self.store.schedules.list_schedules(tenant)
         return rs.ListSchedulesResponse(schedules=[schedule_to_proto(r) for r in rows])
 
 
@@ -148,6 +149,6 @@ class ScheduleFirer(PeriodicTask):
 
     async def run_once(self) -> None:
         for _ in range(1000):  # bounded: one pass, then the pause
-            if self.stopping.is_set() or not await self.store.fire_due_schedule():
+            if self.stopping.is_set() or not await self.store.schedules.fire_due_schedule():
                 break
             self.fired += 1

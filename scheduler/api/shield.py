@@ -225,7 +225,7 @@ class Shield:
         run_id = run_of(request)
         if run_id is None:
             return
-        key = await self.store.run_key(run_id)
+        key = await self.store.keys.run_key(run_id)
         if key is None:
             return
         sealer = _Sealer(key)
@@ -238,7 +238,7 @@ class Shield:
         if not sensitivity.any:
             return None
         run_id = uuid7()
-        made = self.store.new_run_key(run_id, sensitivity)
+        made = self.store.keys.new_run_key(run_id, sensitivity)
         made.key.secrets.update(plain_values(payload, sensitivity.input))
         return SealedSubmit(run_id=run_id, input=made.key.seal_paths(payload, sensitivity.input),
                             key_id=made.key_id, wrapped_key=made.wrapped, sensitive=sensitivity.to_json())
@@ -252,7 +252,7 @@ class Shield:
 
     async def carried(self, parent: uuid.UUID, payload: Any) -> tuple[str, ...]:
         """The parent's marked values a child's input carries: sealed under the child's own key at spawn."""
-        key = await self.store.run_key(parent)
+        key = await self.store.keys.run_key(parent)
         if key is None:
             return ()
         text = canonical_json(payload)
@@ -262,7 +262,7 @@ class Shield:
     async def opened(self, run_id: uuid.UUID, message: M) -> M:
         """For the lease holder, or a reveal: plain values (SealedValueInvalid naming the field of one
         that does not open under the run's key)."""
-        key = await self.store.run_key(run_id)
+        key = await self.store.keys.run_key(run_id)
         if key is None:
             return redact_message(message)
         store = self.store
@@ -272,7 +272,7 @@ class Shield:
                 try:
                     return key.open(sealed)
                 except Unopened:
-                    raise store.integrity_failure(path, f"run {run_id}") from None
+                    raise store.keys.integrity_failure(path, f"run {run_id}") from None
             return canonical_json(transform(json.loads(text), open_one))
 
         _walk_json_fields(message, opened_text)

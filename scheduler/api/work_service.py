@@ -153,7 +153,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         annotate(worker_id=worker)
         while True:
             epoch = self.notifier.epoch()
-            claimed = await self.store.claim(worker, agents, current_trace())
+            claimed = await self.store.work.claim(worker, agents, current_trace())
             if claimed is not None:
                 break
             left = deadline - time.monotonic()
@@ -198,7 +198,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                 raise InvalidArgument(f"agents[{index}]", f"{spec.name} {spec.version} is listed twice")
             specs[(spec.name, spec.version)] = spec
         annotate(worker_id=worker)
-        expires = await self.store.register_agents(worker, agents=list(specs.values()), ttl_ms=request.ttl_ms)
+        expires = await self.store.registry.register_agents(worker, agents=list(specs.values()), ttl_ms=request.ttl_ms)
         response = ws.RegisterAgentsResponse()
         convert.set_time(response, "expires_at", expires)
         return response
@@ -206,7 +206,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
     @rpc
     async def Heartbeat(self, request: ws.HeartbeatRequest, context: grpc.aio.ServicerContext) -> ws.HeartbeatResponse:
         lease = lease_of(request)
-        expires = await self.store.heartbeat(lease)
+        expires = await self.store.work.heartbeat(lease)
         response = ws.HeartbeatResponse()
         convert.set_time(response, "lease_expires_at", expires)
         return response
@@ -226,7 +226,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         consumed = tuple(request.consume_signal_seqs)
         if len(consumed) > 100 or len(set(consumed)) != len(consumed) or any(seq <= 0 for seq in consumed):
             raise InvalidArgument("consume_signal_seqs", "at most 100 distinct positive signal seqs")
-        version, replayed = await self.store.save_checkpoint(
+        version, replayed = await self.store.work.save_checkpoint(
             lease, expected_version=expected, state=state, schema_version=schema_version, step_key=step_key,
             event_id=event_id, event_type=event_type, event_payload=payload, trace=current_trace(),
             state_text=state_text, journal=journal, consume_signal_seqs=consumed)
@@ -245,7 +245,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         execution_id = v.require_uuid("execution_id", request.execution_id)
         event_id = event_id_of(request.event_id)
         annotate(step_key=step_key, tool=tool)
-        row, existing, replayed = await self.store.begin_tool_call(
+        row, existing, replayed = await self.store.tools.begin_tool_call(
             lease, expected_version=expected, step_key=step_key, tool_name=tool, idempotency_key=key,
             request=payload, execution_id=execution_id, event_id=event_id, trace=current_trace())
         execution = await self.shield.opened(lease.run_id, convert.execution_to_proto(row))
@@ -269,7 +269,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                 raise InvalidArgument("evidence_json", "is required for NOT_EXECUTED")
             if request.journal:
                 raise InvalidArgument("journal", "is not allowed with NOT_EXECUTED (it writes no checkpoint)")
-            version, status, replayed = await self.store.tool_not_executed(
+            version, status, replayed = await self.store.tools.tool_not_executed(
                 lease, expected_version=expected, step_key=step_key, error_code=error_code, evidence=evidence,
                 event_id=event_id, trace=current_trace())
             return ws.CompleteToolCallResponse(version=version, status=convert.RUN_STATUS[status],
@@ -281,7 +281,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
         end = self._run_end(request.end, event_id) if request.HasField("end") else None
         journal = self._journal(request.journal)
-        version, status, replayed = await self.store.complete_tool_call(
+        version, status, replayed = await self.store.work.complete_tool_call(
             lease, expected_version=expected, step_key=step_key, succeeded=outcome == "SUCCEEDED", response=response,
             remote_resource_id=remote_id, error_code=error_code, state=state, schema_version=schema_version,
             next_step_key=next_step, evidence=evidence, event_id=event_id, trace=current_trace(),
@@ -353,7 +353,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             raise InvalidArgument("next.event_id", "must differ from event_id (each half has its own event)")
         journal = self._journal(request.journal)
         annotate(step_key=step_key, tool=intent.tool_name)
-        version, row, replayed = await self.store.complete_and_begin_tool_call(
+        version, row, replayed = await self.store.tools.complete_and_begin_tool_call(
             lease, expected_version=expected, step_key=step_key, succeeded=outcome == "SUCCEEDED", response=response,
             remote_resource_id=remote_id, error_code=error_code, state=state, schema_version=schema_version,
             evidence=evidence, event_id=event_id, intent=intent, trace=current_trace(), state_text=state_text,
@@ -372,8 +372,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         detail = v.optional_text("detail", request.detail, max_len=4000) or ""
         event_id = event_id_of(request.event_id)
         annotate(step_key=step_key)
-        replayed = await self.store.mark_tool_in_doubt(lease, step_key=step_key, error_code=error_code, detail=detail,
-                                                       event_id=event_id, trace=current_trace())
+        replayed = await self.store.tools.mark_tool_in_doubt(lease, step_key=step_key, error_code=error_code,
+                                                             detail=detail, event_id=event_id, trace=current_trace())
         if not replayed and self._metrics is not None:
             self._metrics.in_doubt_marks.inc()
         return ws.MarkToolInDoubtResponse(status=pb.RUN_STATUS_PAUSED_INDOUBT, replayed=replayed)
@@ -398,7 +398,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if request.wait_children and (outcome != "SLEEP" or wait_signal is not None):
             raise InvalidArgument("wait_children", "is only allowed with SLEEP and without wait_signal")
         event_id = event_id_of(request.event_id)
-        status, next_at, replayed = await self.store.finish_run(
+        status, next_at, replayed = await self.store.work.finish_run(
             lease, expected_version=expected, outcome=outcome, reason=reason, result=result,
             sleep_ms=request.sleep_ms, pause_when_exhausted=request.pause_when_exhausted, error_class=error_class,
             event_id=event_id, trace=current_trace(), wait_signal=wait_signal, signals_seen=request.signals_seen,
@@ -413,14 +413,14 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                           context: grpc.aio.ServicerContext) -> ws.ReadJournalResponse:
         lease = lease_of(request)
         if request.compact:
-            text, more = await self.store.read_journal_compact(
+            text, more = await self.store.work.read_journal_compact(
                 lease, after_seq=request.after_seq, page_size=request.page_size or DEFAULT_JOURNAL_PAGE_SIZE,
                 page_bytes=4 * self.limit)
             # Opened like the entries below: the holder replays plain values.
             return await self.shield.opened(lease.run_id, ws.ReadJournalResponse(entries_json=text, more=more))
-        rows, more = await self.store.read_journal(lease, after_seq=request.after_seq,
-                                                   page_size=request.page_size or DEFAULT_JOURNAL_PAGE_SIZE,
-                                                   page_bytes=4 * self.limit)
+        rows, more = await self.store.work.read_journal(lease, after_seq=request.after_seq,
+                                                        page_size=request.page_size or DEFAULT_JOURNAL_PAGE_SIZE,
+                                                        page_bytes=4 * self.limit)
         answer = ws.ReadJournalResponse(entries=[convert.journal_to_proto(row, with_time=False) for row in rows],
                                         more=more)
         return await self.shield.opened(lease.run_id, answer)
@@ -437,7 +437,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             raise InvalidArgument("children", f"spawn 1 to {MAX_CHILDREN} children")
         specs = [await self._child_spec(f"children[{i}]", child, lease.run_id)
                  for i, child in enumerate(request.children)]
-        spawned = await self.store.spawn_children(
+        spawned = await self.store.children.spawn_children(
             lease, spawn_key=spawn_key, children=specs, join_mode=join, detach=request.detach,
             max_attempts=self.settings.default_max_attempts, trace=current_trace())
         if spawned.created and self.notifier is not None:
@@ -465,7 +465,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         budget = child.budget  # its numbers' ranges: scheduler/bounds.py
         if budget.HasField("deadline"):
             raise InvalidArgument(f"{field}.budget.deadline", "is not taken for a child run")
-        versions = await self.store.live_agent_versions(agent)
+        versions = await self.store.registry.live_agent_versions(agent)
         try:
             served = admit(versions, agent, version, payload,
                            allow_unregistered=not self.settings.require_registered_agents)
@@ -485,7 +485,7 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if not 1 <= len(request.step_keys) <= MAX_TOOL_RESULT_STEPS:
             raise InvalidArgument("step_keys", f"name 1 to {MAX_TOOL_RESULT_STEPS} step keys")
         step_keys = sorted({v.require_step_key("step_keys", key) for key in request.step_keys})
-        rows = await self.store.tool_results(lease, step_keys, answer_bytes=4 * self.limit)
+        rows = await self.store.work.tool_results(lease, step_keys, answer_bytes=4 * self.limit)
         answer = ws.GetToolResultsResponse(executions=[convert.execution_to_proto(row) for row in rows])
         return await self.shield.opened(lease.run_id, answer)
 

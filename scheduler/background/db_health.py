@@ -112,8 +112,8 @@ async def refresh_db_health(collector: DbHealthCollector, store: Any, settings: 
     """Reads the figures every db_health_interval_s until cancelled; a failed read is counted, never raised."""
     while True:
         try:
-            collector.update(await store.db_health(slow_ms=settings.db_slow_statement_ms,
-                                                   top=settings.db_slow_statement_top))
+            collector.update(await store.runs.db_health(slow_ms=settings.db_slow_statement_ms,
+                                                        top=settings.db_slow_statement_top))
         except Exception as exc:  # metrics must never take the scheduler down
             collector.refresh_failures += 1
             log.warning("database health refresh failed: %s", exc)

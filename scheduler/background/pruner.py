@@ -34,7 +34,7 @@ async def prune_once(store: Store, keep_last: int, batch_runs: int, stopping: as
     """One sweep over every run; returns the checkpoints deleted."""
     after, deleted = _FIRST, 0
     while stopping is None or not stopping.is_set():
-        last, runs, removed, behind = await store.prune_checkpoints(
+        last, runs, removed, behind = await store.runs.prune_checkpoints(
             after=after, batch_runs=batch_runs, keep_last=keep_last, max_versions_per_run=MAX_VERSIONS_PER_RUN)
         deleted += removed
         if behind:

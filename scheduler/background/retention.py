@@ -61,8 +61,8 @@ async def sweep(store: Store, *, batch_runs: int, pause_s: float = 0.0, dry_run:
     after_finished: dt.datetime | None = None
     after_id: uuid.UUID | None = None
     while stopping is None or not stopping.is_set():
-        batch = await store.retention_purge(max_runs=batch_runs, dry_run=dry_run, after_finished=after_finished,
-                                            after_id=after_id)
+        batch = await store.runs.retention_purge(max_runs=batch_runs, dry_run=dry_run, after_finished=after_finished,
+                                                 after_id=after_id)
         counts.batches += 1
         for table in TABLES:
             setattr(counts, table, getattr(counts, table) + getattr(batch, table))

@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 from asyncpg import Record
 
-from scheduler.store.core import StoreBase, db_call, trace_params
+from scheduler.store.core import Repository, db_call, trace_params
 from scheduler.store.queries import Q
 from scheduler.store.types import AuditEntry
 from shared.canonical import sha256_of, uuid7
@@ -89,13 +89,13 @@ async def write_audit(conn: asyncpg.Connection, entry: AuditEntry, *, tenant_id:
     return audit_id
 
 
-class AuthStore(StoreBase):
+class AuthStore(Repository):
     @db_call
     async def create_api_key(self, *, key_id: uuid.UUID, name: str, tenants: list[str], role: str,
                              secret_hash: bytes, expires_in_s: int, audit: AuditEntry,
                              trace: Trace = NO_TRACE) -> ApiKeyRow:
         try:
-            async with self.admin_tx("CreateApiKey") as conn:
+            async with self.db.admin_tx("CreateApiKey") as conn:
                 row = await fetchrow(conn, Q.insert_api_key, id=key_id, name=name, tenants=tenants, role=role,
                                      secret_hash=secret_hash, created_by=audit.principal,
                                      expires_in_s=expires_in_s)
@@ -113,7 +113,7 @@ class AuthStore(StoreBase):
     @db_call
     async def revoke_api_key(self, key_id: uuid.UUID, *, within: tuple[str, ...], audit: AuditEntry,
                              trace: Trace = NO_TRACE) -> ApiKeyRow:
-        async with self.admin_tx("RevokeApiKey") as conn:
+        async with self.db.admin_tx("RevokeApiKey") as conn:
             before = await fetchrow(conn, Q.api_key_by_id, id=key_id, tenants=list(within))
             if before is None:
                 raise NotFound(f"API key {key_id} not found", key_id=key_id)
@@ -152,7 +152,7 @@ class AuthStore(StoreBase):
     async def list_audit(self, *, tenant_id: str | None, run_id: uuid.UUID | None, principal: str | None,
                          action: str | None, since: dt.datetime | None, until: dt.datetime | None,
                          before_id: int | None, limit: int) -> list[Record]:
-        async with self.admin_tx("ListAudit") as conn:
+        async with self.db.admin_tx("ListAudit") as conn:
             return await fetch(conn, Q.list_audit, tenant_id=tenant_id, run_id=run_id, principal=principal,
                                action=action, since=since, until=until, before_id=before_id, limit=limit)
 

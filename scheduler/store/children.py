@@ -17,7 +17,7 @@ import asyncpg
 
 from scheduler.security.sealing import Sensitivity
 from scheduler.states import TERMINAL, Op
-from scheduler.store.core import db_call, fence_params, trace_params
+from scheduler.store.core import Database, Repository, db_call, fence_params, trace_params
 from scheduler.store.keys import KeyStore
 from scheduler.store.queries import Q
 from scheduler.store.recovery import Recovery
@@ -80,8 +80,13 @@ def join_met(mode: str, total: int, done: int) -> bool:
     return done > 0 if mode == "ANY" else done >= total
 
 
-class ChildStore(Recovery, KeyStore):
+class ChildStore(Repository):
     """Child runs: spawn (the lease holder's write, sealed as SubmitRun seals), join and the run tree."""
+
+    def __init__(self, db: Database, keys: KeyStore, recovery: Recovery) -> None:
+        super().__init__(db)
+        self.keys = keys
+        self.recovery = recovery
 
     @db_call
     async def spawn_children(self, lease: LeaseRef, *, spawn_key: str, children: list[ChildSpec], join_mode: str,
@@ -106,7 +111,7 @@ class ChildStore(Recovery, KeyStore):
                         run_id, stored, sealed = child_id(lease.run_id, spawn_key, index), spec.input, None
                         marks = Sensitivity.of_json(spec.sensitive)
                         if marks.any or spec.carried:
-                            sealed = self.new_run_key(run_id, marks)
+                            sealed = self.keys.new_run_key(run_id, marks)
                             sealed.key.secrets.update(spec.carried)
                             stored = sealed.key.seal_strings(sealed.key.seal_paths(spec.input, marks.input),
                                                              spec.carried)
@@ -128,7 +133,7 @@ class ChildStore(Recovery, KeyStore):
                                           join_mode=join_mode, join_total=len(children))
                     rows = await fetch(conn, Q.spawn_group, parent_run_id=lease.run_id, spawn_key=spawn_key)
                     return Spawned([ChildRow.of(r) for r in rows], created, join_met(join_mode, len(children), done))
-            raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, None)
+            raise await self.recovery.refusal(conn, Op.SAVE_CHECKPOINT, lease, None)
 
     async def _within_tree_limits(self, conn: asyncpg.Connection, root: uuid.UUID, depth: int, new: int) -> None:
         """Refuses (SpawnLimitExceeded, before anything is written) a spawn whose children would sit
@@ -155,7 +160,7 @@ class ChildStore(Recovery, KeyStore):
                        after: TreeCursor | None = None) -> list[RunRow]:
         """The run and its descendants within the tenant, breadth first; at most `limit` rows after
         `after` (a page's last node). NotFound when the run is not the tenant's."""
-        async with self.tenant_tx(tenant_id, readonly=True) as conn:
+        async with self.db.tenant_tx(tenant_id, readonly=True) as conn:
             if after is not None and await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id) is None:
                 raise NotFound(f"run {run_id} not found", run_id=run_id)
             rows = await fetch(conn, Q.run_tree, tenant_id=tenant_id, run_id=run_id, limit=limit,

@@ -151,8 +151,10 @@ async def check_row_security(conn: asyncpg.Connection, required: bool) -> None:
     log.warning(message)
 
 
-class StoreBase:
-    """`pool`: RunService's connections, in no scope: a statement sees a tenant's rows only inside
+class Database:
+    """The connections and settings every repository of the store shares.
+
+    `pool`: RunService's connections, in no scope: a statement sees a tenant's rows only inside
     `tenant_tx` (or the audit trail inside `admin_tx`), and nothing otherwise (fail closed).
     `work_pool`: the work path's and the background tasks' connections, in the work scope
     (every tenant). Without one, `pool` serves both (a superuser or an owner without RLS: tools, tests)."""
@@ -202,23 +204,35 @@ class StoreBase:
             await execute(conn, Q.set_scope, scope=ADMIN_SCOPE)
             yield conn
 
-    @staticmethod
-    async def _lock_tenant_run(conn: asyncpg.Connection, tenant_id: str, run_id: uuid.UUID) -> Record:
-        run = await fetchrow(conn, Q.lock_run, run_id=run_id)
-        if run is None or run["tenant_id"] != tenant_id:
-            raise NotFound(f"run {run_id} not found", run_id=run_id)
-        return run
 
-    @staticmethod
-    async def _event(conn: asyncpg.Connection, run: Record | RunRow, event_type: str, payload: dict[str, Any],
-                     trace: Trace, *, event_id: uuid.UUID | None = None,
-                     bound: tuple[str, bytes] | None = None) -> None:
-        """One outbox row announcing a change of the locked `run`, in its transaction."""
-        await execute(
-            conn, Q.insert_event, event_id=event_id or uuid7(), run_id=run["id"], tenant_id=run["tenant_id"],
-            event_type=event_type, payload={"status": run["status"], **payload},
-            fencing_token=run["fencing_token"], run_version=run["version"], **trace_params(trace),
-            write_op=bound[0] if bound else None, write_hash=bound[1] if bound else None)
+class Repository:
+    """One part of the store (runs, work, schedules, keys...): built over the shared `Database`, and over the
+    other parts it needs, passed to its constructor (scheduler/store/__init__.py wires them)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.pool = db.pool
+        self.work_pool = db.work_pool
+        self.settings = db.settings
+
+
+async def lock_tenant_run(conn: asyncpg.Connection, tenant_id: str, run_id: uuid.UUID) -> Record:
+    """The run's row, locked for this transaction; NOT_FOUND when it is not `tenant_id`'s."""
+    run = await fetchrow(conn, Q.lock_run, run_id=run_id)
+    if run is None or run["tenant_id"] != tenant_id:
+        raise NotFound(f"run {run_id} not found", run_id=run_id)
+    return run
+
+
+async def insert_event(conn: asyncpg.Connection, run: Record | RunRow, event_type: str, payload: dict[str, Any],
+                       trace: Trace, *, event_id: uuid.UUID | None = None,
+                       bound: tuple[str, bytes] | None = None) -> None:
+    """One outbox row announcing a change of the locked `run`, in its transaction."""
+    await execute(
+        conn, Q.insert_event, event_id=event_id or uuid7(), run_id=run["id"], tenant_id=run["tenant_id"],
+        event_type=event_type, payload={"status": run["status"], **payload},
+        fencing_token=run["fencing_token"], run_version=run["version"], **trace_params(trace),
+        write_op=bound[0] if bound else None, write_hash=bound[1] if bound else None)
 
 
 # Never change: the event id of a request named by its request_id must be the one its first attempt wrote.
@@ -244,6 +258,6 @@ async def replayed_request(conn: asyncpg.Connection, event_id: uuid.UUID, action
     return True
 
 
-__all__ = ["ADMIN_SCOPE", "COMMIT_UNKNOWN_COUNTER", "WORK_SCOPE", "StoreBase", "binding_params", "check_row_security",
-           "connect_pool", "db_call", "fence_params", "fenced_write", "log", "prefixed", "replayed_request",
-           "request_event_id", "trace_params"]
+__all__ = ["ADMIN_SCOPE", "COMMIT_UNKNOWN_COUNTER", "WORK_SCOPE", "Database", "Repository", "binding_params",
+           "check_row_security", "connect_pool", "db_call", "fence_params", "fenced_write", "insert_event",
+           "lock_tenant_run", "log", "prefixed", "replayed_request", "request_event_id", "trace_params"]

@@ -24,7 +24,7 @@ from scheduler.security.sealing import (
     load_keyring,
     transform,
 )
-from scheduler.store.core import WORK_SCOPE, StoreBase, db_call, log
+from scheduler.store.core import WORK_SCOPE, Database, Repository, db_call, log
 from scheduler.store.queries import Q
 from shared.canonical import canonical_json
 from shared.db import Query, execute, fetch, fetchrow
@@ -52,12 +52,14 @@ class Rotated:
     remaining: dict[str, int]  # keys per KEK id after the pass
 
 
-class KeyStore(StoreBase):
-    _keyring: Keyring | object | None = _NO_KEY
-    _keys: OrderedDict[uuid.UUID, RunKey | None]
-    # Called with the field of every sealed value that did not open (the server counts them:
-    # agentrt_sealed_value_failures_total).
-    on_integrity_failure: Callable[[str], None] | None = None
+class KeyStore(Repository):
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self._keyring: Keyring | object | None = _NO_KEY
+        self._keys: OrderedDict[uuid.UUID, RunKey | None] = OrderedDict()
+        # Called with the field of every sealed value that did not open (the server counts them:
+        # agentrt_sealed_value_failures_total).
+        self.on_integrity_failure: Callable[[str], None] | None = None
 
     def integrity_failure(self, field: str, owner: str) -> SealedValueInvalid:
         """The one place a sealed value that does not open is logged and counted; the caller raises the
@@ -97,7 +99,7 @@ class KeyStore(StoreBase):
         return RunKey(schedule_id, plain, Sensitivity())
 
     def _remember(self, run_id: uuid.UUID, key: RunKey | None) -> None:
-        cache = self.__dict__.setdefault("_keys", OrderedDict())
+        cache = self._keys
         cache[run_id] = key
         cache.move_to_end(run_id)
         while len(cache) > self.settings.data_key_cache_size:
@@ -106,7 +108,7 @@ class KeyStore(StoreBase):
     @db_call
     async def run_key(self, run_id: uuid.UUID) -> RunKey | None:
         """The run's plain data key; None: it holds no sealed values."""
-        cache = self.__dict__.setdefault("_keys", OrderedDict())
+        cache = self._keys
         if run_id in cache:
             cache.move_to_end(run_id)
             return cache[run_id]
@@ -150,7 +152,7 @@ class KeyStore(StoreBase):
                                            "run_ids", after, max_batches)
         schedules, _ = await self._rotate(ring, "schedule", Q.schedule_keys_to_rotate, Q.rewrap_schedule_keys, "id",
                                           "ids", None, None if max_batches is None else max_batches - batches)
-        self.__dict__.setdefault("_keys", OrderedDict()).clear()
+        self._keys.clear()
         return Rotated(runs + schedules, await self.data_key_counts())
 
     async def _rotate(self, ring: Keyring, what: str, select: Query, rewrap: Query, id_column: str, ids_param: str,

@@ -1,9 +1,9 @@
 """Why a fenced write matched no row, and what a retried event id finds (docs/design.md §commit-unknown).
 
 A fenced write that matched no row wrote nothing. Before saying why, the
-store asks whether the caller's event id already committed (`_replay`): the
+store asks whether the caller's event id already committed (`replay`): the
 whole write → answer from what committed; none of it → explain the refusal
-(`_refusal`: not found, lease lost, cancelled, wrong state, version
+(`refusal`: not found, lease lost, cancelled, wrong state, version
 conflict); half of it → freeze the run, never guess. The diagnosis never
 writes except to apply a requested cancel or to freeze a run whose commit was
 half-visible.
@@ -19,7 +19,7 @@ import asyncpg
 from asyncpg import Record
 
 from scheduler.states import LEASED, Op, RunStatus, sources, transition
-from scheduler.store.core import COMMIT_UNKNOWN_COUNTER, StoreBase, log
+from scheduler.store.core import COMMIT_UNKNOWN_COUNTER, insert_event, log
 from scheduler.store.queries import Q
 from scheduler.store.types import NO_JOURNAL, Effect, Journal, LeaseRef, WriteBinding
 from shared.db import execute, fetch, fetchrow
@@ -42,7 +42,7 @@ CloseAs = tuple[str, Any, str | None, str | None]
 
 @dataclass
 class _Found:
-    """What `_replay_all` found of a write's parts."""
+    """What `replay_all` found of a write's parts."""
 
     present: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
@@ -51,21 +51,23 @@ class _Found:
     fences: set[int] = field(default_factory=set)  # the fences that wrote what is present
 
 
-class Recovery(StoreBase):
-    async def _replay(self, conn: asyncpg.Connection, lease: LeaseRef, binding: WriteBinding,
+class Recovery:
+    """Stateless: every method works in the caller's transaction (`conn`)."""
+
+    async def replay(self, conn: asyncpg.Connection, lease: LeaseRef, binding: WriteBinding,
                       event_id: uuid.UUID, effect: Effect) -> Any:
         """Commit-unknown recovery by the caller's event id (docs/design.md §commit-unknown).
 
         The event and its write both committed, bound to this very write → the
         earlier call succeeded: answer from what committed (a record). Neither →
-        None: the caller may run the write. Otherwise see `_replay_all`.
+        None: the caller may run the write. Otherwise see `replay_all`.
         """
-        found = await self._replay_all(conn, lease, binding, ((event_id, effect, "event_id"),))
+        found = await self.replay_all(conn, lease, binding, ((event_id, effect, "event_id"),))
         return found[0] if found is not None else None
 
-    async def _replay_all(self, conn: asyncpg.Connection, lease: LeaseRef, binding: WriteBinding,
+    async def replay_all(self, conn: asyncpg.Connection, lease: LeaseRef, binding: WriteBinding,
                           writes: tuple[tuple[uuid.UUID, Effect, str], ...]) -> list[Any] | None:
-        """`_replay` for a write made of several (event id, effect, request field) parts committed together.
+        """`replay` for a write made of several (event id, effect, request field) parts committed together.
 
         Every event present and bound to this write (same operation, same hash
         over lease and request) with every effect present → the artifacts, in
@@ -84,7 +86,7 @@ class Recovery(StoreBase):
         if found.foreign is not None:
             field_name, event = found.foreign
             same_writer = event["write_op"] == binding.op and event["fencing_token"] == lease.fencing_token
-            run = None if same_writer else await self._run_for(conn, lease)
+            run = None if same_writer else await self.run_for(conn, lease)
             if same_writer or (run is not None and run["holds_lease"]):
                 raise AlreadyExists(
                     f"{field_name} was already used for another write "
@@ -96,7 +98,7 @@ class Recovery(StoreBase):
         # Half a commit. Only its writer (the fence that wrote what is present) may
         # learn of it, and only while that fence is still the run's does it freeze.
         if found.fences != {lease.fencing_token}:
-            raise self._lease_refusal(await self._run_for(conn, lease), lease)
+            raise self._lease_refusal(await self.run_for(conn, lease), lease)
         raise await self._freeze_half_commit(conn, lease, writes, found)
 
     async def _inspect(self, conn: asyncpg.Connection, run_id: uuid.UUID, binding: WriteBinding,
@@ -149,7 +151,7 @@ class Recovery(StoreBase):
                 transition(run["status"], Op.FREEZE)
                 frozen = await fetchrow(conn, Q.freeze_run, run_id=run_id, reason=reason)
                 assert frozen is not None
-                await self._event(conn, frozen, "agent.run_frozen", {"reason": reason}, NO_TRACE)
+                await insert_event(conn, frozen, "agent.run_frozen", {"reason": reason}, NO_TRACE)
         log.error("froze run %s: %s", run_id, reason)
         return RunFrozen(reason, run_id=run_id, event_id=writes[0][0])
 
@@ -169,7 +171,7 @@ class Recovery(StoreBase):
                 "fencing_token": event["fencing_token"], "event_id": event["event_id"], "pruned": True}
 
     @staticmethod
-    async def _run_for(conn: asyncpg.Connection, lease: LeaseRef) -> Record | None:
+    async def run_for(conn: asyncpg.Connection, lease: LeaseRef) -> Record | None:
         """The run with `holds_lease`: whether `lease` is its live holder, judged in SQL by the
         predicate every fenced write matches (sql/queries.sql, live_lease)."""
         return await fetchrow(conn, Q.read_run_for_lease, run_id=lease.run_id, worker_id=lease.worker_id,
@@ -185,18 +187,18 @@ class Recovery(StoreBase):
             f"{lease.fencing_token} (current fence {run['fencing_token']}, status {run['status']})",
             run_id=lease.run_id, fencing_token=run["fencing_token"], status=run["status"])
 
-    async def _unless_holder(self, conn: asyncpg.Connection, lease: LeaseRef) -> None:
+    async def unless_holder(self, conn: asyncpg.Connection, lease: LeaseRef) -> None:
         """Raises NOT_FOUND or LEASE_LOST unless `lease` holds the run (one read)."""
-        run = await self._run_for(conn, lease)
+        run = await self.run_for(conn, lease)
         if run is None or not run["holds_lease"]:
             raise self._lease_refusal(run, lease)
 
-    async def _refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
+    async def refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
                        expected_version: int | None, journal: Journal = NO_JOURNAL,
                        consume_signal_seqs: tuple[int, ...] = (), run: Record | None = None) -> AgentrtError:
         """Why a fenced write matched no row. Applies a requested cancel (the holder's write ends it).
-        `run` is the caller's read of `_run_for`, if it made one."""
-        run = run or await self._run_for(conn, lease)
+        `run` is the caller's read of `run_for`, if it made one."""
+        run = run or await self.run_for(conn, lease)
         if run is None or not run["holds_lease"]:
             return self._lease_refusal(run, lease)
         if run["cancel_requested_at"] is not None:
@@ -222,13 +224,13 @@ class Recovery(StoreBase):
         return VersionConflict(f"run {lease.run_id} changed concurrently; re-read and retry",
                                run_id=lease.run_id, version=run["version"])
 
-    async def _tool_refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
+    async def tool_refusal(self, conn: asyncpg.Connection, op: Op, lease: LeaseRef,
                             expected_version: int | None, step_key: str, close_as: CloseAs | None,
                             journal: Journal = NO_JOURNAL) -> AgentrtError:
-        run = await self._run_for(conn, lease)
+        run = await self.run_for(conn, lease)
         if run is not None and run["cancel_requested_at"] is not None and run["holds_lease"]:
             return await self._apply_cancel(conn, lease, step_key, close_as)
-        refusal = await self._refusal(conn, op, lease, expected_version, journal, run=run)
+        refusal = await self.refusal(conn, op, lease, expected_version, journal, run=run)
         if not isinstance(refusal, VersionConflict) or run is None:
             return refusal
         if run["current_step_key"] != step_key:
@@ -258,7 +260,7 @@ class Recovery(StoreBase):
             ended = await fetchrow(conn, Q.end_run, run_id=lease.run_id, status=target.value, reason=reason,
                                    cancel=False, cancel_reason=None)
             assert ended is not None
-            await self._event(conn, ended, "agent.run_cancelled", {"reason": run["cancel_reason"]}, NO_TRACE)
+            await insert_event(conn, ended, "agent.run_cancelled", {"reason": run["cancel_reason"]}, NO_TRACE)
         return RunCancelled(f"run {lease.run_id} was cancelled: {run['cancel_reason']}", run_id=lease.run_id)
 
 

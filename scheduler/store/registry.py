@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.admission import LiveVersion
-from scheduler.store.core import StoreBase, db_call
+from scheduler.store.core import Repository, db_call
 from scheduler.store.queries import Q
 from scheduler.store.rows import RegisteredAgentRow
 from shared.canonical import canonical_json
@@ -35,7 +35,7 @@ class AgentSpec:
     sensitive: dict[str, Any] | None = None
 
 
-class RegistryStore(StoreBase):
+class RegistryStore(Repository):
     @db_call
     async def register_agents(self, worker_id: str, *, agents: list[AgentSpec], ttl_ms: int) -> dt.datetime:
         """The whole set `worker_id` serves now (an empty list withdraws it); returns the new expiry."""

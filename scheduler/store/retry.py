@@ -21,7 +21,7 @@ from asyncpg import Record
 from scheduler.security.sealing import Unopened, transform
 from scheduler.states import RunStatus
 from scheduler.store.auth import run_state, write_audit
-from scheduler.store.core import db_call, request_event_id
+from scheduler.store.core import Database, Repository, db_call, request_event_id
 from scheduler.store.keys import KeyStore
 from scheduler.store.queries import Q
 from scheduler.store.rows import Submitted
@@ -41,10 +41,17 @@ def retry_request_id(run_id: uuid.UUID, request_id: str) -> str:
     return f"retry-{request_event_id(run_id, 'RetryRun', request_id)}"
 
 
-class RetryStore(RunStore, KeyStore):
+class RetryStore(Repository):
+    """RetryRun: a new run from a FAILED or CANCELLED one, submitted through `runs`."""
+
+    def __init__(self, db: Database, runs: RunStore, keys: KeyStore) -> None:
+        super().__init__(db)
+        self.runs = runs
+        self.keys = keys
+
     @db_call
     async def _old_run(self, tenant_id: str, run_id: uuid.UUID) -> Record:
-        async with self.tenant_tx(tenant_id, readonly=True) as conn:
+        async with self.db.tenant_tx(tenant_id, readonly=True) as conn:
             row = await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id)
         if row is None:
             raise NotFound(f"run {run_id} not found", run_id=run_id)
@@ -57,7 +64,7 @@ class RetryStore(RunStore, KeyStore):
         old = await self._old_run(tenant_id, run_id)
         client_request_id = retry_request_id(run_id, request_id) if request_id else f"generated-{uuid7()}"
         if request_id is not None:
-            earlier = await self.run_for_request(tenant_id, client_request_id)
+            earlier = await self.runs.run_for_request(tenant_id, client_request_id)
             if earlier is not None:
                 if earlier.retry_of_run_id != run_id:
                     raise AlreadyExists("request_id names another request's run", field="request_id",
@@ -84,7 +91,7 @@ class RetryStore(RunStore, KeyStore):
                                   evidence={"retry_run_id": str(new["id"])}, trace=trace,
                                   run_version=old["version"], fencing_token=old["fencing_token"])
 
-        submitted = await self.submit_run(tenant_id, spec, trace, created=audited)
+        submitted = await self.runs.submit_run(tenant_id, spec, trace, created=audited)
         if submitted.run.retry_of_run_id != run_id:  # a SubmitRun that chose this client_request_id itself
             raise AlreadyExists("request_id names another request's run", field="request_id",
                                 run_id=submitted.run.id)
@@ -93,16 +100,16 @@ class RetryStore(RunStore, KeyStore):
     async def _sealed_again(self, old: Record, new_id: uuid.UUID) -> tuple[Any, SealedSubmit | None]:
         """The old run's input with each sealed value sealed again under a new data key of `new_id`
         (None: the old run has no data key, its input is copied as it is)."""
-        key = await self.run_key(old["id"])
+        key = await self.keys.run_key(old["id"])
         if key is None:
             return old["input"], None
-        made = self.new_run_key(new_id, key.sensitivity)
+        made = self.keys.new_run_key(new_id, key.sensitivity)
 
         def again(text: str) -> Any:
             try:
                 plain = key.open(text)
             except Unopened:
-                raise self.integrity_failure("input_json", f"run {old['id']}") from None
+                raise self.keys.integrity_failure("input_json", f"run {old['id']}") from None
             made.key.secrets.add(plain if isinstance(plain, str) else canonical_json(plain))
             return made.key.seal(plain)
 

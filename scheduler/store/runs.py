@@ -20,10 +20,18 @@ from scheduler.config import SubmitQuota
 from scheduler.states import LEASED, TERMINAL, Op, RunStatus, transition
 from scheduler.store.auth import run_state, write_audit
 from scheduler.store.children import ChildStore
-from scheduler.store.core import db_call, replayed_request, request_event_id, trace_params
+from scheduler.store.core import (
+    Database,
+    Repository,
+    db_call,
+    insert_event,
+    lock_tenant_run,
+    replayed_request,
+    request_event_id,
+    trace_params,
+)
 from scheduler.store.keys import KeyStore
 from scheduler.store.queries import Q
-from scheduler.store.recovery import Recovery
 from scheduler.store.rows import (
     CheckpointRow,
     DbHealth,
@@ -69,7 +77,14 @@ _RESOLVE_OP = {"SUCCEEDED": Op.RESOLVE_SUCCEEDED, "NOT_EXECUTED": Op.RESOLVE_NOT
                "UNKNOWN": Op.RESOLVE_UNKNOWN}
 
 
-class RunStore(Recovery, KeyStore):
+class RunStore(Repository):
+    """RunService's reads and operator writes: submit, get, list, history, cancel, resume, signal, resolve,
+    stats, retention and health."""
+
+    def __init__(self, db: Database, keys: KeyStore) -> None:
+        super().__init__(db)
+        self.keys = keys
+
     @db_call
     async def submit_run(self, tenant_id: str, spec: SubmitSpec, trace: Trace = NO_TRACE,
                          created: Callable[[asyncpg.Connection, Record], Awaitable[None]] | None = None) -> Submitted:
@@ -77,8 +92,8 @@ class RunStore(Recovery, KeyStore):
         (settings.submit_quota): QuotaExceeded, and nothing is written. `created` runs in the
         transaction that made the run (RetryRun's audit row)."""
         digest = spec.submit_hash() if spec.client_request_id else None
-        async with self.tenant_tx(tenant_id) as conn:
-            flow = await self.flow(conn)
+        async with self.db.tenant_tx(tenant_id) as conn:
+            flow = await self.db.flow(conn)
             quota, step = flow.submit_quota(tenant_id), flow.fair_step(tenant_id)
             if not quota.active:
                 row = await self._insert_run(conn, tenant_id, spec, digest, step, trace)
@@ -142,14 +157,14 @@ class RunStore(Recovery, KeyStore):
     @db_call
     async def run_for_request(self, tenant_id: str, client_request_id: str) -> RunRow | None:
         """The tenant's run submitted with `client_request_id`, if any."""
-        async with self.tenant_tx(tenant_id) as conn:
+        async with self.db.tenant_tx(tenant_id) as conn:
             row = await fetchrow(conn, Q.get_run_by_client_request, tenant_id=tenant_id,
                                  client_request_id=client_request_id)
         return RunRow.of(row) if row is not None else None
 
     @db_call
     async def get_run(self, tenant_id: str, run_id: uuid.UUID) -> RunRow:
-        async with self.tenant_tx(tenant_id) as conn:
+        async with self.db.tenant_tx(tenant_id) as conn:
             row = await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id)
         if row is None:
             raise NotFound(f"run {run_id} not found", run_id=run_id)
@@ -158,7 +173,7 @@ class RunStore(Recovery, KeyStore):
     @db_call
     async def list_runs(self, tenant_id: str, where: RunFilter, *, after: tuple[dt.datetime, uuid.UUID] | None,
                         limit: int) -> list[RunRow]:
-        async with self.tenant_tx(tenant_id) as conn:
+        async with self.db.tenant_tx(tenant_id) as conn:
             rows = await fetch(conn, Q.list_runs, tenant_id=tenant_id, **where.params(),
                                after_created_at=after[0] if after else None, after_id=after[1] if after else None,
                                limit=limit)
@@ -177,16 +192,16 @@ class RunStore(Recovery, KeyStore):
         `keep_children`: the run alone (bound by its request_id too)."""
         named = None if request_id is None else (request_event_id(run_id, "CancelRun", request_id), content_hash(
             {"reason": reason, **({"keep_children": True} if keep_children else {})}))
-        async with self.tenant_tx(tenant_id) as conn:
+        async with self.db.tenant_tx(tenant_id) as conn:
             if await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id) is None:
                 raise NotFound(f"run {run_id} not found", run_id=run_id)
             if named is not None and await replayed_request(conn, named[0], "CancelRun", named[1]):
-                return RunRow.of(await self._lock_tenant_run(conn, tenant_id, run_id))
+                return RunRow.of(await lock_tenant_run(conn, tenant_id, run_id))
             for descendant in [] if keep_children else await ChildStore.cancellable_descendants(conn, run_id):
                 child = await fetchrow(conn, Q.lock_run, run_id=descendant)
                 if child is not None and child["tenant_id"] == tenant_id:
                     await self._cancel_locked(conn, child, f"parent {run_id} cancelled: {reason}", trace)
-            run = await self._lock_tenant_run(conn, tenant_id, run_id)
+            run = await lock_tenant_run(conn, tenant_id, run_id)
             updated = await self._cancel_locked(conn, run, reason, trace, named=named)
             if audit is not None and updated is not run:
                 await self._audit_run(conn, audit, "run.cancel", run, updated, trace)
@@ -206,14 +221,14 @@ class RunStore(Recovery, KeyStore):
             transition(status, Op.REQUEST_CANCEL)
             updated = await fetchrow(conn, Q.request_cancel, run_id=run["id"], reason=reason)
             assert updated is not None
-            await self._event(conn, updated, "agent.cancel_requested", {"reason": reason}, trace,
+            await insert_event(conn, updated, "agent.cancel_requested", {"reason": reason}, trace,
                               event_id=event_id, bound=bound)
             return updated
         target = transition(status, Op.CANCEL)
         updated = await fetchrow(conn, Q.end_run, run_id=run["id"], status=target.value,
                                  reason=f"cancelled: {reason}", cancel=True, cancel_reason=reason)
         assert updated is not None
-        await self._event(conn, updated, "agent.run_cancelled",
+        await insert_event(conn, updated, "agent.run_cancelled",
                           {"reason": reason, "intents_in_doubt": updated["doubted_intents"]}, trace,
                           event_id=event_id, bound=bound)
         return updated
@@ -232,8 +247,8 @@ class RunStore(Recovery, KeyStore):
         request_id = request_id or str(signal_id)
         signal_identity = {"name": name, "payload": payload}
         digest = content_hash(signal_identity)
-        async with self.tenant_tx(tenant_id) as conn:
-            run = await self._lock_tenant_run(conn, tenant_id, run_id)
+        async with self.db.tenant_tx(tenant_id) as conn:
+            run = await lock_tenant_run(conn, tenant_id, run_id)
             existing = await fetchrow(conn, Q.signal_by_request, run_id=run_id, request_id=request_id)
             if existing is not None:
                 if not content_hash_matches(bytes(existing["request_hash"]), signal_identity):
@@ -249,7 +264,7 @@ class RunStore(Recovery, KeyStore):
             woke = run["status"] == RunStatus.QUEUED and run["awaiting_signal"] == name
             updated = await fetchrow(conn, Q.lock_run, run_id=run_id)
             assert updated is not None
-            await self._event(conn, updated, "agent.signal_received",
+            await insert_event(conn, updated, "agent.signal_received",
                               {"seq": row["id"], "signal_id": str(signal_id), "name": name,
                                "request_id": request_id, "woke": woke}, trace)
             return Signalled(SignalRow.of_row(row), RunRow.of(updated), True, woke)
@@ -276,17 +291,17 @@ class RunStore(Recovery, KeyStore):
         deterministic)."""
         event_id, bound = None, None
         if request_id is not None:
-            plain = {**human_input, "input": await self.plain(run_id, human_input.get("input"))}
+            plain = {**human_input, "input": await self.keys.plain(run_id, human_input.get("input"))}
             event_id = request_event_id(run_id, "ResumeRun", request_id)
             bound = ("ResumeRun", content_hash(plain))
-        async with self.tenant_tx(tenant_id) as conn:
-            run = await self._lock_tenant_run(conn, tenant_id, run_id)
+        async with self.db.tenant_tx(tenant_id) as conn:
+            run = await lock_tenant_run(conn, tenant_id, run_id)
             if event_id is not None and bound is not None and await replayed_request(conn, event_id, *bound):
                 return RunRow.of(run)
             transition(run["status"], Op.RESUME)
             updated = await fetchrow(conn, Q.resume_run, run_id=run_id, human_input=human_input)
             assert updated is not None
-            await self._event(conn, updated, "agent.run_resumed",
+            await insert_event(conn, updated, "agent.run_resumed",
                               {"decision": human_input.get("decision"),
                                "operator": human_input.get("operator")}, trace, event_id=event_id, bound=bound)
             if audit is not None:
@@ -319,11 +334,11 @@ class RunStore(Recovery, KeyStore):
         event_id = event_id or uuid7()
         # Over the plain values: the edge seals marked ones anew at each attempt (a fresh nonce).
         binding = sha256_of({"run_id": str(run_id), "step_key": step_key, "outcome": outcome,
-                             "result": await self.plain(run_id, result),
+                             "result": await self.keys.plain(run_id, result),
                              "remote_resource_id": remote_resource_id,
-                             "evidence": await self.plain(run_id, evidence),
+                             "evidence": await self.keys.plain(run_id, evidence),
                              "resolved_by": resolved_by})
-        async with self.tenant_tx(tenant_id) as conn:
+        async with self.db.tenant_tx(tenant_id) as conn:
             previous = await fetchrow(conn, Q.event_by_id, event_id=event_id)
             if previous is not None:
                 if previous["run_id"] != run_id or previous["event_type"] != "agent.tool_resolved":
@@ -331,10 +346,10 @@ class RunStore(Recovery, KeyStore):
                 if previous["write_hash"] is not None and bytes(previous["write_hash"]) != binding:
                     raise AlreadyExists("event_id was already used for another resolution (another payload); "
                                         "nothing was written", field="event_id")
-                run = await self._lock_tenant_run(conn, tenant_id, run_id)
+                run = await lock_tenant_run(conn, tenant_id, run_id)
                 execution = await fetchrow(conn, Q.tool_execution_for_step, run_id=run_id, step_key=step_key)
                 return Resolved(RunRow.of(run), ExecutionRow.of(execution))  # type: ignore[arg-type]
-            run = before = await self._lock_tenant_run(conn, tenant_id, run_id)
+            run = before = await lock_tenant_run(conn, tenant_id, run_id)
             transition(run["status"], _RESOLVE_OP[outcome])
             execution = await fetchrow(conn, Q.lock_tool_execution, run_id=run_id, step_key=step_key)
             if execution is None:
@@ -354,7 +369,7 @@ class RunStore(Recovery, KeyStore):
                 run = await self._requeue_resolved(conn, run, execution, step_key=step_key, outcome=outcome,
                                                    result=result, remote_resource_id=remote_resource_id,
                                                    resolved_by=resolved_by, event_id=event_id)
-            await self._event(conn, run, "agent.tool_resolved",
+            await insert_event(conn, run, "agent.tool_resolved",
                               {"step_key": step_key, "outcome": outcome, "resolved_by": resolved_by,
                                "evidence": evidence}, trace, event_id=event_id,
                               bound=("ResolveToolExecution", binding))
@@ -415,7 +430,7 @@ class RunStore(Recovery, KeyStore):
 
     async def _record_read(self, tenant_id: str, run_id: uuid.UUID, action: str, evidence: dict[str, Any],
                            audit: AuditEntry, trace: Trace) -> None:
-        async with self.tenant_tx(tenant_id) as conn:
+        async with self.db.tenant_tx(tenant_id) as conn:
             run = await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id)
             if run is None:
                 raise NotFound(f"run {run_id} not found", run_id=run_id)
@@ -434,7 +449,7 @@ class RunStore(Recovery, KeyStore):
         every page moves on). Returns the page and the cursor of the next one
         (`exhausted` when nothing is left). One snapshot for the whole page.
         """
-        async with self.tenant_tx(tenant_id, isolation="repeatable_read", readonly=True) as conn:
+        async with self.db.tenant_tx(tenant_id, isolation="repeatable_read", readonly=True) as conn:
             run = await fetchrow(conn, Q.get_run, run_id=run_id, tenant_id=tenant_id)
             if run is None:
                 raise NotFound(f"run {run_id} not found", run_id=run_id)
@@ -535,7 +550,7 @@ class RunStore(Recovery, KeyStore):
 
     @db_call
     async def tenant_stats(self, tenant_id: str) -> TenantStats:
-        async with self.tenant_tx(tenant_id) as conn:
+        async with self.db.tenant_tx(tenant_id) as conn:
             row = await fetchrow(conn, Q.tenant_stats, tenant_id=tenant_id)
         assert row is not None
         return TenantStats.of(row)
@@ -567,19 +582,19 @@ class RunStore(Recovery, KeyStore):
     # the admin scope, whatever pool the store has (the CLI's has no scope).
     @db_call
     async def retention_policies(self) -> list[Record]:
-        async with self.admin_tx("retention list") as conn:
+        async with self.db.admin_tx("retention list") as conn:
             return await fetch(conn, Q.list_retention_policies)
 
     @db_call
     async def set_retention_policy(self, tenant_id: str, keep_days: int) -> Record:
-        async with self.admin_tx("retention set") as conn:
+        async with self.db.admin_tx("retention set") as conn:
             row = await fetchrow(conn, Q.set_retention_policy, tenant_id=tenant_id, keep_days=keep_days)
         assert row is not None
         return row
 
     @db_call
     async def clear_retention_policy(self, tenant_id: str) -> bool:
-        async with self.admin_tx("retention clear") as conn:
+        async with self.db.admin_tx("retention clear") as conn:
             return await fetchval(conn, Q.clear_retention_policy, tenant_id=tenant_id) is not None
 
     @db_call

@@ -28,7 +28,7 @@ from scheduler.schedule_times import Timing, jitter_of, timing
 from scheduler.security.sealing import RunKey, Sensitivity, Unopened, plain_values, redact_labels
 from scheduler.states import TERMINAL
 from scheduler.store.auth import write_audit
-from scheduler.store.core import db_call
+from scheduler.store.core import Database, Repository, db_call
 from scheduler.store.keys import KeyStore
 from scheduler.store.queries import Q
 from scheduler.store.types import AuditEntry, SubmitSpec
@@ -106,7 +106,13 @@ class _Fire:
     last_fire_at: dt.datetime | None = None
 
 
-class ScheduleStore(KeyStore):
+class ScheduleStore(Repository):
+    """Schedules: create, update, pause, delete, list, and the firing of a due one (a run submitted)."""
+
+    def __init__(self, db: Database, keys: KeyStore) -> None:
+        super().__init__(db)
+        self.keys = keys
+
     async def _seal_spec(self, conn: asyncpg.Connection, schedule_id: uuid.UUID, spec: ScheduleSpec,
                          existing: Record | None) -> tuple[ScheduleSpec, dict[str, Any]]:
         """The spec as stored, with its key columns: the input's values the serving agent version marks
@@ -119,13 +125,13 @@ class ScheduleStore(KeyStore):
             return spec, {"key_id": None, "wrapped_key": None}
         # Labels are free text every run of the schedule carries: one holding a marked value is redacted.
         spec = dataclasses.replace(spec, labels=redact_labels(spec.labels, plain_values(spec.input, paths)))
-        key = self.schedule_key(schedule_id, existing["key_id"], existing["wrapped_key"]) if existing else None
+        key = self.keys.schedule_key(schedule_id, existing["key_id"], existing["wrapped_key"]) if existing else None
         if key is not None:
             assert existing is not None
             key_id, wrapped = existing["key_id"], bytes(existing["wrapped_key"])
         else:
             data_key = os.urandom(32)
-            key_id, wrapped = self.keyring().wrap(data_key)
+            key_id, wrapped = self.keys.keyring().wrap(data_key)
             key = RunKey(schedule_id, data_key, Sensitivity())
         sealed = key.seal_paths(spec.input, paths)
         if sealed == spec.input:  # no marked field present
@@ -135,13 +141,13 @@ class ScheduleStore(KeyStore):
     def _opened(self, row: Record) -> ScheduleSpec:
         """A stored schedule's spec with its sealed input values opened (for a fire)."""
         spec = spec_of(row)
-        key = self.schedule_key(row["id"], row["key_id"], row["wrapped_key"])
+        key = self.keys.schedule_key(row["id"], row["key_id"], row["wrapped_key"])
         if key is None:
             return spec
         try:
             return dataclasses.replace(spec, input=key.unseal(spec.input))
         except Unopened:
-            raise self.integrity_failure("spec.input_json", f"schedule {row['id']}") from None
+            raise self.keys.integrity_failure("spec.input_json", f"schedule {row['id']}") from None
 
     def _first(self, spec: ScheduleSpec, schedule_id: uuid.UUID, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
         """The first nominal fire time after `now`, and when it is due (with its jitter)."""
@@ -153,7 +159,7 @@ class ScheduleStore(KeyStore):
                               audit: AuditEntry) -> tuple[Record, bool]:
         """The new schedule (audited as `schedule.create`), or the one of that name and spec (nothing audited)."""
         schedule_id = uuid7()
-        async with self.tenant_tx(tenant_id) as conn:
+        async with self.db.tenant_tx(tenant_id) as conn:
             now = await fetchval(conn, Q.server_now)
             first, due = self._first(spec, schedule_id, now)
             stored, key = await self._seal_spec(conn, schedule_id, spec, None)
@@ -179,7 +185,7 @@ class ScheduleStore(KeyStore):
     @db_call
     async def update_schedule(self, tenant_id: str, schedule_id: uuid.UUID, spec: ScheduleSpec,
                               audit: AuditEntry) -> Record:
-        async with self.tenant_tx(tenant_id) as conn:
+        async with self.db.tenant_tx(tenant_id) as conn:
             row = await self._locked(conn, tenant_id, schedule_id)
             stored, key = await self._seal_spec(conn, schedule_id, spec, row)
             if bytes(row["spec_hash"]) == stored.digest():
@@ -196,7 +202,7 @@ class ScheduleStore(KeyStore):
                              audit: AuditEntry) -> Record:
         """Audited as `schedule.pause` / `schedule.resume`; pausing a paused schedule (or resuming a running
         one) changes nothing and audits nothing."""
-        async with self.tenant_tx(tenant_id) as conn:
+        async with self.db.tenant_tx(tenant_id) as conn:
             row = await self._locked(conn, tenant_id, schedule_id)
             first = due = None
             if not paused and row["paused"]:
@@ -210,7 +216,7 @@ class ScheduleStore(KeyStore):
 
     @db_call
     async def delete_schedule(self, tenant_id: str, schedule_id: uuid.UUID, audit: AuditEntry) -> Record:
-        async with self.tenant_tx(tenant_id) as conn:
+        async with self.db.tenant_tx(tenant_id) as conn:
             row = await self._locked(conn, tenant_id, schedule_id)
             deleted = await fetchrow(conn, Q.delete_schedule, id=schedule_id)
             assert deleted is not None
@@ -220,7 +226,7 @@ class ScheduleStore(KeyStore):
 
     @db_call
     async def list_schedules(self, tenant_id: str) -> list[Record]:
-        async with self.tenant_tx(tenant_id) as conn:
+        async with self.db.tenant_tx(tenant_id) as conn:
             return list(await fetch(conn, Q.list_schedules, tenant_id=tenant_id))
 
     # ------------------------------------------------------------------ firing
@@ -290,7 +296,7 @@ class ScheduleStore(KeyStore):
         run_id, stored, sealed = uuid7(), run.input, None
         marks = Sensitivity.of_json(sensitive)
         if marks.any:  # sealed as SubmitRun seals (api/shield.py); no keyring: the fire fails, nothing in clear
-            sealed = self.new_run_key(run_id, marks)
+            sealed = self.keys.new_run_key(run_id, marks)
             stored = sealed.key.seal_paths(run.input, marks.input)
         submitted = await fetchrow(
             conn, Q.submit_run, run_id=run_id, tenant_id=row["tenant_id"], agent_name=run.agent_name,
@@ -300,7 +306,7 @@ class ScheduleStore(KeyStore):
             max_steps=0, max_tokens=0, max_cost_usd=0.0, deadline_at=None, client_request_id=request_id,
             submit_hash=run.submit_hash(), event_id=uuid7(), traceparent=None, tracestate=None,
             priority=priority, concurrency_key=key, concurrency_max=key_max, retry_of_run_id=None,
-            fair_step=(await self.flow(conn)).fair_step(row["tenant_id"]))
+            fair_step=(await self.db.flow(conn)).fair_step(row["tenant_id"]))
         if submitted is None:  # this fire time already has its run (the request id names it): never a second
             submitted = await fetchrow(conn, Q.get_run_by_client_request, tenant_id=row["tenant_id"],
                                        client_request_id=request_id)

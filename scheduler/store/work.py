@@ -16,8 +16,19 @@ from typing import Any
 
 from scheduler.config import ConcurrencyLimits
 from scheduler.states import TRANSITIONS, Op, RunStatus, run_status, transition
-from scheduler.store.core import binding_params, db_call, fence_params, fenced_write, prefixed, trace_params
+from scheduler.store.core import (
+    Database,
+    Repository,
+    binding_params,
+    db_call,
+    fence_params,
+    fenced_write,
+    insert_event,
+    prefixed,
+    trace_params,
+)
 from scheduler.store.queries import Q
+from scheduler.store.recovery import Recovery
 from scheduler.store.rows import (
     CheckpointRow,
     CompactJournalPage,
@@ -31,7 +42,6 @@ from scheduler.store.rows import (
     Written,
 )
 from scheduler.store.types import NO_JOURNAL, Claimed, Journal, LeaseRef, RunEnd, bind_write, tx2_binding
-from scheduler.store.work_tools import ToolWrites
 from shared.canonical import CanonicalJson, sha256_of
 from shared.db import fetch, fetchrow, fetchval
 from shared.errors import InvalidArgument
@@ -57,9 +67,14 @@ class _SlotTaken(Exception):
     """A concurrent claim took the last slot of a group first: roll this claim back."""
 
 
-class WorkStore(ToolWrites):
-    _keys_used = False  # runs with concurrency keys exist (once true, for good)
-    _keys_checked_at = float("-inf")
+class WorkStore(Repository):
+    """The lease holder's side of a run: claim, heartbeat, checkpoint, journal reads and the run's end."""
+
+    def __init__(self, db: Database, recovery: Recovery) -> None:
+        super().__init__(db)
+        self.recovery = recovery
+        self._keys_used = False  # runs with concurrency keys exist (once true, for good)
+        self._keys_checked_at = float("-inf")
 
     @db_call
     async def claim(self, worker_id: str, agents: list[str], trace: Trace = NO_TRACE) -> Claimed | None:
@@ -99,7 +114,7 @@ class WorkStore(ToolWrites):
                     ended = await fetchrow(conn, Q.end_run, run_id=row["id"], status=target.value, reason=reason,
                                            cancel=False, cancel_reason=None)
                     assert ended is not None
-                    await self._event(conn, ended, event,
+                    await insert_event(conn, ended, event,
                                       {"reason": reason, "intents_in_doubt": ended["doubted_intents"]}, trace)
         return None
 
@@ -117,7 +132,7 @@ class WorkStore(ToolWrites):
         """One claim statement. Without limits that could apply: claim_work_plain, one round trip. Else
         claim_work in its own transaction, kept only when no concurrency limit of the claimed run is passed
         (slot_overflow, after the statement locked its groups); None when it was rolled back."""
-        limits = (await self.flow(conn)).concurrency
+        limits = (await self.db.flow(conn)).concurrency
         if not await self._limits_apply(conn, limits):
             return await fetchrow(conn, Q.claim_work_plain, worker_id=worker_id, agents=agents,
                                   lease_ms=self.settings.lease_duration_ms, wake_batch=WAKE_BATCH)
@@ -147,7 +162,7 @@ class WorkStore(ToolWrites):
             if row is not None:
                 annotate(tenant_id=row["tenant_id"])
                 return row["lease_expires_at"]  # type: ignore[no-any-return]
-            raise await self._refusal(conn, Op.HEARTBEAT, lease, None)
+            raise await self.recovery.refusal(conn, Op.HEARTBEAT, lease, None)
 
     @db_call
     async def save_checkpoint(
@@ -176,10 +191,10 @@ class WorkStore(ToolWrites):
                 **binding_params(binding), **journal.params, consume_signal_seqs=list(consume_signal_seqs))
             if written is not None:
                 return Written(written["version"], False)
-            replay = await self._replay(conn, lease, binding, event_id, "checkpoint")
+            replay = await self.recovery.replay(conn, lease, binding, event_id, "checkpoint")
             if replay is not None:
                 return Written(replay["version"], True)
-            raise await self._refusal(conn, Op.SAVE_CHECKPOINT, lease, expected_version, journal,
+            raise await self.recovery.refusal(conn, Op.SAVE_CHECKPOINT, lease, expected_version, journal,
                                       consume_signal_seqs)
 
     @db_call
@@ -210,7 +225,7 @@ class WorkStore(ToolWrites):
                 written = await fenced_write(conn, Q.complete_tool_call, **params)
                 if written is not None:
                     return Completed(written["version"], TRANSITIONS[(RunStatus.WAITING_TOOL, op)], False)
-                replay = await self._replay(conn, lease, binding, event_id, "checkpoint")
+                replay = await self.recovery.replay(conn, lease, binding, event_id, "checkpoint")
                 if replay is not None:
                     return Completed(replay["version"], TRANSITIONS[(RunStatus.WAITING_TOOL, op)], True)
             else:
@@ -219,11 +234,11 @@ class WorkStore(ToolWrites):
                                              end_error_class=end.error_class, end_event_id=end.event_id)
                 if written is not None:
                     return Completed(written["version"], run_status(written["status"]), False)
-                found = await self._replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),
+                found = await self.recovery.replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),
                                                                       (end.event_id, "run", "end.event_id")))
                 if found is not None:
                     return Completed(found[0]["version"], run_status(end.outcome), True)
-            raise await self._tool_refusal(conn, op, lease, expected_version, step_key,
+            raise await self.recovery.tool_refusal(conn, op, lease, expected_version, step_key,
                                            close_as=(outcome, response, remote_resource_id, error_code),
                                            journal=journal)
 
@@ -255,13 +270,13 @@ class WorkStore(ToolWrites):
             if row is not None:
                 status = run_status(row["status"])
                 return Finished(status, row["next_attempt_at"] if status is RunStatus.QUEUED else None, False)
-            event = await self._replay(conn, lease, binding, event_id, "run")
+            event = await self.recovery.replay(conn, lease, binding, event_id, "run")
             if event is not None:
                 payload = event["payload"]
                 next_at = payload.get("next_attempt_at")
                 return Finished(run_status(payload["status"]), dt.datetime.fromisoformat(next_at) if next_at else None,
                                 True)
-            raise await self._refusal(conn, op, lease, expected_version)
+            raise await self.recovery.refusal(conn, op, lease, expected_version)
 
     @db_call
     async def read_journal_compact(self, lease: LeaseRef, *, after_seq: int, page_size: int,
@@ -273,7 +288,7 @@ class WorkStore(ToolWrites):
                                  page_bytes=page_bytes)
             assert row is not None
             if row["fetched"] == 0:  # nothing after after_seq, or not the holder's to read
-                await self._unless_holder(conn, lease)
+                await self.recovery.unless_holder(conn, lease)
         return CompactJournalPage(row["items"], row["beyond"] > 0)
 
     @db_call
@@ -288,7 +303,7 @@ class WorkStore(ToolWrites):
             rows = await fetch(conn, Q.read_journal, run_id=lease.run_id, worker_id=lease.worker_id,
                                fencing_token=lease.fencing_token, after_seq=after_seq, limit=page_size + 1)
             if not rows:
-                await self._unless_holder(conn, lease)
+                await self.recovery.unless_holder(conn, lease)
         taken: list[JournalRow] = []
         used = 0
         for row in rows[:page_size]:  # (the byte budget as read_journal_compact applies it)
@@ -309,7 +324,7 @@ class WorkStore(ToolWrites):
             rows = await fetch(conn, Q.tool_results_for_steps, run_id=lease.run_id, worker_id=lease.worker_id,
                                fencing_token=lease.fencing_token, step_keys=step_keys)
             if not rows:
-                await self._unless_holder(conn, lease)
+                await self.recovery.unless_holder(conn, lease)
         size = sum(row["page_bytes"] for row in rows)
         if len(rows) > 1 and size > answer_bytes:
             raise InvalidArgument("step_keys", f"the {len(rows)} results hold {size} bytes of JSON, more than one "

@@ -14,7 +14,7 @@ from asyncpg import Record
 
 from scheduler.config import ToolLimit
 from scheduler.states import Op, run_status
-from scheduler.store.core import binding_params, db_call, fence_params, fenced_write, trace_params
+from scheduler.store.core import Database, Repository, binding_params, db_call, fence_params, fenced_write, trace_params
 from scheduler.store.keys import KeyStore
 from scheduler.store.queries import Q
 from scheduler.store.recovery import Recovery
@@ -26,13 +26,21 @@ from shared.errors import AlreadyExists, DecisionNotCheckpointed, ToolRateLimite
 from shared.tracing import NO_TRACE, Trace
 
 
-class ToolWrites(Recovery, KeyStore):
+class ToolWrites(Repository):
+    """The lease holder's writes of the tool-execution ledger: begin (Tx1), complete, complete-and-begin,
+    in doubt, not executed (docs/design.md §tool-calls)."""
+
+    def __init__(self, db: Database, keys: KeyStore, recovery: Recovery) -> None:
+        super().__init__(db)
+        self.keys = keys
+        self.recovery = recovery
+
     async def _within_tool_limits(self, conn: asyncpg.Connection, lease: LeaseRef, tool_name: str,
                                   write: Callable[[], Awaitable[Record | None]]) -> Record | None:
         """Runs a Tx1 write (`write`) only when the tool's limits allow one more call: in one transaction,
         the tool's (and the tenant × tool pair's) advisory locks, their counts in a new snapshot, then the
         write. Over a limit: ToolRateLimited with the delay after which a call fits, nothing written."""
-        flow = await self.flow(conn)
+        flow = await self.db.flow(conn)
         own, per_tenant = flow.tool_limits_of(tool_name)
         if own is None and not per_tenant:
             return await write()
@@ -73,7 +81,7 @@ class ToolWrites(Recovery, KeyStore):
         """Tx1. `existing` is never a licence to resend. `request` is stored as it is (its marked values
         sealed by the edge's filter, scheduler/api/shield.py); its hash is over the plain request, so a replay
         compares equal whichever values are sealed."""
-        digest, legacy_digest = request_hashes(tool_name, await self.plain(lease.run_id, request))
+        digest, legacy_digest = request_hashes(tool_name, await self.keys.plain(lease.run_id, request))
         binding = bind_write("BeginToolCall", lease, expected_version=expected_version, step_key=step_key,
                              tool_name=tool_name, idempotency_key=idempotency_key, request=digest,
                              execution_id=execution_id, event_id=event_id)
@@ -86,14 +94,14 @@ class ToolWrites(Recovery, KeyStore):
                 **binding_params(binding)))
             if row is not None:
                 return Began(ExecutionRow.of(row), False, False)
-            replay = await self._replay(conn, lease, binding, event_id, "ledger")
+            replay = await self.recovery.replay(conn, lease, binding, event_id, "ledger")
             if replay is not None:
                 return Began(ExecutionRow.of(replay), True, True)
             existing = await fetchrow(conn, Q.tool_execution_for_step, run_id=lease.run_id, step_key=step_key)
             run = None
             if existing is not None:
                 # The existing row is an answer for the live holder only; a stale fence gets LEASE_LOST.
-                run = await self._run_for(conn, lease)
+                run = await self.recovery.run_for(conn, lease)
                 if run is not None and run["holds_lease"]:
                     return Began(ExecutionRow.of(existing), True, False)
             else:
@@ -102,8 +110,8 @@ class ToolWrites(Recovery, KeyStore):
                 if by_key is not None:
                     raise AlreadyExists("idempotency_key is already recorded for another step",
                                         field="idempotency_key")
-            refusal = await self._refusal(conn, Op.BEGIN_TOOL_CALL, lease, expected_version, run=run)
-            # _refusal's last resort is a VersionConflict at the expected version ("changed
+            refusal = await self.recovery.refusal(conn, Op.BEGIN_TOOL_CALL, lease, expected_version, run=run)
+            # Recovery.refusal's last resort is a VersionConflict at the expected version ("changed
             # concurrently"): with everything else in order, the decision is what did not match.
             if not (isinstance(refusal, VersionConflict)
                     and refusal.metadata.get("version") == str(expected_version)):
@@ -131,7 +139,7 @@ class ToolWrites(Recovery, KeyStore):
         DECISION_NOT_CHECKPOINTED (the new checkpoint does not record the next call).
         """
         digest, legacy_digest = request_hashes(
-            intent.tool_name, await self.plain(lease.run_id, intent.request))
+            intent.tool_name, await self.keys.plain(lease.run_id, intent.request))
         stored = state if state_text is None else state_text
         state_hash = sha256_of(stored)
         outcome = "SUCCEEDED" if succeeded else "FAILED"
@@ -154,12 +162,12 @@ class ToolWrites(Recovery, KeyStore):
                 **journal.params))
             if row is not None:
                 return Chained(row["cp_version"], ExecutionRow.of(row), False)
-            replay = await self._replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),
+            replay = await self.recovery.replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),
                                                                    (intent.event_id, "ledger", "next.event_id")))
             if replay is not None:
                 checkpoint, execution = replay
                 return Chained(checkpoint["version"], ExecutionRow.of(execution), True)
-            refusal = await self._tool_refusal(
+            refusal = await self.recovery.tool_refusal(
                 conn, Op.COMPLETE_AND_BEGIN_TOOL_CALL, lease, expected_version, step_key,
                 close_as=(outcome, response, remote_resource_id, error_code), journal=journal,
             )
@@ -211,10 +219,10 @@ class ToolWrites(Recovery, KeyStore):
                 evidence=evidence, event_id=event_id, **trace_params(trace), **binding_params(binding))
             if row is not None:
                 return Completed(row["version"], run_status(row["status"]), False)
-            replay = await self._replay(conn, lease, binding, event_id, "run")
+            replay = await self.recovery.replay(conn, lease, binding, event_id, "run")
             if replay is not None:
                 return Completed(replay["run_version"], run_status(replay["payload"].get("status", "QUEUED")), True)
-            raise await self._tool_refusal(conn, Op.TOOL_NOT_EXECUTED, lease, expected_version, step_key,
+            raise await self.recovery.tool_refusal(conn, Op.TOOL_NOT_EXECUTED, lease, expected_version, step_key,
                                            close_as=None)
 
     @db_call
@@ -232,9 +240,9 @@ class ToolWrites(Recovery, KeyStore):
                 **binding_params(binding))
             if row is not None:
                 return False
-            if await self._replay(conn, lease, binding, event_id, "run") is not None:
+            if await self.recovery.replay(conn, lease, binding, event_id, "run") is not None:
                 return True
-            raise await self._tool_refusal(conn, Op.MARK_TOOL_IN_DOUBT, lease, None, step_key,
+            raise await self.recovery.tool_refusal(conn, Op.MARK_TOOL_IN_DOUBT, lease, None, step_key,
                                            close_as=("IN_DOUBT", None, None, error_code))
 
 

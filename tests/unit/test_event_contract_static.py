@@ -1,7 +1,7 @@
 """The event contract against the code that writes events (docs/events/asyncapi.yaml).
 
 Every outbox write site is read: the SQL blocks that INSERT INTO outbox (their 'agent.*'
-literals), the Python calls of the one event helper (`StoreBase._event`, its type argument
+literals), the Python calls of the one event helper (`insert_event` of scheduler/store/core.py, its type argument
 followed back to its string constants), the audit writer (`write_audit`: `agent.audit.<action>`
 for every action any caller can pass), and SaveCheckpoint's default type. Their union must be
 exactly the document's message names: a type the code can write is documented, and a documented
@@ -137,9 +137,9 @@ def sql_event_types() -> set[str]:
 def python_event_types() -> set[str]:
     emitters = Emitters()
     found: set[str] = set()
-    for func, call in emitters.calls("_event"):
+    for func, call in emitters.calls("insert_event"):
         if len(call.args) < 3:
-            raise Unfollowable(f"_event() call in {func.name}() without its type argument")
+            raise Unfollowable(f"insert_event() call in {func.name}() without its type argument")
         found |= emitters.values(call.args[2], func)
     actions: set[str] = set()
     for func, call in emitters.calls("write_audit"):
@@ -177,10 +177,10 @@ def test_every_type_the_code_writes_is_documented_and_every_documented_type_is_w
 
 
 def test_the_scan_fails_on_a_site_it_cannot_follow():
-    tree = ast.parse("def f(conn, run):\n    await _event(conn, run, pick(), {})\n")
+    tree = ast.parse("def f(conn, run):\n    await insert_event(conn, run, pick(), {})\n")
     emitters = Emitters()
     [func] = list(_functions(tree))
-    call = next(n for n in ast.walk(func) if isinstance(n, ast.Call) and _called_name(n) == "_event")
+    call = next(n for n in ast.walk(func) if isinstance(n, ast.Call) and _called_name(n) == "insert_event")
     with pytest.raises(Unfollowable):
         emitters.values(call.args[2], func)
 

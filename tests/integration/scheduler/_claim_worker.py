@@ -99,7 +99,7 @@ async def store_main(args: argparse.Namespace, record: Recorder) -> None:
     async def loop(worker: str) -> None:
         first_claims = 0
         while not await asyncio.to_thread(stop.exists):
-            claimed = await store.claim(worker, [args.agent])
+            claimed = await store.work.claim(worker, [args.agent])
             if claimed is None:
                 await asyncio.sleep(0.05)
                 continue
@@ -113,14 +113,14 @@ async def store_main(args: argparse.Namespace, record: Recorder) -> None:
                     continue
             lease = LeaseRef(run["id"], worker, fence)
             try:
-                version, _ = await store.save_checkpoint(
+                version, _ = await store.work.save_checkpoint(
                     lease, expected_version=run["version"], state={"worker": worker, "fence": fence},
                     schema_version=1, step_key=None, event_id=uuid.uuid4(), event_type="agent.checkpoint",
                     event_payload={})
                 record(op="save", run=run_id, fence=fence, worker=worker, version=version)
-                await store.finish_run(lease, expected_version=version, outcome="COMPLETED", reason="",
-                                       result={"by": worker}, sleep_ms=0, pause_when_exhausted=False,
-                                       error_class="", event_id=uuid.uuid4())
+                await store.work.finish_run(lease, expected_version=version, outcome="COMPLETED", reason="",
+                                            result={"by": worker}, sleep_ms=0, pause_when_exhausted=False,
+                                            error_class="", event_id=uuid.uuid4())
                 record(op="done", run=run_id, fence=fence, worker=worker)
             except LeaseLost:
                 record(op="lost", run=run_id, fence=fence, worker=worker)

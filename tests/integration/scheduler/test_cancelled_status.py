@@ -71,7 +71,7 @@ async def test_stats_and_metrics_count_cancelled_runs(db_url):
             assert reply.status == pb.RUN_STATUS_CANCELLED
         stats = await stack.runs.GetStats(rs.GetStatsRequest(), metadata=stack.md())
         assert dict(stats.runs_by_status) == {"QUEUED": 1, "CANCELLED": 2}
-        stack.server.metrics.apply(await stack.server.store.global_stats())
+        stack.server.metrics.apply(await stack.server.store.runs.global_stats())
         text = await asyncio.to_thread(_scrape, stack.server.metrics_port)
         assert 'agentrt_runs{status="CANCELLED"} 2.0' in text and 'agentrt_runs{status="FAILED"} 0.0' in text
         lease = await claim(stack)

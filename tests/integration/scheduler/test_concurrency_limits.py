@@ -74,7 +74,7 @@ async def test_a_full_tenant_is_skipped_and_its_slot_returns_when_a_run_ends(db_
         parked = await db.fetch("SELECT waiting_on FROM agent_runs WHERE status = 'QUEUED'")
         assert [row["waiting_on"] for row in parked] == ["tenant", "tenant"]
         metrics = SchedulerMetrics()
-        metrics.apply(await stack.server.store.global_stats())
+        metrics.apply(await stack.server.store.runs.global_stats())
         assert metrics.waiting_on_limit.labels("tenant")._value.get() == 2
         assert metrics.waiting_on_limit.labels("key")._value.get() == 0
         first_a = next(lease for lease in leases if lease is not None and lease.run.tenant_id == "tenant-a")

@@ -253,7 +253,7 @@ async def test_concurrent_claims_through_the_store_from_several_processes(db_url
 
         async def one(i: int) -> str:
             async with gate:
-                row, created = await store.submit_run(TENANT, SubmitSpec(
+                row, created = await store.runs.submit_run(TENANT, SubmitSpec(
                     agent_name="demo", agent_version="", input={"n": i}, client_request_id=None,
                     max_attempts=3, labels={}))
                 assert created

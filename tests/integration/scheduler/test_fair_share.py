@@ -52,13 +52,13 @@ async def claimed_sequence(store: Store, runs: list[tuple[str, int]]) -> list[tu
     for n, (tenant, priority) in enumerate(runs):
         spec = SubmitSpec(agent_name=AGENT, agent_version="", input={"n": n}, client_request_id=None,
                           max_attempts=3, labels={}, priority=priority)
-        await store.submit_run(tenant, spec)
+        await store.runs.submit_run(tenant, spec)
     order = []
     for n in range(len(runs)):
-        got = await store.claim(f"w{n}", [AGENT])
+        got = await store.work.claim(f"w{n}", [AGENT])
         assert got is not None, f"claim {n} of {len(runs)} found nothing"
         order.append((got.run.tenant_id, got.run.priority))
-    assert await store.claim("w-last", [AGENT]) is None
+    assert await store.work.claim("w-last", [AGENT]) is None
     return order
 
 

@@ -27,7 +27,7 @@ async def test_scheduler_serves_prometheus_metrics(db_url):
             await submit(stack)
         port = stack.server.metrics_port
         assert port
-        stack.server.metrics.apply(await stack.server.store.global_stats())
+        stack.server.metrics.apply(await stack.server.store.runs.global_stats())
         text = await asyncio.to_thread(scrape, port)
     assert 'agentrt_rpc_total{code="OK",method="SubmitRun"} 3.0' in text
     assert 'agentrt_runs{status="QUEUED"} 3.0' in text
@@ -39,7 +39,7 @@ async def test_scheduler_serves_database_capacity_and_pool_gauges(db_url):
     async with scheduler_stack(db_url, metrics_addr="127.0.0.1:0") as stack:
         port = stack.server.metrics_port
         assert port
-        stack.server.metrics.apply(await stack.server.store.global_stats())
+        stack.server.metrics.apply(await stack.server.store.runs.global_stats())
         text = await asyncio.to_thread(scrape, port)
     samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
                if line and not line.startswith("#")}

@@ -130,15 +130,15 @@ async def tenant_b_rows(stack: Stack, db: asyncpg.Connection) -> dict[str, Any]:
     await stack.runs.SignalRun(rs.SignalRunRequest(run_id=run.run_id, name="go", payload_json="{}",
                                                    request_id="sig-b"), metadata=stack.md(B))
     store = stack.server.store
-    schedule, _ = await store.create_schedule(B, "nightly", ScheduleSpec(
+    schedule, _ = await store.schedules.create_schedule(B, "nightly", ScheduleSpec(
         agent_name="demo", agent_version="", input={}, labels={}, interval_ms=3_600_000, cron=None,
         time_zone="UTC", overlap="SKIP", catch_up_window_ms=0, jitter_ms=0),
         AuditEntry(principal="ops", principal_kind="local"))
     run_id = uuid.UUID(run.run_id)
     await db.execute(Q["append_journal_entry"], run_id, 1, "result", STEP, "", TOOL, {}, lease.run.fencing_token,
                      saved.version)
-    await store.record_export(B, run_id, parts=frozenset({"checkpoints"}),
-                              audit=AuditEntry(principal="ops", principal_kind="local"))
+    await store.runs.record_export(B, run_id, parts=frozenset({"checkpoints"}),
+                                   audit=AuditEntry(principal="ops", principal_kind="local"))
     event_id = await db.fetchval("SELECT event_id FROM outbox WHERE run_id = $1 ORDER BY id DESC LIMIT 1", run_id)
     return {"run_id": run_id, "a_run_id": uuid.UUID(mine.run_id), "schedule_id": schedule["id"],
             "event_id": event_id, "fencing_token": lease.run.fencing_token}
@@ -268,18 +268,18 @@ async def test_the_store_for_tenant_a_finds_none_of_tenant_b(stack: Stack, db: a
     b = await tenant_b_rows(stack, db)
     store, run_id = stack.server.store, b["run_id"]
     before = await database_snapshot(db)
-    assert [r.id for r in await store.list_runs(A, RunFilter(), after=None, limit=10)] == [
+    assert [r.id for r in await store.runs.list_runs(A, RunFilter(), after=None, limit=10)] == [
         b["a_run_id"]]
-    assert await store.run_for_request(A, "b-1") is None
-    assert (await store.tenant_stats(A)).by_status == {"COMPLETED": 1}
-    assert await store.list_schedules(A) == []
-    for call in (store.get_run(A, run_id), store.cancel_run(A, run_id, reason="x"),
-                 store.signal_run(A, run_id, name="go", payload={}, request_id="sig-b"),
-                 store.resume_run(A, run_id, human_input={}),
-                 store.history(A, run_id),
-                 store.record_export(A, run_id, parts=frozenset(), audit=AuditEntry("x", "local")),
-                 store.delete_schedule(A, b["schedule_id"], AuditEntry("x", "local")),
-                 store.pause_schedule(A, b["schedule_id"], True, AuditEntry("x", "local"))):
+    assert await store.runs.run_for_request(A, "b-1") is None
+    assert (await store.runs.tenant_stats(A)).by_status == {"COMPLETED": 1}
+    assert await store.schedules.list_schedules(A) == []
+    for call in (store.runs.get_run(A, run_id), store.runs.cancel_run(A, run_id, reason="x"),
+                 store.runs.signal_run(A, run_id, name="go", payload={}, request_id="sig-b"),
+                 store.runs.resume_run(A, run_id, human_input={}),
+                 store.runs.history(A, run_id),
+                 store.runs.record_export(A, run_id, parts=frozenset(), audit=AuditEntry("x", "local")),
+                 store.schedules.delete_schedule(A, b["schedule_id"], AuditEntry("x", "local")),
+                 store.schedules.pause_schedule(A, b["schedule_id"], True, AuditEntry("x", "local"))):
         with pytest.raises(NotFound):
             await call
     assert await database_snapshot(db) == before
@@ -440,10 +440,10 @@ async def test_admin_changes_write_their_audit_rows_and_events_as_the_runtime_ro
     store = stack.server.store
     who = AuditEntry(principal="ops", principal_kind="local")
     key_id = uuid.uuid4()
-    await store.create_api_key(key_id=key_id, name="k", tenants=[A, B], role="admin", secret_hash=b"\1" * 32,
-                               expires_in_s=0, audit=who)
-    await store.set_limit(LimitKey("tenant", "*", "", "max_running"), "5", audit=who)
-    await store.clear_limit(LimitKey("tenant", "*", "", "max_running"), audit=who)
+    await store.auth.create_api_key(key_id=key_id, name="k", tenants=[A, B], role="admin", secret_hash=b"\1" * 32,
+                                    expires_in_s=0, audit=who)
+    await store.limits.set_limit(LimitKey("tenant", "*", "", "max_running"), "5", audit=who)
+    await store.limits.clear_limit(LimitKey("tenant", "*", "", "max_running"), audit=who)
     events = await db.fetch("SELECT event_type, tenant_id FROM outbox WHERE event_type LIKE 'agent.audit.%' "
                             "ORDER BY id")
     assert [e["event_type"] for e in events] == ["agent.audit.key.create", "agent.audit.limit.set",
@@ -451,7 +451,7 @@ async def test_admin_changes_write_their_audit_rows_and_events_as_the_runtime_ro
     assert await db.fetchval("SELECT count(*) FROM audit_log WHERE action IN ('key.create', 'limit.set', "
                              "'limit.clear')") == 3
     await submit(stack, tenant=B, client_request_id="b-admin")
-    async with store.admin_tx("test") as conn:
+    async with store.db.admin_tx("test") as conn:
         assert await conn.fetchval("SELECT count(*) FROM agent_runs") == 0
         assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
 
@@ -498,10 +498,10 @@ async def test_runtime_limits_and_retention_policies_are_each_tenants_own(
 
     store = stack.server.store
     who = AuditEntry(principal="ops", principal_kind="local")
-    await store.set_limit(LimitKey("tenant", A, "", "max_queued_runs"), "7", audit=who)
-    await store.set_limit(LimitKey("tenant", B, "", "max_queued_runs"), "9", audit=who)
-    await store.set_limit(LimitKey("tenant", "*", "", "max_running"), "5", audit=who)
-    await store.set_limit(LimitKey("tool", "", "charge", "concurrency"), "2", audit=who)
+    await store.limits.set_limit(LimitKey("tenant", A, "", "max_queued_runs"), "7", audit=who)
+    await store.limits.set_limit(LimitKey("tenant", B, "", "max_queued_runs"), "9", audit=who)
+    await store.limits.set_limit(LimitKey("tenant", "*", "", "max_running"), "5", audit=who)
+    await store.limits.set_limit(LimitKey("tool", "", "charge", "concurrency"), "2", audit=who)
     await db.execute("INSERT INTO retention_policies (tenant_id, keep_days) VALUES ($1, 3), ($2, 4)", A, B)
     before = await database_snapshot(db)
     for service in ("readonly", "scheduler"):
@@ -530,9 +530,9 @@ async def test_runtime_limits_and_retention_policies_are_each_tenants_own(
             await conn.close()
     assert await database_snapshot(db) == before
     # The scheduler (as its role) still sees every tenant's limits, and the every-tenant ones.
-    store.forget_flow()
-    flow = await store.current_flow()
+    store.db.forget_flow()
+    flow = await store.db.current_flow()
     assert flow.submit_quota(A).max_queued_runs == 7 and flow.submit_quota(B).max_queued_runs == 9
     assert flow.max_running_per_tenant == 5 and flow.tool_limits["charge"].concurrency == 2
-    assert {(r.key.tenant_id, r.key.name) for r in await store.list_limits()} == {
+    assert {(r.key.tenant_id, r.key.name) for r in await store.limits.list_limits()} == {
         (A, "max_queued_runs"), (B, "max_queued_runs"), ("*", "max_running"), ("", "concurrency")}

@@ -102,11 +102,11 @@ async def test_rotation_rewraps_every_data_key_and_then_the_new_kek_alone_reads(
     async with scheduler_stack(db_url, encryption_keys=keyring("k2", k1=K1, k2=K2), rotate_batch=3) as stack:
         await register(stack)
         runs.append(await submit(stack, card=f"{SECRET}-new"))
-        first = await stack.server.store.rotate_keys(max_batches=1)
+        first = await stack.server.store.keys.rotate_keys(max_batches=1)
         assert first.rewrapped == 3 and first.remaining == {"k1": 4, "k2": 4}
         mid = await stack.runs.GetRun(rs.GetRunRequest(run_id=runs[-2], reveal=True), metadata=stack.md())
         assert json.loads(mid.input_json)["card"] == f"{SECRET}-6"
-        rest = await stack.server.store.rotate_keys()
+        rest = await stack.server.store.keys.rotate_keys()
         assert rest.rewrapped == 4 and rest.remaining == {"k2": 8}
     async with scheduler_stack(db_url, encryption_keys=keyring("k2", k2=K2)) as stack:
         for i, run_id in enumerate(runs):
@@ -144,8 +144,8 @@ async def test_retention_deletes_a_runs_data_key_with_the_run(db_url, db):
         await db.execute("UPDATE agent_runs SET status = 'COMPLETED', finished_at = clock_timestamp() - "
                          "interval '40 days' WHERE id = $1::uuid", old)
         await db.execute("UPDATE outbox SET published_at = clock_timestamp() WHERE run_id = $1::uuid", old)
-        purged = await stack.server.store.retention_purge(max_runs=100, dry_run=False, after_finished=None,
-                                                          after_id=None)
+        purged = await stack.server.store.runs.retention_purge(max_runs=100, dry_run=False, after_finished=None,
+                                                               after_id=None)
         assert purged.runs == 1
         assert [str(r[0]) for r in await db.fetch("SELECT run_id FROM run_data_keys")] == [young]
 

@@ -287,7 +287,7 @@ class Runtime(RuleBasedStateMachine):
     def submit(self, max_attempts: int) -> None:
         spec = SubmitSpec(agent_name=AGENT, agent_version="", input={"n": next(self.counter)},
                           client_request_id=None, max_attempts=max_attempts, labels={})
-        row, created = self.wait(self.store.submit_run(TENANT, spec))
+        row, created = self.wait(self.store.runs.submit_run(TENANT, spec))
         assert created and row["status"] == "QUEUED" and row["version"] == 0 and row["fencing_token"] == 0
         self.runs.append(row["id"])
         self.fences[row["id"]] = 0
@@ -305,7 +305,7 @@ class Runtime(RuleBasedStateMachine):
         # A retried cancel of a cancelled run answers with the outcome; other ended runs refuse.
         expected: Outcome = InvalidTransition if status in TERMINAL and not flagged else None
         picture = self.picture(run_id)
-        result = self.call(expected, lambda: self.store.cancel_run(TENANT, run_id, reason="stateful cancel"))
+        result = self.call(expected, lambda: self.store.runs.cancel_run(TENANT, run_id, reason="stateful cancel"))
         after = self.row(run_id)
         if result is None or status in TERMINAL or (status in LEASED and flagged):
             assert self.picture(run_id) == picture
@@ -324,7 +324,7 @@ class Runtime(RuleBasedStateMachine):
         status = self.row(run_id)["status"]
         expected: Outcome = None if status == "PAUSED_HUMAN" else InvalidTransition
         before = self.picture(run_id)
-        result = self.call(expected, lambda: self.store.resume_run(
+        result = self.call(expected, lambda: self.store.runs.resume_run(
             TENANT, run_id, human_input={"decision": "APPROVE", "input": None, "operator": "op", "comment": None}))
         after = self.row(run_id)
         if result is None:
@@ -353,7 +353,7 @@ class Runtime(RuleBasedStateMachine):
         schema = latest["schema_version"] if latest else before_run["checkpoint_schema_version"]
         journaled = outcome != "UNKNOWN" and schema >= 2
         before = self.picture(run_id)
-        result = self.call(expected, lambda: self.store.resolve_tool_execution(
+        result = self.call(expected, lambda: self.store.runs.resolve_tool_execution(
             TENANT, run_id, step_key=step, outcome=outcome,  # type: ignore[arg-type]
             result={"ok": True} if outcome == "SUCCEEDED" else None, remote_resource_id=None,
             evidence={"looked_up": True}, resolved_by="reconciler", event_id=None))
@@ -433,8 +433,8 @@ class Runtime(RuleBasedStateMachine):
                     behind += version - keep_last > previous + max_versions
             doomed = {key for key in checkpoints if key[0] in horizons and key[1] <= horizons[key[0]]}
             last, looked_at, deleted, more = self.wait(
-                self.store.prune_checkpoints(after=after, batch_runs=batch_runs, keep_last=keep_last,
-                                             max_versions_per_run=max_versions))
+                self.store.runs.prune_checkpoints(after=after, batch_runs=batch_runs, keep_last=keep_last,
+                                                  max_versions_per_run=max_versions))
             assert (last, looked_at, deleted, more) == (batch[-1] if batch else None, len(batch), len(doomed), behind)
             self.pruned.update(horizons)
             assert {r["id"]: r["checkpoints_pruned_through"] for r in self.fetch(
@@ -481,7 +481,7 @@ class Runtime(RuleBasedStateMachine):
             "    OR (status IN ('RUNNING', 'WAITING_TOOL') AND lease_expires_at < clock_timestamp()) AS claimable "
             "FROM agent_runs")}
         claimable = {rid for rid, r in before.items() if r["claimable"]}
-        claimed = self.call(None, lambda: self.store.claim(worker, [AGENT]))
+        claimed = self.call(None, lambda: self.store.work.claim(worker, [AGENT]))
         after = {r["id"]: dict(r) for r in self.fetch("SELECT * FROM agent_runs")}
         got = claimed.run["id"] if claimed is not None else None
         if claimed is None:
@@ -559,7 +559,7 @@ class Runtime(RuleBasedStateMachine):
         self.do_heartbeat(self.pick_lease(i))
 
     def do_heartbeat(self, lease: LeaseRef) -> None:
-        make = lambda: self.store.heartbeat(lease)  # noqa: E731
+        make = lambda: self.store.work.heartbeat(lease)  # noqa: E731
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -591,7 +591,7 @@ class Runtime(RuleBasedStateMachine):
         schema = 2 if entries or self.journals[lease.run_id] or n % 2 else 1  # a journaled run stays on 2
         args = (lease, dict(expected_version=expected_version, state=state, schema_version=schema, step_key=step,
                             event_id=event_id, event_type="agent.checkpoint", event_payload={}))
-        make = lambda: self.store.save_checkpoint(args[0], **args[1], journal=journal)  # noqa: E731
+        make = lambda: self.store.work.save_checkpoint(args[0], **args[1], journal=journal)  # noqa: E731
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -645,7 +645,7 @@ class Runtime(RuleBasedStateMachine):
         args, journal, version = self.saves[-1 - i % len(self.saves)]
         run_id = args[0].run_id
         before = self.picture(run_id)
-        result = self.call(None, lambda: self.store.save_checkpoint(args[0], **args[1], journal=journal))
+        result = self.call(None, lambda: self.store.work.save_checkpoint(args[0], **args[1], journal=journal))
         assert result == (version, True)
         assert self.picture(run_id) == before
 
@@ -669,7 +669,7 @@ class Runtime(RuleBasedStateMachine):
                    and decided["request_hash"] == request_hash(TOOL, request).hex())
         key = f"idem:{lease.run_id}:{step}"
         execution_id, event_id = uuid.uuid4(), uuid.uuid4()
-        make = lambda: self.store.begin_tool_call(  # noqa: E731
+        make = lambda: self.store.tools.begin_tool_call(  # noqa: E731
             lease, expected_version=current["version"], step_key=step, tool_name=TOOL, idempotency_key=key,
             request=request, execution_id=execution_id, event_id=event_id)
         run = self.fenced(lease, make)
@@ -751,12 +751,12 @@ class Runtime(RuleBasedStateMachine):
                                 uuid.uuid4())
             state["pending_tool"] = {"step_key": intent.step_key, "tool_name": TOOL, "request": decided,
                                      "request_hash": request_hash(TOOL, decided).hex()}
-            make: Callable[[], Awaitable[Any]] = lambda: self.store.complete_and_begin_tool_call(  # noqa: E731
+            make: Callable[[], Awaitable[Any]] = lambda: self.store.tools.complete_and_begin_tool_call(  # noqa: E731
                 lease, expected_version=version, step_key=step, succeeded=succeeded, response={"answer": 1},
                 remote_resource_id=None, error_code=error_code, state=state, schema_version=schema, evidence=None,
                 event_id=event_id, intent=intent, journal=journal)
         else:
-            make = lambda: self.store.complete_tool_call(  # noqa: E731
+            make = lambda: self.store.work.complete_tool_call(  # noqa: E731
                 lease, expected_version=version, step_key=step, succeeded=succeeded, response={"answer": 1},
                 remote_resource_id=None, error_code=error_code, state=state, schema_version=schema,
                 next_step_key=None, evidence=None, event_id=event_id, end=end, journal=journal)
@@ -830,7 +830,7 @@ class Runtime(RuleBasedStateMachine):
     def do_tool_not_executed(self, lease: LeaseRef, other_step: bool) -> None:
         step = self.tool_step(lease.run_id, other_step)
         version = self.row(lease.run_id)["version"]
-        make = lambda: self.store.tool_not_executed(  # noqa: E731
+        make = lambda: self.store.tools.tool_not_executed(  # noqa: E731
             lease, expected_version=version, step_key=step, error_code="NOT_FOUND_DOWNSTREAM",
             evidence={"lookup": "absent"}, event_id=uuid.uuid4())
         run = self.fenced(lease, make)
@@ -863,7 +863,7 @@ class Runtime(RuleBasedStateMachine):
 
     def do_mark_tool_in_doubt(self, lease: LeaseRef, other_step: bool) -> None:
         step = self.tool_step(lease.run_id, other_step)
-        make = lambda: self.store.mark_tool_in_doubt(  # noqa: E731
+        make = lambda: self.store.tools.mark_tool_in_doubt(  # noqa: E731
             lease, step_key=step, error_code="TIMEOUT", detail="no answer in 30 s", event_id=uuid.uuid4())
         run = self.fenced(lease, make)
         if run is None:
@@ -899,7 +899,7 @@ class Runtime(RuleBasedStateMachine):
                             result={"done": True} if outcome == "COMPLETED" else None,
                             sleep_ms=LONG_MS if outcome == "SLEEP" else 0, pause_when_exhausted=pause_when_exhausted,
                             error_class="", event_id=event_id))
-        make = lambda: self.store.finish_run(args[0], **args[1])  # noqa: E731
+        make = lambda: self.store.work.finish_run(args[0], **args[1])  # noqa: E731
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -946,7 +946,7 @@ class Runtime(RuleBasedStateMachine):
         args, (status, next_at, _) = self.finishes[-1 - i % len(self.finishes)]
         run_id = args[0].run_id
         before = self.picture(run_id)
-        result = self.call(None, lambda: self.store.finish_run(args[0], **args[1]))
+        result = self.call(None, lambda: self.store.work.finish_run(args[0], **args[1]))
         assert result == (status, next_at, True)
         assert self.picture(run_id) == before
 
@@ -968,18 +968,18 @@ class Runtime(RuleBasedStateMachine):
         version, step = run["version"], run["current_step_key"] or "step-x"
         event_id = event["event_id"]
         write_op, make = {
-            "save": ("SaveCheckpoint", lambda: self.store.save_checkpoint(
+            "save": ("SaveCheckpoint", lambda: self.store.work.save_checkpoint(
                 lease, expected_version=version, state={"reused": True}, schema_version=1, step_key=None,
                 event_id=event_id, event_type="agent.checkpoint", event_payload={})),
-            "begin": ("BeginToolCall", lambda: self.store.begin_tool_call(
+            "begin": ("BeginToolCall", lambda: self.store.tools.begin_tool_call(
                 lease, expected_version=version, step_key=step, tool_name=TOOL, idempotency_key=f"reuse-{uuid.uuid4()}",
                 request={"reused": True}, execution_id=uuid.uuid4(), event_id=event_id)),
-            "finish": ("FinishRun", lambda: self.store.finish_run(
+            "finish": ("FinishRun", lambda: self.store.work.finish_run(
                 lease, expected_version=version, outcome="FAILED", reason="reused", result=None, sleep_ms=0,
                 pause_when_exhausted=False, error_class="", event_id=event_id)),
-            "in_doubt": ("MarkToolInDoubt", lambda: self.store.mark_tool_in_doubt(
+            "in_doubt": ("MarkToolInDoubt", lambda: self.store.tools.mark_tool_in_doubt(
                 lease, step_key=step, error_code="reused", detail="", event_id=event_id)),
-            "not_executed": ("CompleteToolCall.NOT_EXECUTED", lambda: self.store.tool_not_executed(
+            "not_executed": ("CompleteToolCall.NOT_EXECUTED", lambda: self.store.tools.tool_not_executed(
                 lease, expected_version=version, step_key=step, error_code="reused", evidence={"reused": True},
                 event_id=event_id)),
         }[op]

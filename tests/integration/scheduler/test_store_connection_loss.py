@@ -17,7 +17,7 @@ import pytest
 
 from scheduler.config import SchedulerSettings
 from scheduler.store import LeaseRef, RunFilter, Store, connect_pool
-from scheduler.store.core import db_call
+from scheduler.store.core import Database, Repository, db_call
 from shared.errors import Unavailable
 
 TENANT = "acme"
@@ -68,30 +68,30 @@ def _through(db_url: str, port: int) -> str:
 
 LEASE = LeaseRef(run_id=uuid.uuid4(), worker_id="w-1", fencing_token=1)
 READS: dict[str, Callable[[Store], Awaitable[Any]]] = {
-    "read_journal": lambda s: s.read_journal(LEASE, after_seq=0, page_size=10, page_bytes=1 << 16),
-    "read_journal_compact": lambda s: s.read_journal_compact(LEASE, after_seq=0, page_size=10, page_bytes=1 << 16),
-    "tool_results": lambda s: s.tool_results(LEASE, ["step-1"], answer_bytes=1 << 16),
-    "get_run": lambda s: s.get_run(TENANT, uuid.uuid4()),
-    "list_runs": lambda s: s.list_runs(TENANT, RunFilter(), after=None, limit=10),
-    "history": lambda s: s.history(TENANT, uuid.uuid4()),
-    "run_tree": lambda s: s.run_tree(TENANT, uuid.uuid4(), limit=10),
-    "run_for_request": lambda s: s.run_for_request(TENANT, "req-1"),
-    "tenant_stats": lambda s: s.tenant_stats(TENANT),
-    "tenant_flow": lambda s: s.tenant_flow(TENANT),
-    "global_stats": lambda s: s.global_stats(),
-    "current_flow": lambda s: s.current_flow(),
-    "list_schedules": lambda s: s.list_schedules(TENANT),
-    "list_limits": lambda s: s.list_limits(),
-    "list_api_keys": lambda s: s.list_api_keys(within=(TENANT,), include_revoked=False, after=None, limit=10),
-    "list_audit": lambda s: s.list_audit(tenant_id=TENANT, run_id=None, principal=None, action=None, since=None,
-                                         until=None, before_id=None, limit=10),
-    "registered_agents": lambda s: s.registered_agents(),
-    "live_agent_versions": lambda s: s.live_agent_versions("demo"),
-    "key_for_auth": lambda s: s.key_for_auth(uuid.uuid4()),
-    "run_key": lambda s: s.run_key(uuid.uuid4()),
-    "data_key_counts": lambda s: s.data_key_counts(),
-    "retention_policies": lambda s: s.retention_policies(),
-    "database_epoch": lambda s: s.database_epoch(),
+    "read_journal": lambda s: s.work.read_journal(LEASE, after_seq=0, page_size=10, page_bytes=1 << 16),
+    "read_journal_compact": lambda s: s.work.read_journal_compact(LEASE, after_seq=0, page_size=10, page_bytes=1 << 16),
+    "tool_results": lambda s: s.work.tool_results(LEASE, ["step-1"], answer_bytes=1 << 16),
+    "get_run": lambda s: s.runs.get_run(TENANT, uuid.uuid4()),
+    "list_runs": lambda s: s.runs.list_runs(TENANT, RunFilter(), after=None, limit=10),
+    "history": lambda s: s.runs.history(TENANT, uuid.uuid4()),
+    "run_tree": lambda s: s.children.run_tree(TENANT, uuid.uuid4(), limit=10),
+    "run_for_request": lambda s: s.runs.run_for_request(TENANT, "req-1"),
+    "tenant_stats": lambda s: s.runs.tenant_stats(TENANT),
+    "tenant_flow": lambda s: s.limits.tenant_flow(TENANT),
+    "global_stats": lambda s: s.runs.global_stats(),
+    "current_flow": lambda s: s.db.current_flow(),
+    "list_schedules": lambda s: s.schedules.list_schedules(TENANT),
+    "list_limits": lambda s: s.limits.list_limits(),
+    "list_api_keys": lambda s: s.auth.list_api_keys(within=(TENANT,), include_revoked=False, after=None, limit=10),
+    "list_audit": lambda s: s.auth.list_audit(tenant_id=TENANT, run_id=None, principal=None, action=None, since=None,
+                                              until=None, before_id=None, limit=10),
+    "registered_agents": lambda s: s.registry.registered_agents(),
+    "live_agent_versions": lambda s: s.registry.live_agent_versions("demo"),
+    "key_for_auth": lambda s: s.auth.key_for_auth(uuid.uuid4()),
+    "run_key": lambda s: s.keys.run_key(uuid.uuid4()),
+    "data_key_counts": lambda s: s.keys.data_key_counts(),
+    "retention_policies": lambda s: s.runs.retention_policies(),
+    "database_epoch": lambda s: s.auth.database_epoch(),
 }
 
 
@@ -104,8 +104,8 @@ async def test_every_read_answers_unavailable_once_the_connection_is_lost(db_url
     pool = await connect_pool(url, min_size=2, max_size=2, scope="work")
     try:
         store = Store(pool, SchedulerSettings(database_url=url, limits_refresh_ms=0), work_pool=pool)
-        assert await store.database_epoch() > 0  # the relay carries the pool's connections
-        assert await store.list_runs(TENANT, RunFilter(), after=None, limit=10) == []
+        assert await store.auth.database_epoch() > 0  # the relay carries the pool's connections
+        assert await store.runs.list_runs(TENANT, RunFilter(), after=None, limit=10) == []
         await relay.cut()
         answers: dict[str, str] = {}
         for name, call in READS.items():
@@ -127,18 +127,23 @@ _TAKES_A_CONNECTION = re.compile(r"\b(?:pool|work_pool)\.acquire\(|\b(?:tenant_t
 
 
 def test_every_store_method_that_takes_a_connection_maps_its_loss() -> None:
-    """The sweep: a public coroutine of the store that acquires a connection itself carries db_call."""
+    """The sweep: a public coroutine of any part of the store (the shared Database and every repository a
+    Store wires) that acquires a connection itself carries db_call."""
+    wired = Store(None, SchedulerSettings(database_url="postgresql://127.0.0.1/unused")).repositories()  # type: ignore[arg-type]
+    parts = [Database, *Repository.__subclasses__()]
+    assert {type(part) for part in wired.values()} == set(parts[1:]), "a repository the Store does not wire"
     unmapped, swept = [], 0
-    for name, member in inspect.getmembers(Store):
-        if name.startswith("_"):
-            continue
-        function = getattr(member, "__wrapped__", member)
-        if not inspect.iscoroutinefunction(function):
-            continue
-        if not _TAKES_A_CONNECTION.search(inspect.getsource(function)):
-            continue
-        swept += 1
-        if member.__code__ is not _DB_CALL:
-            unmapped.append(name)
+    for part in parts:
+        for name, member in inspect.getmembers(part):
+            if name.startswith("_"):
+                continue
+            function = getattr(member, "__wrapped__", member)
+            if not inspect.iscoroutinefunction(function):
+                continue
+            if not _TAKES_A_CONNECTION.search(inspect.getsource(function)):
+                continue
+            swept += 1
+            if member.__code__ is not _DB_CALL:
+                unmapped.append(f"{part.__name__}.{name}")
     assert swept >= 50, swept
     assert unmapped == [], f"store methods that answer INTERNAL on a lost connection: {unmapped}"
