@@ -43,9 +43,16 @@ from scheduler.states import TERMINAL, RunStatus
 from scheduler.store import (
     NO_JOURNAL,
     AgentSpec,
+    BeginCall,
+    CheckpointWrite,
     ChildSpec,
+    CompleteAndBegin,
+    CompleteCall,
+    InDoubt,
     Journal,
+    NotExecuted,
     RunEnd,
+    RunFinish,
     Store,
     ToolIntent,
 )
@@ -226,10 +233,10 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         consumed = tuple(request.consume_signal_seqs)
         if len(consumed) > 100 or len(set(consumed)) != len(consumed) or any(seq <= 0 for seq in consumed):
             raise InvalidArgument("consume_signal_seqs", "at most 100 distinct positive signal seqs")
-        version, replayed = await self.store.work.save_checkpoint(
-            lease, expected_version=expected, state=state, schema_version=schema_version, step_key=step_key,
-            event_id=event_id, event_type=event_type, event_payload=payload, trace=current_trace(),
-            state_text=state_text, journal=journal, consume_signal_seqs=consumed)
+        version, replayed = await self.store.work.save_checkpoint(lease, CheckpointWrite(
+            expected_version=expected, state=state, schema_version=schema_version, step_key=step_key,
+            event_id=event_id, event_type=event_type, event_payload=payload, state_text=state_text, journal=journal,
+            consume_signal_seqs=consumed), current_trace())
         annotate(run_version=version, replayed=replayed)
         return ws.SaveCheckpointResponse(version=version, replayed=replayed)
 
@@ -245,9 +252,10 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         execution_id = v.require_uuid("execution_id", request.execution_id)
         event_id = event_id_of(request.event_id)
         annotate(step_key=step_key, tool=tool)
-        row, existing, replayed = await self.store.tools.begin_tool_call(
-            lease, expected_version=expected, step_key=step_key, tool_name=tool, idempotency_key=key,
-            request=payload, execution_id=execution_id, event_id=event_id, trace=current_trace())
+        row, existing, replayed = await self.store.tools.begin_tool_call(lease, BeginCall(
+            expected_version=expected, intent=ToolIntent(step_key=step_key, tool_name=tool, idempotency_key=key,
+                                                         request=payload, execution_id=execution_id,
+                                                         event_id=event_id)), current_trace())
         execution = await self.shield.opened(lease.run_id, convert.execution_to_proto(row))
         return ws.BeginToolCallResponse(execution=execution, existing=existing, replayed=replayed)
 
@@ -269,9 +277,9 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
                 raise InvalidArgument("evidence_json", "is required for NOT_EXECUTED")
             if request.journal:
                 raise InvalidArgument("journal", "is not allowed with NOT_EXECUTED (it writes no checkpoint)")
-            version, status, replayed = await self.store.tools.tool_not_executed(
-                lease, expected_version=expected, step_key=step_key, error_code=error_code, evidence=evidence,
-                event_id=event_id, trace=current_trace())
+            version, status, replayed = await self.store.tools.tool_not_executed(lease, NotExecuted(
+                expected_version=expected, step_key=step_key, error_code=error_code, evidence=evidence,
+                event_id=event_id), current_trace())
             return ws.CompleteToolCallResponse(version=version, status=convert.RUN_STATUS[status],
                                                replayed=replayed)
         response = self._tool_response(request.response_json)
@@ -281,11 +289,11 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         remote_id = v.optional_text("remote_resource_id", request.remote_resource_id, max_len=500)
         end = self._run_end(request.end, event_id) if request.HasField("end") else None
         journal = self._journal(request.journal)
-        version, status, replayed = await self.store.work.complete_tool_call(
-            lease, expected_version=expected, step_key=step_key, succeeded=outcome == "SUCCEEDED", response=response,
+        version, status, replayed = await self.store.work.complete_tool_call(lease, CompleteCall(
+            expected_version=expected, step_key=step_key, succeeded=outcome == "SUCCEEDED", response=response,
             remote_resource_id=remote_id, error_code=error_code, state=state, schema_version=schema_version,
-            next_step_key=next_step, evidence=evidence, event_id=event_id, trace=current_trace(),
-            state_text=state_text, end=end, journal=journal)
+            next_step_key=next_step, evidence=evidence, event_id=event_id, state_text=state_text, end=end,
+            journal=journal), current_trace())
         annotate(run_version=version, replayed=replayed)
         return ws.CompleteToolCallResponse(version=version, status=convert.RUN_STATUS[status], replayed=replayed)
 
@@ -353,11 +361,11 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             raise InvalidArgument("next.event_id", "must differ from event_id (each half has its own event)")
         journal = self._journal(request.journal)
         annotate(step_key=step_key, tool=intent.tool_name)
-        version, row, replayed = await self.store.tools.complete_and_begin_tool_call(
-            lease, expected_version=expected, step_key=step_key, succeeded=outcome == "SUCCEEDED", response=response,
+        version, row, replayed = await self.store.tools.complete_and_begin_tool_call(lease, CompleteAndBegin(
+            expected_version=expected, step_key=step_key, succeeded=outcome == "SUCCEEDED", response=response,
             remote_resource_id=remote_id, error_code=error_code, state=state, schema_version=schema_version,
-            evidence=evidence, event_id=event_id, intent=intent, trace=current_trace(), state_text=state_text,
-            journal=journal)
+            evidence=evidence, event_id=event_id, intent=intent, state_text=state_text, journal=journal),
+            current_trace())
         annotate(run_version=version, replayed=replayed)
         execution = await self.shield.opened(lease.run_id, convert.execution_to_proto(row))
         return ws.CompleteAndBeginToolCallResponse(version=version, status=pb.RUN_STATUS_WAITING_TOOL,
@@ -372,8 +380,9 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         detail = v.optional_text("detail", request.detail, max_len=4000) or ""
         event_id = event_id_of(request.event_id)
         annotate(step_key=step_key)
-        replayed = await self.store.tools.mark_tool_in_doubt(lease, step_key=step_key, error_code=error_code,
-                                                             detail=detail, event_id=event_id, trace=current_trace())
+        replayed = await self.store.tools.mark_tool_in_doubt(
+            lease, InDoubt(step_key=step_key, error_code=error_code, detail=detail, event_id=event_id),
+            current_trace())
         if not replayed and self._metrics is not None:
             self._metrics.in_doubt_marks.inc()
         return ws.MarkToolInDoubtResponse(status=pb.RUN_STATUS_PAUSED_INDOUBT, replayed=replayed)
@@ -398,11 +407,11 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         if request.wait_children and (outcome != "SLEEP" or wait_signal is not None):
             raise InvalidArgument("wait_children", "is only allowed with SLEEP and without wait_signal")
         event_id = event_id_of(request.event_id)
-        status, next_at, replayed = await self.store.work.finish_run(
-            lease, expected_version=expected, outcome=outcome, reason=reason, result=result,
-            sleep_ms=request.sleep_ms, pause_when_exhausted=request.pause_when_exhausted, error_class=error_class,
-            event_id=event_id, trace=current_trace(), wait_signal=wait_signal, signals_seen=request.signals_seen,
-            wait_children=request.wait_children)
+        status, next_at, replayed = await self.store.work.finish_run(lease, RunFinish(
+            expected_version=expected, outcome=outcome, reason=reason, result=result, sleep_ms=request.sleep_ms,
+            pause_when_exhausted=request.pause_when_exhausted, error_class=error_class, event_id=event_id,
+            wait_signal=wait_signal, signals_seen=request.signals_seen, wait_children=request.wait_children),
+            current_trace())
         response = ws.FinishRunResponse(status=convert.RUN_STATUS[status], replayed=replayed)
         if next_at is not None:
             convert.set_time(response, "next_attempt_at", next_at)

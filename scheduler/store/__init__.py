@@ -39,6 +39,16 @@ from scheduler.store.core import (
     db_call,
     request_event_id,
 )
+from scheduler.store.fenced import (
+    BeginCall,
+    CheckpointWrite,
+    CompleteAndBegin,
+    CompleteCall,
+    InDoubt,
+    NotExecuted,
+    RunFinish,
+    ToolOutcome,
+)
 from scheduler.store.keys import KeyStore
 from scheduler.store.limits import LimitsStore, TenantFlow
 from scheduler.store.recovery import Recovery
@@ -82,7 +92,6 @@ from scheduler.store.types import (
     ToolIntent,
     WriteBinding,
     bind_write,
-    tx2_binding,
 )
 from scheduler.store.work import WorkStore
 from scheduler.store.work_tools import ToolWrites
@@ -124,12 +133,16 @@ __all__ = [
     "AuditEntry",
     "AuthStore",
     "Began",
+    "BeginCall",
     "Chained",
     "CheckpointRow",
+    "CheckpointWrite",
     "ChildSpec",
     "ChildStore",
     "Claimed",
     "CompactJournalPage",
+    "CompleteAndBegin",
+    "CompleteCall",
     "Completed",
     "Database",
     "Effect",
@@ -140,6 +153,7 @@ __all__ = [
     "History",
     "HistoryCursor",
     "HistoryPage",
+    "InDoubt",
     "Journal",
     "JournalPage",
     "JournalRow",
@@ -147,6 +161,7 @@ __all__ = [
     "KeyStore",
     "LeaseRef",
     "LimitsStore",
+    "NotExecuted",
     "Pruned",
     "Recovery",
     "RegistryStore",
@@ -156,6 +171,7 @@ __all__ = [
     "RetryStore",
     "RunEnd",
     "RunFilter",
+    "RunFinish",
     "RunRow",
     "RunStore",
     "ScheduleSpec",
@@ -165,6 +181,7 @@ __all__ = [
     "TenantFlow",
     "TenantStats",
     "ToolIntent",
+    "ToolOutcome",
     "ToolWrites",
     "Trace",
     "WorkStore",
@@ -174,5 +191,4 @@ __all__ = [
     "connect_pool",
     "db_call",
     "request_event_id",
-    "tx2_binding",
 ]

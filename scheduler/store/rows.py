@@ -4,7 +4,7 @@ Row classes are frozen dataclasses built from a record by field name (`RunRow.of
 one constructor compiled per shape of record); columns a statement adds beyond a class's fields
 are left out. A row is also subscriptable by column name (`row["status"]`), as a record is.
 Results of writes are NamedTuples, so they unpack in place:
-`version, replayed = await store.save_checkpoint(...)`.
+`version, replayed = await store.work.save_checkpoint(lease, write)`.
 """
 
 from __future__ import annotations

@@ -119,20 +119,6 @@ class Journal:
 NO_JOURNAL = Journal()
 
 
-def tx2_binding(lease: LeaseRef, *, expected_version: int, step_key: str, outcome: str, next_step_key: str | None,
-                state_hash: bytes, schema_version: int, response: Any, remote_resource_id: str | None,
-                error_code: str | None, evidence: dict[str, Any] | None, event_id: uuid.UUID,
-                end: RunEnd | None, journal: Journal = NO_JOURNAL) -> WriteBinding:
-    """The binding of a definite Tx2 (CompleteToolCall), with or without the run's end."""
-    return bind_write(
-        "CompleteToolCall", lease, expected_version=expected_version, step_key=step_key, outcome=outcome,
-        next_step_key=next_step_key, state=state_hash, schema_version=schema_version,
-        response=sha256_of(response).hex(), remote_resource_id=remote_resource_id, error_code=error_code,
-        evidence=evidence, event_id=event_id,
-        end=None if end is None else [end.outcome, end.reason, sha256_of(end.result).hex(), end.error_class,
-                                      str(end.event_id)], **journal.binding_fields())
-
-
 @dataclass(frozen=True)
 class SealedSubmit:
     run_id: uuid.UUID

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-import uuid
 from typing import Any
 
 from scheduler.config import ConcurrencyLimits
@@ -27,6 +26,7 @@ from scheduler.store.core import (
     prefixed,
     trace_params,
 )
+from scheduler.store.fenced import CheckpointWrite, CompleteCall, RunFinish
 from scheduler.store.queries import Q
 from scheduler.store.recovery import Recovery
 from scheduler.store.rows import (
@@ -41,8 +41,7 @@ from scheduler.store.rows import (
     SignalRow,
     Written,
 )
-from scheduler.store.types import NO_JOURNAL, Claimed, Journal, LeaseRef, RunEnd, bind_write, tx2_binding
-from shared.canonical import CanonicalJson, sha256_of
+from scheduler.store.types import Claimed, LeaseRef
 from shared.db import fetch, fetchrow, fetchval
 from shared.errors import InvalidArgument
 from shared.tracing import NO_TRACE, Trace, annotate
@@ -165,67 +164,40 @@ class WorkStore(Repository):
             raise await self.recovery.refusal(conn, Op.HEARTBEAT, lease, None)
 
     @db_call
-    async def save_checkpoint(
-        self, lease: LeaseRef, *, expected_version: int, state: dict[str, Any], schema_version: int,
-        step_key: str | None, event_id: uuid.UUID, event_type: str, event_payload: dict[str, Any],
-        trace: Trace = NO_TRACE, state_text: CanonicalJson | None = None, journal: Journal = NO_JOURNAL,
-        consume_signal_seqs: tuple[int, ...] = (),
-    ) -> Written:
-        """`state_text`, when given, is canonical_json(state): stored and hashed without encoding again.
-
-        `journal`: the entries this checkpoint records, appended in the same statement.
-        `consume_signal_seqs`: the signals it consumes, marked in the same statement.
-        """
-        stored = state if state_text is None else state_text
-        state_hash = sha256_of(stored)
-        consumed = {"consume_signal_seqs": list(consume_signal_seqs)} if consume_signal_seqs else {}
-        binding = bind_write("SaveCheckpoint", lease, expected_version=expected_version, state=state_hash,
-                             schema_version=schema_version, step_key=step_key, event_id=event_id,
-                             event_type=event_type, event_payload=event_payload, **journal.binding_fields(),
-                             **consumed)
+    async def save_checkpoint(self, lease: LeaseRef, write: CheckpointWrite, trace: Trace = NO_TRACE) -> Written:
+        """A new checkpoint, with its journal entries appended and its signals marked consumed in the
+        same statement."""
+        binding = write.binding(lease)
         async with self.work_pool.acquire() as conn:
             written = await fenced_write(
-                conn, Q.save_checkpoint, **fence_params(lease, Op.SAVE_CHECKPOINT), expected_version=expected_version,
-                schema_version=schema_version, state=stored, step_key=step_key, state_hash=state_hash,
-                event_id=event_id, event_type=event_type, event_payload=event_payload, **trace_params(trace),
-                **binding_params(binding), **journal.params, consume_signal_seqs=list(consume_signal_seqs))
+                conn, Q.save_checkpoint, **fence_params(lease, Op.SAVE_CHECKPOINT),
+                expected_version=write.expected_version, schema_version=write.schema_version, state=write.stored,
+                step_key=write.step_key, state_hash=write.state_hash, event_id=write.event_id,
+                event_type=write.event_type, event_payload=write.payload, **trace_params(trace),
+                **binding_params(binding), **write.journal.params,
+                consume_signal_seqs=list(write.consume_signal_seqs))
             if written is not None:
                 return Written(written["version"], False)
-            replay = await self.recovery.replay(conn, lease, binding, event_id, "checkpoint")
+            replay = await self.recovery.replay(conn, lease, binding, write.event_id, "checkpoint")
             if replay is not None:
                 return Written(replay["version"], True)
-            raise await self.recovery.refusal(conn, Op.SAVE_CHECKPOINT, lease, expected_version, journal,
-                                      consume_signal_seqs)
+            raise await self.recovery.refusal(conn, Op.SAVE_CHECKPOINT, lease, write.expected_version, write.journal,
+                                              write.consume_signal_seqs)
 
     @db_call
-    async def complete_tool_call(
-        self, lease: LeaseRef, *, expected_version: int, step_key: str, succeeded: bool, response: Any,
-        remote_resource_id: str | None, error_code: str | None, state: dict[str, Any], schema_version: int,
-        next_step_key: str | None, evidence: dict[str, Any] | None, event_id: uuid.UUID,
-        trace: Trace = NO_TRACE, state_text: CanonicalJson | None = None, end: RunEnd | None = None,
-        journal: Journal = NO_JOURNAL,
-    ) -> Completed:
-        """Tx2 with a definite outcome; with `end`, the run ends in the same statement."""
-        stored = state if state_text is None else state_text
-        outcome = "SUCCEEDED" if succeeded else "FAILED"
+    async def complete_tool_call(self, lease: LeaseRef, write: CompleteCall, trace: Trace = NO_TRACE) -> Completed:
+        """Tx2 with a definite outcome; with `write.end`, the run ends in the same statement."""
+        end = write.end
         op = Op.COMPLETE_TOOL_CALL if end is None else _TOOL_END_OP[run_status(end.outcome)]
-        state_hash = sha256_of(stored)
-        binding = tx2_binding(
-            lease, expected_version=expected_version, step_key=step_key, outcome=outcome,
-            next_step_key=next_step_key, state_hash=state_hash, schema_version=schema_version, response=response,
-            remote_resource_id=remote_resource_id, error_code=error_code, evidence=evidence, event_id=event_id,
-            end=end, journal=journal)
-        params = dict(**fence_params(lease, op), expected_version=expected_version, step_key=step_key, outcome=outcome,
-                      next_step_key=next_step_key, state=stored, schema_version=schema_version, response=response,
-                      remote_resource_id=remote_resource_id, error_code=error_code, evidence=evidence,
-                      state_hash=state_hash, event_id=event_id, **trace_params(trace), **binding_params(binding),
-                      **journal.params)
+        binding = write.binding(lease)
+        params = dict(**fence_params(lease, op), **write.params(), next_step_key=write.next_step_key,
+                      **trace_params(trace), **binding_params(binding))
         async with self.work_pool.acquire() as conn:
             if end is None:
                 written = await fenced_write(conn, Q.complete_tool_call, **params)
                 if written is not None:
                     return Completed(written["version"], TRANSITIONS[(RunStatus.WAITING_TOOL, op)], False)
-                replay = await self.recovery.replay(conn, lease, binding, event_id, "checkpoint")
+                replay = await self.recovery.replay(conn, lease, binding, write.event_id, "checkpoint")
                 if replay is not None:
                     return Completed(replay["version"], TRANSITIONS[(RunStatus.WAITING_TOOL, op)], True)
             else:
@@ -234,49 +206,39 @@ class WorkStore(Repository):
                                              end_error_class=end.error_class, end_event_id=end.event_id)
                 if written is not None:
                     return Completed(written["version"], run_status(written["status"]), False)
-                found = await self.recovery.replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),
-                                                                      (end.event_id, "run", "end.event_id")))
+                found = await self.recovery.replay_all(conn, lease, binding,
+                                                       ((write.event_id, "checkpoint", "event_id"),
+                                                        (end.event_id, "run", "end.event_id")))
                 if found is not None:
                     return Completed(found[0]["version"], run_status(end.outcome), True)
-            raise await self.recovery.tool_refusal(conn, op, lease, expected_version, step_key,
-                                           close_as=(outcome, response, remote_resource_id, error_code),
-                                           journal=journal)
+            raise await self.recovery.tool_refusal(conn, op, lease, write.expected_version, write.step_key,
+                                                   close_as=write.close_as, journal=write.journal)
 
     @db_call
-    async def finish_run(
-        self, lease: LeaseRef, *, expected_version: int, outcome: str, reason: str, result: Any,
-        sleep_ms: int, pause_when_exhausted: bool, error_class: str, event_id: uuid.UUID,
-        trace: Trace = NO_TRACE, wait_signal: str | None = None, signals_seen: int = 0,
-        wait_children: bool = False,
-    ) -> Finished:
-        """outcome: COMPLETED | FAILED | PAUSED_HUMAN | RETRY | SLEEP (with `wait_signal`: a signal wait)."""
-        mode, op, target = _FINISH[outcome]
+    async def finish_run(self, lease: LeaseRef, write: RunFinish, trace: Trace = NO_TRACE) -> Finished:
+        """Ends the holder's attempt: COMPLETED | FAILED | PAUSED_HUMAN | RETRY | SLEEP (a timer, a signal
+        wait or a wait for the children)."""
+        mode, op, target = _FINISH[write.outcome]
         s = self.settings
-        waits: dict[str, Any] = {"wait_signal": wait_signal, "signals_seen": signals_seen} if wait_signal else {}
-        if wait_children:
-            waits["wait_children"] = True
-        binding = bind_write("FinishRun", lease, expected_version=expected_version, outcome=outcome,
-                             reason=reason, result=sha256_of(result).hex(), sleep_ms=sleep_ms,
-                             pause_when_exhausted=pause_when_exhausted, error_class=error_class, event_id=event_id,
-                             **waits)
+        binding = write.binding(lease)
         async with self.work_pool.acquire() as conn:
             row = await fenced_write(
-                conn, Q.finish_run, **fence_params(lease, op), expected_version=expected_version, target=target,
-                mode=mode, sleep_ms=sleep_ms, backoff_base_ms=s.backoff_base_ms, backoff_cap_ms=s.backoff_cap_ms,
-                backoff_jitter_ms=s.backoff_jitter_ms,
-                exhausted_status=_EXHAUSTED[pause_when_exhausted], result=result,
-                reason=reason, event_id=event_id, error_class=error_class, **trace_params(trace),
-                **binding_params(binding), wait_signal=wait_signal, wait_children=wait_children)
+                conn, Q.finish_run, **fence_params(lease, op), expected_version=write.expected_version,
+                target=target, mode=mode, sleep_ms=write.sleep_ms, backoff_base_ms=s.backoff_base_ms,
+                backoff_cap_ms=s.backoff_cap_ms, backoff_jitter_ms=s.backoff_jitter_ms,
+                exhausted_status=_EXHAUSTED[write.pause_when_exhausted], result=write.result,
+                reason=write.reason, event_id=write.event_id, error_class=write.error_class, **trace_params(trace),
+                **binding_params(binding), wait_signal=write.wait_signal, wait_children=write.wait_children)
             if row is not None:
                 status = run_status(row["status"])
                 return Finished(status, row["next_attempt_at"] if status is RunStatus.QUEUED else None, False)
-            event = await self.recovery.replay(conn, lease, binding, event_id, "run")
+            event = await self.recovery.replay(conn, lease, binding, write.event_id, "run")
             if event is not None:
                 payload = event["payload"]
                 next_at = payload.get("next_attempt_at")
                 return Finished(run_status(payload["status"]), dt.datetime.fromisoformat(next_at) if next_at else None,
                                 True)
-            raise await self.recovery.refusal(conn, op, lease, expected_version)
+            raise await self.recovery.refusal(conn, op, lease, write.expected_version)
 
     @db_call
     async def read_journal_compact(self, lease: LeaseRef, *, after_seq: int, page_size: int,

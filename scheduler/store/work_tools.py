@@ -5,9 +5,7 @@ guard; a refusal is explained by scheduler/store/recovery.py.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import asyncpg
 from asyncpg import Record
@@ -15,12 +13,13 @@ from asyncpg import Record
 from scheduler.config import ToolLimit
 from scheduler.states import Op, run_status
 from scheduler.store.core import Database, Repository, binding_params, db_call, fence_params, fenced_write, trace_params
+from scheduler.store.fenced import BeginCall, CompleteAndBegin, InDoubt, NotExecuted
 from scheduler.store.keys import KeyStore
 from scheduler.store.queries import Q
 from scheduler.store.recovery import Recovery
 from scheduler.store.rows import Began, Chained, Completed, ExecutionRow
-from scheduler.store.types import NO_JOURNAL, Journal, LeaseRef, ToolIntent, bind_write
-from shared.canonical import CanonicalJson, request_hashes, sha256_of
+from scheduler.store.types import LeaseRef
+from shared.canonical import request_hashes
 from shared.db import execute, fetchrow, fetchval
 from shared.errors import AlreadyExists, DecisionNotCheckpointed, ToolRateLimited, VersionConflict
 from shared.tracing import NO_TRACE, Trace
@@ -74,30 +73,26 @@ class ToolWrites(Repository):
                                   limit="concurrency", tool=tool_name, tenant=tenant)
 
     @db_call
-    async def begin_tool_call(
-        self, lease: LeaseRef, *, expected_version: int, step_key: str, tool_name: str, idempotency_key: str,
-        request: Any, execution_id: uuid.UUID, event_id: uuid.UUID, trace: Trace = NO_TRACE,
-    ) -> Began:
-        """Tx1. `existing` is never a licence to resend. `request` is stored as it is (its marked values
+    async def begin_tool_call(self, lease: LeaseRef, write: BeginCall, trace: Trace = NO_TRACE) -> Began:
+        """Tx1. `existing` is never a licence to resend. The request is stored as it is (its marked values
         sealed by the edge's filter, scheduler/api/shield.py); its hash is over the plain request, so a replay
         compares equal whichever values are sealed."""
-        digest, legacy_digest = request_hashes(tool_name, await self.keys.plain(lease.run_id, request))
-        binding = bind_write("BeginToolCall", lease, expected_version=expected_version, step_key=step_key,
-                             tool_name=tool_name, idempotency_key=idempotency_key, request=digest,
-                             execution_id=execution_id, event_id=event_id)
+        intent = write.intent
+        digest, legacy_digest = request_hashes(intent.tool_name, await self.keys.plain(lease.run_id, intent.request))
+        binding = write.binding(lease, digest)
         async with self.work_pool.acquire() as conn:
-            row = await self._within_tool_limits(conn, lease, tool_name, lambda: fenced_write(
-                conn, Q.begin_tool_call, **fence_params(lease, Op.BEGIN_TOOL_CALL), expected_version=expected_version,
-                step_key=step_key, tool_name=tool_name, idempotency_key=idempotency_key,
-                request=request, request_hash=digest, legacy_request_hash=legacy_digest,
-                execution_id=execution_id, event_id=event_id, **trace_params(trace),
-                **binding_params(binding)))
+            row = await self._within_tool_limits(conn, lease, intent.tool_name, lambda: fenced_write(
+                conn, Q.begin_tool_call, **fence_params(lease, Op.BEGIN_TOOL_CALL),
+                expected_version=write.expected_version, step_key=intent.step_key, tool_name=intent.tool_name,
+                idempotency_key=intent.idempotency_key, request=intent.request, request_hash=digest,
+                legacy_request_hash=legacy_digest, execution_id=intent.execution_id, event_id=intent.event_id,
+                **trace_params(trace), **binding_params(binding)))
             if row is not None:
                 return Began(ExecutionRow.of(row), False, False)
-            replay = await self.recovery.replay(conn, lease, binding, event_id, "ledger")
+            replay = await self.recovery.replay(conn, lease, binding, intent.event_id, "ledger")
             if replay is not None:
                 return Began(ExecutionRow.of(replay), True, True)
-            existing = await fetchrow(conn, Q.tool_execution_for_step, run_id=lease.run_id, step_key=step_key)
+            existing = await fetchrow(conn, Q.tool_execution_for_step, run_id=lease.run_id, step_key=intent.step_key)
             run = None
             if existing is not None:
                 # The existing row is an answer for the live holder only; a stale fence gets LEASE_LOST.
@@ -105,31 +100,27 @@ class ToolWrites(Repository):
                 if run is not None and run["holds_lease"]:
                     return Began(ExecutionRow.of(existing), True, False)
             else:
-                by_key = await fetchrow(conn, Q.tool_execution_by_key, tool_name=tool_name,
-                                        idempotency_key=idempotency_key)
+                by_key = await fetchrow(conn, Q.tool_execution_by_key, tool_name=intent.tool_name,
+                                        idempotency_key=intent.idempotency_key)
                 if by_key is not None:
                     raise AlreadyExists("idempotency_key is already recorded for another step",
                                         field="idempotency_key")
-            refusal = await self.recovery.refusal(conn, Op.BEGIN_TOOL_CALL, lease, expected_version, run=run)
+            refusal = await self.recovery.refusal(conn, Op.BEGIN_TOOL_CALL, lease, write.expected_version, run=run)
             # Recovery.refusal's last resort is a VersionConflict at the expected version ("changed
             # concurrently"): with everything else in order, the decision is what did not match.
             if not (isinstance(refusal, VersionConflict)
-                    and refusal.metadata.get("version") == str(expected_version)):
+                    and refusal.metadata.get("version") == str(write.expected_version)):
                 raise refusal
             raise DecisionNotCheckpointed(
                 "the current checkpoint does not record this tool decision (step key, tool and request "
                 "hash must match its pending_tool); save the decision before calling the tool",
-                step_key=step_key, request_hash=digest.hex(),
+                step_key=intent.step_key, request_hash=digest.hex(),
             )
 
     @db_call
-    async def complete_and_begin_tool_call(
-        self, lease: LeaseRef, *, expected_version: int, step_key: str, succeeded: bool, response: Any,
-        remote_resource_id: str | None, error_code: str | None, state: dict[str, Any], schema_version: int,
-        evidence: dict[str, Any] | None, event_id: uuid.UUID, intent: ToolIntent, trace: Trace = NO_TRACE,
-        state_text: CanonicalJson | None = None, journal: Journal = NO_JOURNAL,
-    ) -> Chained:
-        """Tx2 of `step_key` and Tx1 of `intent` in one statement.
+    async def complete_and_begin_tool_call(self, lease: LeaseRef, write: CompleteAndBegin,
+                                           trace: Trace = NO_TRACE) -> Chained:
+        """Tx2 of `write.step_key` and Tx1 of `write.intent` in one statement.
 
         Refusals are those of the two halves: LEASE_LOST, RUN_CANCELLED (the
         outcome is kept on the closed row), INVALID_TRANSITION, VERSION_CONFLICT,
@@ -138,50 +129,41 @@ class ToolWrites(Repository):
         the caller falls back to Tx2 then Tx1, which answers with that row), and
         DECISION_NOT_CHECKPOINTED (the new checkpoint does not record the next call).
         """
+        intent = write.intent
         digest, legacy_digest = request_hashes(
             intent.tool_name, await self.keys.plain(lease.run_id, intent.request))
-        stored = state if state_text is None else state_text
-        state_hash = sha256_of(stored)
-        outcome = "SUCCEEDED" if succeeded else "FAILED"
-        binding = bind_write(
-            "CompleteAndBeginToolCall", lease, expected_version=expected_version, step_key=step_key,
-            outcome=outcome, state=state_hash, schema_version=schema_version, response=sha256_of(response).hex(),
-            remote_resource_id=remote_resource_id, error_code=error_code, evidence=evidence, event_id=event_id,
-            next=[intent.step_key, intent.tool_name, intent.idempotency_key, digest.hex(),
-                  str(intent.execution_id), str(intent.event_id)], **journal.binding_fields())
+        binding = write.binding(lease, digest)
         async with self.work_pool.acquire() as conn:
             row = await self._within_tool_limits(conn, lease, intent.tool_name, lambda: fenced_write(
                 conn, Q.complete_and_begin_tool_call, **fence_params(lease, Op.COMPLETE_AND_BEGIN_TOOL_CALL),
-                expected_version=expected_version, step_key=step_key, outcome=outcome, state=stored,
-                schema_version=schema_version, response=response, remote_resource_id=remote_resource_id,
-                error_code=error_code, evidence=evidence, state_hash=state_hash, next_step_key=intent.step_key,
-                next_tool_name=intent.tool_name, next_idempotency_key=intent.idempotency_key,
-                next_request_hash=digest, next_legacy_request_hash=legacy_digest, next_execution_id=intent.execution_id,
-                next_request=intent.request,
-                event_id=event_id, next_event_id=intent.event_id, **trace_params(trace), **binding_params(binding),
-                **journal.params))
+                **write.params(), next_step_key=intent.step_key, next_tool_name=intent.tool_name,
+                next_idempotency_key=intent.idempotency_key, next_request_hash=digest,
+                next_legacy_request_hash=legacy_digest, next_execution_id=intent.execution_id,
+                next_request=intent.request, next_event_id=intent.event_id, **trace_params(trace),
+                **binding_params(binding)))
             if row is not None:
                 return Chained(row["cp_version"], ExecutionRow.of(row), False)
-            replay = await self.recovery.replay_all(conn, lease, binding, ((event_id, "checkpoint", "event_id"),
-                                                                   (intent.event_id, "ledger", "next.event_id")))
+            replay = await self.recovery.replay_all(conn, lease, binding, ((write.event_id, "checkpoint", "event_id"),
+                                                                           (intent.event_id, "ledger",
+                                                                            "next.event_id")))
             if replay is not None:
                 checkpoint, execution = replay
                 return Chained(checkpoint["version"], ExecutionRow.of(execution), True)
             refusal = await self.recovery.tool_refusal(
-                conn, Op.COMPLETE_AND_BEGIN_TOOL_CALL, lease, expected_version, step_key,
-                close_as=(outcome, response, remote_resource_id, error_code), journal=journal,
+                conn, Op.COMPLETE_AND_BEGIN_TOOL_CALL, lease, write.expected_version, write.step_key,
+                close_as=write.close_as, journal=write.journal,
             )
-            raise await self._chain_refusal(conn, lease, refusal, expected_version, state, intent,
-                                            (digest, legacy_digest))
+            raise await self._chain_refusal(conn, lease, refusal, write, (digest, legacy_digest))
 
     @staticmethod
-    async def _chain_refusal(conn: asyncpg.Connection, lease: LeaseRef, refusal: Exception, expected_version: int,
-                             state: dict[str, Any], intent: ToolIntent, digests: tuple[bytes, bytes]) -> Exception:
+    async def _chain_refusal(conn: asyncpg.Connection, lease: LeaseRef, refusal: Exception, write: CompleteAndBegin,
+                             digests: tuple[bytes, bytes]) -> Exception:
         """The last resort is a VersionConflict at the expected version: with the run and the
         completed step in order, the Tx1 half is what did not match. Says which part."""
         if not (isinstance(refusal, VersionConflict)
-                and refusal.metadata.get("version") == str(expected_version)):
+                and refusal.metadata.get("version") == str(write.expected_version)):
             return refusal
+        intent = write.intent
         existing = await fetchrow(conn, Q.tool_execution_for_step, run_id=lease.run_id, step_key=intent.step_key)
         if existing is not None:
             return AlreadyExists(
@@ -191,7 +173,7 @@ class ToolWrites(Repository):
                           idempotency_key=intent.idempotency_key):
             return AlreadyExists("next.idempotency_key is already recorded for another step",
                                  field="next.idempotency_key")
-        pending = state.get("pending_tool")
+        pending = write.state.get("pending_tool") if isinstance(write.state, dict) else None
         if not (isinstance(pending, dict) and pending.get("step_key") == intent.step_key
                 and pending.get("tool_name") == intent.tool_name
                 and pending.get("request_hash") in {d.hex() for d in digests}):
@@ -203,47 +185,39 @@ class ToolWrites(Repository):
         return refusal
 
     @db_call
-    async def tool_not_executed(
-        self, lease: LeaseRef, *, expected_version: int, step_key: str, error_code: str | None,
-        evidence: dict[str, Any], event_id: uuid.UUID, trace: Trace = NO_TRACE,
-    ) -> Completed:
+    async def tool_not_executed(self, lease: LeaseRef, write: NotExecuted, trace: Trace = NO_TRACE) -> Completed:
         """Closes the open ledger row NOT_EXECUTED (docs/design.md §in-doubt)."""
         s = self.settings
-        binding = bind_write("CompleteToolCall.NOT_EXECUTED", lease, expected_version=expected_version,
-                             step_key=step_key, error_code=error_code, evidence=evidence, event_id=event_id)
+        binding = write.binding(lease)
         async with self.work_pool.acquire() as conn:
             row = await fenced_write(
                 conn, Q.tool_not_executed, **fence_params(lease, Op.TOOL_NOT_EXECUTED),
-                expected_version=expected_version, step_key=step_key, backoff_base_ms=s.backoff_base_ms,
-                backoff_cap_ms=s.backoff_cap_ms, backoff_jitter_ms=s.backoff_jitter_ms, error_code=error_code,
-                evidence=evidence, event_id=event_id, **trace_params(trace), **binding_params(binding))
+                expected_version=write.expected_version, step_key=write.step_key, backoff_base_ms=s.backoff_base_ms,
+                backoff_cap_ms=s.backoff_cap_ms, backoff_jitter_ms=s.backoff_jitter_ms, error_code=write.error_code,
+                evidence=write.evidence, event_id=write.event_id, **trace_params(trace), **binding_params(binding))
             if row is not None:
                 return Completed(row["version"], run_status(row["status"]), False)
-            replay = await self.recovery.replay(conn, lease, binding, event_id, "run")
+            replay = await self.recovery.replay(conn, lease, binding, write.event_id, "run")
             if replay is not None:
                 return Completed(replay["run_version"], run_status(replay["payload"].get("status", "QUEUED")), True)
-            raise await self.recovery.tool_refusal(conn, Op.TOOL_NOT_EXECUTED, lease, expected_version, step_key,
-                                           close_as=None)
+            raise await self.recovery.tool_refusal(conn, Op.TOOL_NOT_EXECUTED, lease, write.expected_version,
+                                                   write.step_key, close_as=None)
 
     @db_call
-    async def mark_tool_in_doubt(
-        self, lease: LeaseRef, *, step_key: str, error_code: str, detail: str, event_id: uuid.UUID,
-        trace: Trace = NO_TRACE,
-    ) -> bool:
+    async def mark_tool_in_doubt(self, lease: LeaseRef, write: InDoubt, trace: Trace = NO_TRACE) -> bool:
         """Freeze on an unknown outcome (docs/design.md §in-doubt). Returns replayed."""
-        binding = bind_write("MarkToolInDoubt", lease, step_key=step_key, error_code=error_code, detail=detail,
-                             event_id=event_id)
+        binding = write.binding(lease)
         async with self.work_pool.acquire() as conn:
             row = await fenced_write(
-                conn, Q.mark_tool_in_doubt, **fence_params(lease, Op.MARK_TOOL_IN_DOUBT), step_key=step_key,
-                error_code=error_code, event_id=event_id, detail=detail, **trace_params(trace),
+                conn, Q.mark_tool_in_doubt, **fence_params(lease, Op.MARK_TOOL_IN_DOUBT), step_key=write.step_key,
+                error_code=write.error_code, event_id=write.event_id, detail=write.detail, **trace_params(trace),
                 **binding_params(binding))
             if row is not None:
                 return False
-            if await self.recovery.replay(conn, lease, binding, event_id, "run") is not None:
+            if await self.recovery.replay(conn, lease, binding, write.event_id, "run") is not None:
                 return True
-            raise await self.recovery.tool_refusal(conn, Op.MARK_TOOL_IN_DOUBT, lease, None, step_key,
-                                           close_as=("IN_DOUBT", None, None, error_code))
+            raise await self.recovery.tool_refusal(conn, Op.MARK_TOOL_IN_DOUBT, lease, None, write.step_key,
+                                                   close_as=("IN_DOUBT", None, None, write.error_code))
 
 
 __all__ = ["ToolWrites"]

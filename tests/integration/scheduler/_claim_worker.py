@@ -88,7 +88,7 @@ def grpc_thread(args: argparse.Namespace, worker: str, record: Recorder, errors:
 
 async def store_main(args: argparse.Namespace, record: Recorder) -> None:
     from scheduler.config import SchedulerSettings
-    from scheduler.store import LeaseRef, Store, connect_pool
+    from scheduler.store import CheckpointWrite, LeaseRef, RunFinish, Store, connect_pool
     from shared.errors import LeaseLost
 
     settings = SchedulerSettings(database_url=args.db_url, lease_duration_ms=args.lease_ms)
@@ -113,14 +113,15 @@ async def store_main(args: argparse.Namespace, record: Recorder) -> None:
                     continue
             lease = LeaseRef(run["id"], worker, fence)
             try:
-                version, _ = await store.work.save_checkpoint(
-                    lease, expected_version=run["version"], state={"worker": worker, "fence": fence},
+                version, _ = await store.work.save_checkpoint(lease, CheckpointWrite(
+                    expected_version=run["version"], state={"worker": worker, "fence": fence},
                     schema_version=1, step_key=None, event_id=uuid.uuid4(), event_type="agent.checkpoint",
-                    event_payload={})
+                    event_payload={}))
                 record(op="save", run=run_id, fence=fence, worker=worker, version=version)
-                await store.work.finish_run(lease, expected_version=version, outcome="COMPLETED", reason="",
-                                            result={"by": worker}, sleep_ms=0, pause_when_exhausted=False,
-                                            error_class="", event_id=uuid.uuid4())
+                await store.work.finish_run(lease, RunFinish(expected_version=version, outcome="COMPLETED", reason="",
+                                                             result={"by": worker}, sleep_ms=0,
+                                                             pause_when_exhausted=False, error_class="",
+                                                             event_id=uuid.uuid4()))
                 record(op="done", run=run_id, fence=fence, worker=worker)
             except LeaseLost:
                 record(op="lost", run=run_id, fence=fence, worker=worker)

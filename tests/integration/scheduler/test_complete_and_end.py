@@ -18,8 +18,7 @@ from support import commit_unknown_count as counter
 from support import eid, reason_of, rpc_error, scheduler_stack, snapshot, tool_state
 from tool_call_support import REQ1, S1, TOOL, waiting_on_s1
 
-from scheduler.store import LeaseRef, RunEnd, tx2_binding
-from shared.canonical import sha256_of
+from scheduler.store import CompleteCall, LeaseRef, RunEnd
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
@@ -104,12 +103,12 @@ async def test_half_of_a_commit_freezes_the_run(db_url, db):
         end_event_id = eid()
         request = last_tx2(ref, end_event_id=end_event_id)
         # Half of this very write: its end event, bound to the write as the real statement binds it.
-        binding = tx2_binding(
-            LeaseRef(uuid.UUID(ref.run_id), ref.worker_id, ref.fencing_token), expected_version=1, step_key=S1,
-            outcome="SUCCEEDED", next_step_key=request.next_step_key,
-            state_hash=sha256_of(json.loads(request.state_json)), schema_version=1,
-            response=json.loads(request.response_json), remote_resource_id="r-1", error_code=None, evidence=None,
-            event_id=uuid.UUID(request.event_id), end=RunEnd("COMPLETED", "", None, "", uuid.UUID(end_event_id)))
+        binding = CompleteCall(
+            expected_version=1, step_key=S1, succeeded=True, next_step_key=request.next_step_key,
+            state=json.loads(request.state_json), schema_version=1, response=json.loads(request.response_json),
+            remote_resource_id="r-1", error_code=None, evidence=None, event_id=uuid.UUID(request.event_id),
+            end=RunEnd("COMPLETED", "", None, "", uuid.UUID(end_event_id)),
+        ).binding(LeaseRef(uuid.UUID(ref.run_id), ref.worker_id, ref.fencing_token))
         await db.execute(
             "INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version, "
             "write_op, write_hash) "

@@ -44,9 +44,16 @@ from hypothesis.stateful import (
 from scheduler.config import SchedulerSettings
 from scheduler.store import (
     NO_JOURNAL,
+    BeginCall,
+    CheckpointWrite,
+    CompleteAndBegin,
+    CompleteCall,
+    InDoubt,
     Journal,
     LeaseRef,
+    NotExecuted,
     RunEnd,
+    RunFinish,
     Store,
     SubmitSpec,
     ToolIntent,
@@ -591,7 +598,7 @@ class Runtime(RuleBasedStateMachine):
         schema = 2 if entries or self.journals[lease.run_id] or n % 2 else 1  # a journaled run stays on 2
         args = (lease, dict(expected_version=expected_version, state=state, schema_version=schema, step_key=step,
                             event_id=event_id, event_type="agent.checkpoint", event_payload={}))
-        make = lambda: self.store.work.save_checkpoint(args[0], **args[1], journal=journal)  # noqa: E731
+        make = lambda: self.store.work.save_checkpoint(args[0], CheckpointWrite(**args[1], journal=journal))  # noqa: E731
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -645,7 +652,8 @@ class Runtime(RuleBasedStateMachine):
         args, journal, version = self.saves[-1 - i % len(self.saves)]
         run_id = args[0].run_id
         before = self.picture(run_id)
-        result = self.call(None, lambda: self.store.work.save_checkpoint(args[0], **args[1], journal=journal))
+        result = self.call(None, lambda: self.store.work.save_checkpoint(args[0],
+                                                                          CheckpointWrite(**args[1], journal=journal)))
         assert result == (version, True)
         assert self.picture(run_id) == before
 
@@ -670,8 +678,9 @@ class Runtime(RuleBasedStateMachine):
         key = f"idem:{lease.run_id}:{step}"
         execution_id, event_id = uuid.uuid4(), uuid.uuid4()
         make = lambda: self.store.tools.begin_tool_call(  # noqa: E731
-            lease, expected_version=current["version"], step_key=step, tool_name=TOOL, idempotency_key=key,
-            request=request, execution_id=execution_id, event_id=event_id)
+            lease, BeginCall(expected_version=current["version"], intent=ToolIntent(
+                step_key=step, tool_name=TOOL, idempotency_key=key, request=request, execution_id=execution_id,
+                event_id=event_id)))
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -752,14 +761,16 @@ class Runtime(RuleBasedStateMachine):
             state["pending_tool"] = {"step_key": intent.step_key, "tool_name": TOOL, "request": decided,
                                      "request_hash": request_hash(TOOL, decided).hex()}
             make: Callable[[], Awaitable[Any]] = lambda: self.store.tools.complete_and_begin_tool_call(  # noqa: E731
-                lease, expected_version=version, step_key=step, succeeded=succeeded, response={"answer": 1},
-                remote_resource_id=None, error_code=error_code, state=state, schema_version=schema, evidence=None,
-                event_id=event_id, intent=intent, journal=journal)
+                lease, CompleteAndBegin(
+                    expected_version=version, step_key=step, succeeded=succeeded, response={"answer": 1},
+                    remote_resource_id=None, error_code=error_code, state=state, schema_version=schema,
+                    evidence=None, event_id=event_id, intent=intent, journal=journal))
         else:
             make = lambda: self.store.work.complete_tool_call(  # noqa: E731
-                lease, expected_version=version, step_key=step, succeeded=succeeded, response={"answer": 1},
-                remote_resource_id=None, error_code=error_code, state=state, schema_version=schema,
-                next_step_key=None, evidence=None, event_id=event_id, end=end, journal=journal)
+                lease, CompleteCall(
+                    expected_version=version, step_key=step, succeeded=succeeded, response={"answer": 1},
+                    remote_resource_id=None, error_code=error_code, state=state, schema_version=schema,
+                    next_step_key=None, evidence=None, event_id=event_id, end=end, journal=journal))
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -831,8 +842,8 @@ class Runtime(RuleBasedStateMachine):
         step = self.tool_step(lease.run_id, other_step)
         version = self.row(lease.run_id)["version"]
         make = lambda: self.store.tools.tool_not_executed(  # noqa: E731
-            lease, expected_version=version, step_key=step, error_code="NOT_FOUND_DOWNSTREAM",
-            evidence={"lookup": "absent"}, event_id=uuid.uuid4())
+            lease, NotExecuted(expected_version=version, step_key=step, error_code="NOT_FOUND_DOWNSTREAM",
+                               evidence={"lookup": "absent"}, event_id=uuid.uuid4()))
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -864,7 +875,7 @@ class Runtime(RuleBasedStateMachine):
     def do_mark_tool_in_doubt(self, lease: LeaseRef, other_step: bool) -> None:
         step = self.tool_step(lease.run_id, other_step)
         make = lambda: self.store.tools.mark_tool_in_doubt(  # noqa: E731
-            lease, step_key=step, error_code="TIMEOUT", detail="no answer in 30 s", event_id=uuid.uuid4())
+            lease, InDoubt(step_key=step, error_code="TIMEOUT", detail="no answer in 30 s", event_id=uuid.uuid4()))
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -899,7 +910,7 @@ class Runtime(RuleBasedStateMachine):
                             result={"done": True} if outcome == "COMPLETED" else None,
                             sleep_ms=LONG_MS if outcome == "SLEEP" else 0, pause_when_exhausted=pause_when_exhausted,
                             error_class="", event_id=event_id))
-        make = lambda: self.store.work.finish_run(args[0], **args[1])  # noqa: E731
+        make = lambda: self.store.work.finish_run(args[0], RunFinish(**args[1]))  # noqa: E731
         run = self.fenced(lease, make)
         if run is None:
             return
@@ -946,7 +957,7 @@ class Runtime(RuleBasedStateMachine):
         args, (status, next_at, _) = self.finishes[-1 - i % len(self.finishes)]
         run_id = args[0].run_id
         before = self.picture(run_id)
-        result = self.call(None, lambda: self.store.work.finish_run(args[0], **args[1]))
+        result = self.call(None, lambda: self.store.work.finish_run(args[0], RunFinish(**args[1])))
         assert result == (status, next_at, True)
         assert self.picture(run_id) == before
 
@@ -968,20 +979,21 @@ class Runtime(RuleBasedStateMachine):
         version, step = run["version"], run["current_step_key"] or "step-x"
         event_id = event["event_id"]
         write_op, make = {
-            "save": ("SaveCheckpoint", lambda: self.store.work.save_checkpoint(
-                lease, expected_version=version, state={"reused": True}, schema_version=1, step_key=None,
-                event_id=event_id, event_type="agent.checkpoint", event_payload={})),
-            "begin": ("BeginToolCall", lambda: self.store.tools.begin_tool_call(
-                lease, expected_version=version, step_key=step, tool_name=TOOL, idempotency_key=f"reuse-{uuid.uuid4()}",
-                request={"reused": True}, execution_id=uuid.uuid4(), event_id=event_id)),
-            "finish": ("FinishRun", lambda: self.store.work.finish_run(
-                lease, expected_version=version, outcome="FAILED", reason="reused", result=None, sleep_ms=0,
-                pause_when_exhausted=False, error_class="", event_id=event_id)),
-            "in_doubt": ("MarkToolInDoubt", lambda: self.store.tools.mark_tool_in_doubt(
-                lease, step_key=step, error_code="reused", detail="", event_id=event_id)),
+            "save": ("SaveCheckpoint", lambda: self.store.work.save_checkpoint(lease, CheckpointWrite(
+                expected_version=version, state={"reused": True}, schema_version=1, step_key=None,
+                event_id=event_id, event_type="agent.checkpoint", event_payload={}))),
+            "begin": ("BeginToolCall", lambda: self.store.tools.begin_tool_call(lease, BeginCall(
+                expected_version=version, intent=ToolIntent(
+                    step_key=step, tool_name=TOOL, idempotency_key=f"reuse-{uuid.uuid4()}", request={"reused": True},
+                    execution_id=uuid.uuid4(), event_id=event_id)))),
+            "finish": ("FinishRun", lambda: self.store.work.finish_run(lease, RunFinish(
+                expected_version=version, outcome="FAILED", reason="reused", result=None, sleep_ms=0,
+                pause_when_exhausted=False, error_class="", event_id=event_id))),
+            "in_doubt": ("MarkToolInDoubt", lambda: self.store.tools.mark_tool_in_doubt(lease, InDoubt(
+                step_key=step, error_code="reused", detail="", event_id=event_id))),
             "not_executed": ("CompleteToolCall.NOT_EXECUTED", lambda: self.store.tools.tool_not_executed(
-                lease, expected_version=version, step_key=step, error_code="reused", evidence={"reused": True},
-                event_id=event_id)),
+                lease, NotExecuted(expected_version=version, step_key=step, error_code="reused",
+                                   evidence={"reused": True}, event_id=event_id))),
         }[op]
         if event["run_id"] != lease.run_id:
             expected: Outcome = InvalidArgument
