@@ -117,22 +117,12 @@ class SchedulerProc:
         stop_process(self.proc)
 
 
-def noop(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
-    """The benchmark's tool: does nothing, in-process."""
-    return {"ok": True}
-
-
-async def nap(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
-    await asyncio.sleep(float(request.get("seconds", 1.0)))
-    return {"ok": True}
-
-
 def agent_file(directory: Path, name: str, tool: str, steps: int, args: dict[str, Any]) -> None:
     definition = {
         "name": name, "version": "1",
         "decider": {"kind": "scripted", "plan": [{"id": "step", "tool": "work", "args": args, "repeat": steps},
                                                  {"id": "done", "finish": {"steps": steps}}]},
-        "tools": [{"name": "work", "kind": "python", "callable": f"bench.bench_executor:{tool}",
+        "tools": [{"name": "work", "kind": "python", "callable": f"bench.tools:{tool}",
                    "contract": {"idempotent": True}}],
     }
     (directory / f"{name}.yaml").write_text(yaml.safe_dump(definition, sort_keys=False))

@@ -18,7 +18,6 @@ import time
 from typing import Any, ClassVar
 
 from cli import local_config
-from shared.client.event_tail import EventTail, KafkaUnreachable, Unreadable, event_as_json
 from shared.cloudevents import AgentEvent
 from shared.errors import AgentrtError, InvalidArgument, Unavailable
 from shared.kafka_client import KafkaClientSettings
@@ -55,6 +54,9 @@ def _wanted(args: argparse.Namespace, event: AgentEvent) -> bool:
 
 
 async def _tail(args: argparse.Namespace, settings: TailSettings) -> int:
+    # Imported here: the Kafka client is this command's alone, and every service parses this CLI to start.
+    from shared.client.event_tail import EventTail, KafkaUnreachable, Unreadable, event_as_json
+
     tail = EventTail(settings, settings.topic, from_beginning=args.from_beginning)
     try:
         await tail.start()

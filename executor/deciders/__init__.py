@@ -47,8 +47,6 @@ class DeciderRegistry:
                  anthropic_api_key: str | None = None, prices: Mapping[str, ModelPrice] | None = None) -> None:
         """`default_api_key` / `anthropic_api_key`: the executor's keys for definitions that name none;
         `tracer`: the executor's, for the model deciders' GenAI spans (None: the process's)."""
-        from executor.deciders.anthropic import AnthropicDeciderImpl
-        from executor.deciders.openai import OpenAIDeciderImpl
         from executor.deciders.python import PythonDeciderImpl
         from executor.deciders.scripted import ScriptedDeciderImpl
 
@@ -68,11 +66,18 @@ class DeciderRegistry:
                     raise DefinitionError(agent.source, "decider.callable", str(exc)) from None
             else:
                 try:
+                    # The providers' SDKs are imported by the first agent that uses one: they are
+                    # most of an executor's memory (thousands of modules), and an executor of
+                    # scripted or Python deciders never needs them.
                     if isinstance(agent.decider, AnthropicDecider):
+                        from executor.deciders.anthropic import AnthropicDeciderImpl
+
                         decider = AnthropicDeciderImpl(
                             agent, agent.decider, api_key(agent, agent.decider, anthropic_api_key), table, tracer)
                     else:
                         assert isinstance(agent.decider, OpenAIDecider)
+                        from executor.deciders.openai import OpenAIDeciderImpl
+
                         decider = OpenAIDeciderImpl(
                             agent, agent.decider, api_key(agent, agent.decider, default_api_key), table, tracer)
                 except ValueError as exc:
