@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from shared.event_loop import run as run_loop
+from shared.event_loop import run_service
 
 # gRPC's C core logs through absl straight to stderr, and by default at INFO: a failed TLS handshake
 # printed a raw line before the CLI's own one-line error. ERROR keeps real faults; the variable is read
@@ -122,7 +122,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         overrides["listen_addr"] = args.listen
     settings = SchedulerSettings(**overrides)
     _setup_logging(settings)
-    run_loop(serve(settings), settings.event_loop)
+    run_service(serve(settings), settings.event_loop)
     return 0
 
 
@@ -148,7 +148,7 @@ def cmd_executor(args: argparse.Namespace) -> int:
         overrides["slots"] = args.slots
     settings = _with_local_session(ExecutorSettings(**overrides), overrides)
     _setup_logging(settings)
-    run_loop(serve(settings), settings.event_loop)
+    run_service(serve(settings), settings.event_loop)
     return 0
 
 
@@ -208,7 +208,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
     settings = _relay_settings(args)
     _setup_logging(settings)
     logging.getLogger("aiokafka").setLevel(settings.kafka_log_level.upper())
-    run_loop(serve(settings), settings.event_loop)
+    run_service(serve(settings), settings.event_loop)
     return 0
 
 
@@ -256,7 +256,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         overrides["insecure"] = True
     settings = ConsoleSettings(**overrides)
     _setup_logging(settings)
-    run_loop(serve(settings), settings.event_loop)
+    run_service(serve(settings), settings.event_loop)
     return 0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import typing
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -28,12 +29,17 @@ from shared.gen.agentrt.v1 import common_pb2 as pb
 HISTORY_KINDS = frozenset({"tool", "sleep", "input", "approval", "finish", "fail", "exception"})
 # Results whose answer is a ledger row's (fetched by step key); others carry everything in the entry.
 LEDGER_STATUSES = frozenset({"SUCCEEDED", "FAILED"})
+_KINDS = frozenset(typing.get_args(JournalRecord.model_fields["kind"].annotation))
 
 
 def _record(seq: int, kind: str, step_key: str = "", node: str = "", tool: str | None = None,
             detail: dict[str, Any] | None = None) -> JournalRecord:
-    return JournalRecord(seq=seq, kind=kind, step_key=step_key, node=node, tool=tool or "",  # type: ignore[arg-type]
-                         detail=detail or {})
+    # Built from this module's own values, one or two per step: not validated again (the scheduler
+    # checks every entry it is sent, scheduler/api/validate.py require_journal).
+    assert seq >= 1 and kind in _KINDS, (seq, kind)
+    return JournalRecord.model_construct(seq=seq, kind=kind,  # type: ignore[arg-type]
+                                         step_key=step_key, node=node, tool=tool or "",
+                                         detail=detail or {})
 
 
 def history_record(seq: int, entry: HistoryEntry) -> JournalRecord:

@@ -144,6 +144,33 @@ def numeric_fields(message: Descriptor, _seen: frozenset[str] = frozenset()) -> 
     return found
 
 
+_NUMBER, _ONE, _MANY, _MAP = range(4)
+_PLANS: dict[str, tuple[tuple[int, str, Any, bool], ...]] = {}
+
+
+def _plan(descriptor: Descriptor) -> tuple[tuple[int, str, Any, bool], ...]:
+    """What check_request visits in a message of this type, worked out once per type: each numeric
+    field with its bound, and each field holding messages that may hold numbers. Parts that hold
+    none (text, ids, JSON) are never looked at: the check runs before every call."""
+    plan = _PLANS.get(descriptor.full_name)
+    if plan is not None:
+        return plan
+    steps: list[tuple[int, str, Any, bool]] = []
+    for field in descriptor.fields:
+        if field.type in NUMERIC_TYPES:
+            steps.append((_NUMBER, field.name, RPC_FIELDS.get(field.full_name, _UNBOUNDED), field.is_repeated))
+        elif field.message_type is not None and field.full_name not in DONE_BY_ITEM:
+            held = field.message_type
+            if not (numeric_fields(held) or held.full_name == TIMESTAMP):
+                continue
+            if held.GetOptions().map_entry:
+                steps.append((_MAP, field.name, held, True))
+            else:
+                steps.append((_MANY if field.is_repeated else _ONE, field.name, None, field.is_repeated))
+    _PLANS[descriptor.full_name] = plan = tuple(steps)
+    return plan
+
+
 def check_request(message: Any, path: str = "") -> None:
     """Every numeric field of `message` (and of the messages it holds) within its bound, or
     InvalidArgument naming the first that is not (`budget.max_steps`, `journal[2].seq`)."""
@@ -151,21 +178,20 @@ def check_request(message: Any, path: str = "") -> None:
     if descriptor.full_name == TIMESTAMP:
         _check_timestamp(message, path)
         return
-    for field in descriptor.fields:
-        name = f"{path}.{field.name}" if path else field.name
-        if field.type in NUMERIC_TYPES:
-            bound = RPC_FIELDS.get(field.full_name, _UNBOUNDED)
-            values = getattr(message, field.name)
-            for value in values if field.is_repeated else (values,):
-                bound.check(name, value)
-        elif field.type == FieldDescriptor.TYPE_MESSAGE and field.full_name not in DONE_BY_ITEM:
-            if field.message_type.GetOptions().map_entry:
-                _check_map(getattr(message, field.name), field.message_type, name)
-            elif field.is_repeated:
-                for index, item in enumerate(getattr(message, field.name)):
-                    check_request(item, f"{name}[{index}]")
-            elif message.HasField(field.name):
-                check_request(getattr(message, field.name), name)
+    for kind, name, extra, repeated in _plan(descriptor):
+        if kind == _NUMBER:
+            values = getattr(message, name)
+            for value in values if repeated else (values,):
+                if not extra.allows(value):
+                    raise InvalidArgument(f"{path}.{name}" if path else name, extra.describe())
+        elif kind == _ONE:
+            if message.HasField(name):
+                check_request(getattr(message, name), f"{path}.{name}" if path else name)
+        elif kind == _MANY:
+            for index, item in enumerate(getattr(message, name)):
+                check_request(item, f"{path}.{name}[{index}]" if path else f"{name}[{index}]")
+        else:
+            _check_map(getattr(message, name), extra, f"{path}.{name}" if path else name)
 
 
 def _check_map(entries: Any, entry: Descriptor, field: str) -> None:

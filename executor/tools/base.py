@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,7 +82,17 @@ def bind_or_refuse(name: str, signature: inspect.Signature | None, *args: Any) -
     definite failure (ToolNotCallable), never the unknown outcome of an exception raised inside the tool."""
     if signature is None:
         return
+    problem = _binding_problem(signature, len(args))
+    if problem is not None:
+        raise ToolNotCallable(f"{name}{signature}: {problem}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _binding_problem(signature: inspect.Signature, count: int) -> str | None:
+    """Why `count` positional arguments do not bind to `signature` (None: they do). Binding positional
+    arguments depends on their number alone, so a tool's answer is worked out once, not per call."""
     try:
-        signature.bind(*args)
+        signature.bind(*(None,) * count)
     except TypeError as exc:
-        raise ToolNotCallable(f"{name}{signature}: {exc}") from None
+        return str(exc)
+    return None

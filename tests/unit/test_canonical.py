@@ -53,6 +53,42 @@ def test_uuid7_is_version_7_and_time_ordered():
     assert stamps == sorted(stamps)
 
 
+def test_uuid7_ids_are_unique_across_threads_and_a_fork():
+    """The random bits are read in blocks: no two callers (threads, or a forked child and its
+    parent) may ever be handed the same bytes, or two events would share an id."""
+    import os
+    import threading
+
+    per_thread: list[list[uuid.UUID]] = [[] for _ in range(8)]
+
+    def make(into: list[uuid.UUID]) -> None:
+        into.extend(uuid7() for _ in range(5000))
+
+    threads = [threading.Thread(target=make, args=(ids,)) for ids in per_thread]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [i for ids in per_thread for i in ids]
+    assert len(set(every)) == len(every) == 40_000
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in every)
+    assert len({i.int & ((1 << 62) - 1) for i in every}) == 40_000  # the random part alone differs too
+
+    uuid7()  # the parent holds a block it has started on
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, b"".join(uuid7().bytes for _ in range(100)))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 1600)
+    os.close(read)
+    os.close(write)
+    parent = b"".join(uuid7().bytes for _ in range(100))
+    tails = lambda blob: {blob[i + 8:i + 16] for i in range(0, len(blob), 16)}  # noqa: E731
+    assert not tails(child) & tails(parent)
+
+
 @given(json_values.filter(lambda v: isinstance(v, dict)))
 def test_parsed_once_canonical_text_stores_and_hashes_like_the_value(value):
     text = json.dumps(value, ensure_ascii=True)  # any spelling a client may send

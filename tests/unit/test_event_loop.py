@@ -38,3 +38,21 @@ def test_the_relay_keeps_the_stock_loop_unless_told(monkeypatch):
     assert RelaySettings().event_loop == "asyncio"
     monkeypatch.setenv("AGENTRT_EVENT_LOOP", "uvloop")
     assert RelaySettings().event_loop == "uvloop"
+
+
+def test_a_service_runs_with_its_startup_heap_frozen_and_a_larger_youngest_generation():
+    """In a process of its own: gc state is global, and the suite's must stay as it is."""
+    import subprocess
+    import sys
+
+    probe = ("import asyncio, gc\n"
+             "from shared.event_loop import GEN0_THRESHOLD, run_service\n"
+             "async def main():\n"
+             "    return gc.get_freeze_count(), gc.get_threshold()[0]\n"
+             "frozen, gen0 = run_service(main(), 'asyncio')\n"
+             "assert frozen > 1000 and gen0 == GEN0_THRESHOLD, (frozen, gen0)\n"
+             "garbage = []\n"
+             "garbage.append(garbage)\n"
+             "del garbage\n"
+             "assert gc.collect() >= 1\n")  # cycles made after the freeze are still collected
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
