@@ -64,20 +64,47 @@ def _field_path(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+_TEXT, _ONE, _MANY = range(3)
+_JSON_PLANS: dict[str, tuple[tuple[int, str], ...]] = {}
+
+
+def _json_plan(descriptor: Any, seen: frozenset[str] = frozenset()) -> tuple[tuple[int, str], ...]:
+    """The fields of a message type the walk below visits, worked out once per type: its *_json text
+    fields, and the fields holding messages that have some (maps are not walked)."""
+    plan = _JSON_PLANS.get(descriptor.full_name)
+    if plan is not None:
+        return plan
+    steps: list[tuple[int, str]] = []
+    for desc in descriptor.fields:
+        held = desc.message_type
+        if held is not None:
+            if held.GetOptions().map_entry:
+                continue
+            # A type met again on the way down is walked (its own plan is made when it is reached).
+            if held.full_name in seen | {descriptor.full_name} or _json_plan(held, seen | {descriptor.full_name}):
+                steps.append((_MANY if desc.is_repeated else _ONE, desc.name))
+        elif desc.name.endswith("_json") and not desc.is_repeated and desc.type == FieldDescriptor.TYPE_STRING:
+            steps.append((_TEXT, desc.name))
+    plan = tuple(steps)
+    if not seen:  # a plan made inside a cycle may lack the fields that lead back: not kept
+        _JSON_PLANS[descriptor.full_name] = plan
+    return plan
+
+
 def _walk_json_fields(message: Message, fn: Callable[[str, str], str], prefix: str = "") -> None:
-    for desc, value in message.ListFields():
-        path = _field_path(prefix, desc.name)
-        if desc.message_type is not None:
-            if desc.is_repeated:
-                if desc.message_type.GetOptions().map_entry:
-                    continue
-                for index, item in enumerate(value):
-                    _walk_json_fields(item, fn, f"{path}[{index}]")
-            else:
-                _walk_json_fields(value, fn, path)
-        elif desc.name.endswith("_json") and not desc.is_repeated and isinstance(value, str):
-            if has_sealed(value):
-                setattr(message, desc.name, fn(value, path))
+    """Calls `fn(text, path)` on each *_json text holding a sealed value, at any depth, and stores what
+    it returns in the field."""
+    for kind, name in _json_plan(message.DESCRIPTOR):
+        if kind == _TEXT:
+            value = getattr(message, name)
+            if value and has_sealed(value):
+                setattr(message, name, fn(value, _field_path(prefix, name)))
+        elif kind == _ONE:
+            if message.HasField(name):
+                _walk_json_fields(getattr(message, name), fn, _field_path(prefix, name))
+        else:
+            for index, item in enumerate(getattr(message, name)):
+                _walk_json_fields(item, fn, f"{_field_path(prefix, name)}[{index}]")
 
 
 def redact_message(message: M) -> M:
@@ -220,10 +247,12 @@ class Shield:
     # -- inbound: the one filter ---------------------------------------------------------------
     async def seal_request(self, request: Message) -> None:
         """Seals (in place) every marked or known marked value of a request about a run with a data key."""
-        if not _has_text(request.DESCRIPTOR) or not _says_something(request):
+        if not _has_text(request.DESCRIPTOR):
             return
         run_id = run_of(request)
-        if run_id is None:
+        # A run known to hold no data key has nothing to seal: answered from the key cache before the
+        # request is walked (the common case on the work path: most agents mark nothing).
+        if run_id is None or self.store.keys.keyless(run_id) or not _says_something(request):
             return
         key = await self.store.keys.run_key(run_id)
         if key is None:

@@ -307,8 +307,11 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
         return v.parse_json(field, text, self.limits.tool_request, required=True)
 
     def _tool_response(self, text: str) -> Any:
+        """A tool's answer as its canonical text (stored and hashed as is: the value is never needed)."""
         v.require_size("response_json", text, self.limits.tool_response, "max_tool_response_bytes")
-        return v.parse_json("response_json", text, self.limits.tool_response, object_only=False)
+        value, canonical = v.parse_json_canonical("response_json", text, self.limits.tool_response,
+                                                  object_only=False)
+        return canonical if value is not None else None  # JSON null is stored as no answer (SQL NULL), as before
 
     def _journal(self, entries: Any) -> Journal:
         """The journal entries a checkpoint-writing call appends (none on the schema-1 path: no work)."""
