@@ -18,8 +18,24 @@ from scheduler.store.types import NO_JOURNAL, Journal, LeaseRef, RunEnd, ToolInt
 from shared.canonical import CanonicalJson, sha256_of
 
 
+class _WritesState:
+    """What a write that stores a checkpoint's state has: the state, or its canonical text when the
+    handler has it already (`state_text`: stored and hashed as is, never encoded again)."""
+
+    state: Any
+    state_text: CanonicalJson | None
+
+    @property
+    def stored(self) -> Any:
+        return self.state if self.state_text is None else self.state_text
+
+    @cached_property
+    def state_hash(self) -> bytes:
+        return sha256_of(self.stored)
+
+
 @dataclass(frozen=True, kw_only=True)
-class CheckpointWrite:
+class CheckpointWrite(_WritesState):
     """SaveCheckpoint: a new checkpoint at `expected_version` + 1, with its event, its journal entries and
     the signals it consumes. `state_text`, when given, is canonical_json(state): stored and hashed as is."""
 
@@ -33,14 +49,6 @@ class CheckpointWrite:
     state_text: CanonicalJson | None = None
     journal: Journal = NO_JOURNAL
     consume_signal_seqs: tuple[int, ...] = ()
-
-    @property
-    def stored(self) -> Any:
-        return self.state if self.state_text is None else self.state_text
-
-    @cached_property
-    def state_hash(self) -> bytes:
-        return sha256_of(self.stored)
 
     @property
     def payload(self) -> dict[str, Any]:
@@ -70,7 +78,7 @@ class BeginCall:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ToolOutcome:
+class ToolOutcome(_WritesState):
     """The definite outcome of the open call `step_key` (Tx2), with the checkpoint it writes."""
 
     expected_version: int
@@ -89,14 +97,6 @@ class ToolOutcome:
     @property
     def outcome(self) -> str:
         return "SUCCEEDED" if self.succeeded else "FAILED"
-
-    @property
-    def stored(self) -> Any:
-        return self.state if self.state_text is None else self.state_text
-
-    @cached_property
-    def state_hash(self) -> bytes:
-        return sha256_of(self.stored)
 
     @property
     def close_as(self) -> tuple[str, Any, str | None, str | None]:
