@@ -1,7 +1,7 @@
 """Fair-share benchmark: a quiet tenant next to a backlog, claims with many tenants, the cost at submit.
 
     python -m bench.bench_fairness [--backlog 20000] [--seconds 20] [--claimers 8] [--work-ms 40]
-                                   [--tenants 1000] [--claims 2000] [--submit-seconds 4]
+                                   [--tenants 1000] [--claims 2000] [--submit-seconds 4] [--submit-blocks 8]
 
 Everything runs in scratch databases on AGENTRT_BENCH_DATABASE_URL (default
 postgresql://postgres@127.0.0.1:5432/postgres), dropped at the end, through
@@ -19,7 +19,8 @@ scheduler.store.Store (the submit_run and claim_work statements the service runs
 2. Claim p50 (Store.claim incl. commit) with `--tenants` tenants each holding
    queued runs vs one tenant holding as many, alternating blocks (target <= 1.2).
 3. Submit throughput (Store.submit_run, 16 concurrent submitters over 8
-   tenants) with fair_share on vs off, alternating blocks (target >= 0.9). The
+   tenants) with fair_share on vs off, `--submit-blocks` blocks of
+   `--submit-seconds` in ABBA BAAB order (target >= 0.9). The
    claim statement is the same either way (fair_share off gives every run pass
    0), so this is where the switch costs anything; `bench core` cycles claim
    pre-inserted runs and do not see it.
@@ -245,18 +246,28 @@ async def submit_for(store: Store, seconds: float, submitters: int = 16) -> int:
     return done
 
 
+def submit_order(blocks: int) -> list[bool]:
+    """Fair share on (True) and off in ABBA quads (ABBA BAAB ...): each side sees the same growth of the
+    table and the same drift of the machine, to first order, whatever the number of quads."""
+    quads = max(1, blocks // 4)
+    return [fair for n in range(quads) for fair in ((True, False, False, True) if n % 2 == 0
+                                                    else (False, True, True, False))]
+
+
 async def submit_part(args: argparse.Namespace, notes: list[str]) -> list[dict[str, Any]]:
-    log(f"submit throughput: fair_share on vs off, 16 submitters, 4 blocks of {args.submit_seconds:.0f}s each ...")
+    order = submit_order(args.submit_blocks)
+    log(f"submit throughput: fair_share on vs off, 16 submitters, {len(order)} blocks of "
+        f"{args.submit_seconds:.0f}s each ...")
     counts = {True: 0, False: 0}
     async with scratch_database("agentrt_bench_fair") as url:
         await migrated(url)
         pool = await connect_pool(url, min_size=4, max_size=16)
         try:
-            for fair in (True, False, False, True):  # ABBA: both see the same growth of the table
+            for fair in order:
                 counts[fair] += await submit_for(Store(pool, settings(url, fair)), args.submit_seconds)
         finally:
             await pool.close()
-    on, off = (counts[f] / (2 * args.submit_seconds) for f in (True, False))
+    on, off = (counts[f] / (order.count(f) * args.submit_seconds) for f in (True, False))
     ratio = on / off
     notes.append(f"submit throughput {on:.0f}/s with fair_share on vs {off:.0f}/s off = {ratio:.3f}x "
                  f"(target >= 0.9: {'met' if ratio >= 0.9 else 'MISSED'})")
@@ -288,7 +299,9 @@ def main() -> int:
     parser.add_argument("--tenants", type=int, default=1_000)
     parser.add_argument("--queue-per-tenant", type=int, default=20)
     parser.add_argument("--claims", type=int, default=2_000, help="timed claims per side")
-    parser.add_argument("--submit-seconds", type=float, default=4.0)
+    parser.add_argument("--submit-seconds", type=float, default=4.0, help="length of one submit block")
+    parser.add_argument("--submit-blocks", type=int, default=8,
+                        help="submit blocks, on and off alternating in ABBA quads (rounded down to a multiple of 4)")
     return asyncio.run(run(parser.parse_args()))
 
 

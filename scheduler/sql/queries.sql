@@ -83,7 +83,11 @@ WHERE r.rolname = current_user AND c.oid = 'agent_runs'::regclass;
 -- One statement: the run and its submitted event commit together. Its
 -- fair-share pass is its tenant's newest queued pass at its priority plus
 -- :fair_step (1/the tenant's weight), or that priority's ready head when that
--- is further on (a tenant without a backlog joins at the head), each one index probe (0013_fair_share.sql); two concurrent submits of a tenant may
+-- is further on (a tenant without a backlog joins at the head), each one index
+-- probe (0013_fair_share.sql). The head is read only when it can matter: when
+-- the tenant's newest queued run is ready to claim, the head (the lowest pass
+-- of the ready runs) is at or below that run's pass, so the newest pass plus
+-- the step is already the greater. Two concurrent submits of a tenant may
 -- share a pass (then enqueue order decides). A repeated
 -- (tenant, client_request_id) inserts nothing. Claimers are woken afterwards by
 -- a coalesced NOTIFY (scheduler/background/notifier.py): a NOTIFY inside every submit's
@@ -97,12 +101,15 @@ WITH inserted AS (
           :max_tokens, :max_cost_usd, :deadline_at, :client_request_id, :submit_hash, clock_timestamp(),
           :priority, :concurrency_key, :concurrency_max, :retry_of_run_id::uuid,
           -- The run's fair-share pass (migration 0013): 0 with fair share off.
-          CASE WHEN :fair_step::float8 > 0 THEN greatest(
-            coalesce((SELECT q.fair_pass FROM agent_runs AS q
-                      WHERE q.tenant_id = :tenant_id AND q.priority = :priority AND q.status = 'QUEUED'
-                      ORDER BY q.fair_pass DESC LIMIT 1), 0) + :fair_step,
-            -- Every tenant's head: read in the work scope by the function (0016_row_level_security.sql).
-            agentrt_fair_head(:priority)) ELSE 0 END)
+          CASE WHEN :fair_step::float8 > 0 THEN (
+            SELECT CASE WHEN bool_or(newest.claim_ready) THEN max(newest.fair_pass) + :fair_step
+                        -- Every tenant's head: read in the work scope by the function
+                        -- (0016_row_level_security.sql, 0021_fair_head_cached.sql).
+                        ELSE greatest(coalesce(max(newest.fair_pass), 0) + :fair_step,
+                                      agentrt_fair_head(:priority)) END
+            FROM (SELECT q.fair_pass, q.claim_ready FROM agent_runs AS q
+                  WHERE q.tenant_id = :tenant_id AND q.priority = :priority AND q.status = 'QUEUED'
+                  ORDER BY q.fair_pass DESC LIMIT 1) AS newest) ELSE 0 END)
   ON CONFLICT (tenant_id, client_request_id) WHERE client_request_id IS NOT NULL DO NOTHING
   RETURNING *
 ), keyed AS (

@@ -150,3 +150,53 @@ async def test_a_quiet_tenant_is_not_queued_behind_a_backlog_through_the_service
             assert len(rest) <= 12
         served_a = [r for r in [lease.run.run_id for lease in next_two if lease] + rest if r != quiet.run_id]
         assert served_a == [r.run_id for r in backlog[3:]]
+
+
+@st.composite
+def queue_states(draw: Any) -> tuple[list[tuple[str, int, float, bool, str]], str, int, float]:
+    """Rows already there (tenant, priority, pass, claim_ready, status), and the submit: tenant, priority, step."""
+    tenants, priorities = ("a", "b", "c"), (3, 7)
+    rows = draw(st.lists(st.tuples(st.sampled_from(tenants), st.sampled_from(priorities),
+                                   st.integers(0, 40).map(lambda n: n / 4), st.booleans(),
+                                   st.sampled_from(("QUEUED", "QUEUED", "COMPLETED", "CANCELLED"))), max_size=12))
+    return rows, draw(st.sampled_from(tenants)), draw(st.sampled_from(priorities)), draw(
+        st.sampled_from((1.0, 0.5, 1 / 3)))
+
+
+def expected_pass(rows: list[tuple[str, int, float, bool, str]], tenant: str, priority: int, step: float) -> float:
+    """The rule as docs/flow-control.md states it, from the rows alone: the tenant's newest queued pass at
+    the priority plus the step, or the priority's ready head (every tenant's) when that is further on."""
+    own = [p for t, pr, p, _, status in rows if t == tenant and pr == priority and status == "QUEUED"]
+    ready = [p for _, pr, p, ok, status in rows if pr == priority and status == "QUEUED" and ok]
+    newest = (max(own) if own else 0.0) + step
+    return max(newest, min(ready)) if ready else newest
+
+
+def test_a_submit_takes_the_pass_the_rule_gives_whatever_the_queue_holds(db_url, store_loop):
+    """The sweep of the submit's pass: the statement skips the head read when the tenant's newest queued run
+    is ready (the head cannot be further on then); every shape of queue gets the pass the whole rule gives."""
+    loop, pool = store_loop
+
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(queue_states())
+    def check(state: tuple[list[tuple[str, int, float, bool, str]], str, int, float]) -> None:
+        rows, tenant, priority, step = state
+
+        async def submit_into() -> float:
+            await pool.execute("TRUNCATE agent_runs, outbox CASCADE")
+            await pool.executemany(
+                "INSERT INTO agent_runs (id, tenant_id, agent_name, status, priority, fair_pass, claim_ready, "
+                "finished_at) VALUES (gen_random_uuid(), $1, $2, $3, $4, $5, $6, "
+                "CASE WHEN $3 = 'QUEUED' THEN NULL ELSE clock_timestamp() END)",
+                [(t, AGENT, status, pr, p, ok) for t, pr, p, ok, status in rows])
+            store = Store(pool, fair_settings(db_url, {tenant: 1 / step}))
+            spec = SubmitSpec(agent_name=AGENT, agent_version="", input={}, client_request_id=None,
+                              max_attempts=3, labels={}, priority=priority)
+            row, created = await store.runs.submit_run(tenant, spec)
+            assert created
+            return float(await pool.fetchval("SELECT fair_pass FROM agent_runs WHERE id = $1", row.id))
+
+        got = loop.run_until_complete(submit_into())
+        assert got == pytest.approx(expected_pass(rows, tenant, priority, step)), (rows, tenant, priority, step)
+
+    check()

@@ -7,6 +7,7 @@ or frozen ledger rows (of every run) grows.
 """
 
 import json
+import re
 import uuid
 
 import asyncpg
@@ -211,8 +212,11 @@ async def test_a_submits_fair_share_pass_is_two_index_probes(db_url):
                   if child.get("Relation Name") == "agent_runs" and child["Node Type"] != "ModifyTable"}
         # The priority's ready head is every tenant's: read by agentrt_fair_head in the row-level
         # security work scope (migration 0016); its statement is planned on its own.
+        # (PL/pgSQL since 0021: its one statement is the RETURN's subquery.)
         body = await db.fetchval("SELECT prosrc FROM pg_proc WHERE proname = 'agentrt_fair_head'")
-        head = await db.fetchval("EXPLAIN (FORMAT JSON) " + body.replace("at_priority", "$1::integer"), 5)
+        found = re.search(r"RETURN \((SELECT .*)\);\s*END", body, re.S)
+        assert found is not None, body
+        head = await db.fetchval("EXPLAIN (FORMAT JSON) " + found.group(1).replace("at_priority", "$1::integer"), 5)
         head = json.loads(head) if isinstance(head, str) else head
         probes.update({(child["Node Type"], child.get("Index Name")): parent["Node Type"]
                        for parent, child in edges(head) if child.get("Relation Name") == "agent_runs"})
