@@ -54,6 +54,20 @@ async def scratch_database(prefix: str = "agentrt_bench") -> AsyncIterator[str]:
         await _admin(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@asynccontextmanager
+async def migrated_database(prefix: str = "agentrt_bench") -> AsyncIterator[str]:
+    """A scratch database (as scratch_database) with agentrt's schema migrated into it."""
+    from scheduler.store.migrate import migrate
+
+    async with scratch_database(prefix) as url:
+        conn = await asyncpg.connect(url)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+        yield url
+
+
 def _libpq_args(url: str) -> tuple[list[str], dict[str, str]]:
     parts = urlsplit(url)
     args = ["-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 5432)]

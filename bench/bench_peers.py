@@ -50,9 +50,8 @@ from bench._peer_measure import (
     result,
     wal_syncs,
 )
-from bench._pg import emit, figure, log, scratch_database
+from bench._pg import emit, figure, log, migrated_database, scratch_database
 from bench.bench_executor import ExecutorProc, SchedulerProc, agent_file, submit_bulk
-from scheduler.store.migrate import migrate
 
 BENCH = "peers"
 ROOT = Path(__file__).resolve().parent.parent
@@ -207,12 +206,7 @@ async def measure_system(name: str, measured: dict[str, dict[str, Any] | str], e
 
 
 async def agentrt_on_scratch(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    async with scratch_database("agentrt_bench_peers") as db_url:
-        conn = await asyncpg.connect(db_url)
-        try:
-            await migrate(conn)
-        finally:
-            await conn.close()
+    async with migrated_database("agentrt_bench_peers") as db_url:
         return await measure_agentrt(db_url, args, workdir)
 
 

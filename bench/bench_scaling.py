@@ -30,10 +30,9 @@ from typing import Any
 import asyncpg
 
 from bench._peer_measure import CpuBook, backend_pids, measure_rounds, process_tree, result
-from bench._pg import emit, figure, log, scratch_database
+from bench._pg import emit, figure, log, migrated_database
 from bench.bench_executor import ExecutorProc, SchedulerProc, agent_file
 from bench.bench_peers import agentrt_round
-from scheduler.store.migrate import migrate
 
 BENCH = "scaling"
 AGENT = "bench-peers"  # bench_peers.agentrt_round submits runs of this agent
@@ -99,12 +98,7 @@ async def measure_shape(db_url: str, schedulers_n: int, executors_n: int, args: 
 
 async def measure_on_scratch(schedulers_n: int, executors_n: int, args: argparse.Namespace,
                              workdir: Path) -> dict[str, Any]:
-    async with scratch_database("agentrt_bench_scaling") as db_url:
-        conn = await asyncpg.connect(db_url)
-        try:
-            await migrate(conn)
-        finally:
-            await conn.close()
+    async with migrated_database("agentrt_bench_scaling") as db_url:
         return await measure_shape(db_url, schedulers_n, executors_n, args, workdir)
 
 
