@@ -35,3 +35,8 @@ def validate(args: argparse.Namespace) -> None:
             AgentCatalog.load(args.agents)
         except DefinitionError as exc:
             raise InvalidArgument("--agents", str(exc)) from None
+
+
+def ports_given(args: argparse.Namespace) -> list[int]:
+    """The loopback ports the command line names (--listen, --console): the session's own picks avoid them."""
+    return [int(addr.rpartition(":")[2]) for addr in (args.listen, args.console) if addr not in ("", "none")]

