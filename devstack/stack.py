@@ -174,9 +174,7 @@ class DevStack:
                 "AGENTRT_KAFKA_BOOTSTRAP": self.kafka_bootstrap, **forced}
 
     async def start_all(self) -> None:
-        # The addresses given on the command line are nobody's yet: keep the ports picked for the broker,
-        # the mock tool and the health endpoints off them (CI once saw the broker take --listen's port).
-        reserve_ports(*ports_given(self.args))
+        reserve_ports(*ports_given(self.args))  # no port picked below is --listen's or --console's
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
         self.database_url = self.args.database_url or await asyncio.to_thread(self._start_postgres)
