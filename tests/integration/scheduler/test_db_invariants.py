@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -121,6 +123,97 @@ async def test_bad_run_updates_are_refused(db, run_id, assignment, constraint):
         await db.execute(f"UPDATE agent_runs SET {assignment} WHERE id = $1", run_id)
     assert refused.value.constraint_name == constraint
     assert await db.fetchrow("SELECT * FROM agent_runs WHERE id = $1", run_id) == before
+
+
+# The checks on the fields a submit fixes (migration 0022): one AFTER trigger that fires on INSERT and on an
+# UPDATE setting one of them, refusing as the CHECK constraints it replaced did (SQLSTATE 23514, same name).
+# (case id, the bad value(s), constraint that must refuse it)
+FIXED_FIELD_CHECKS = [
+    ("empty agent name", {"agent_name": ""}, "agent_runs_agent_name_check"),
+    ("agent name of 201 characters", {"agent_name": "a" * 201}, "agent_runs_agent_name_check"),
+    ("negative cost budget", {"budget_max_cost_usd": -0.5}, "agent_runs_budget_max_cost_usd_check"),
+    ("negative step budget", {"budget_max_steps": -1}, "agent_runs_budget_max_steps_check"),
+    ("negative token budget", {"budget_max_tokens": -1}, "agent_runs_budget_max_tokens_check"),
+    ("concurrency key of 501 characters", {"concurrency_key": "k" * 501, "concurrency_max": 1},
+     "agent_runs_concurrency_key_check"),
+    ("concurrency max 0", {"concurrency_key": "k", "concurrency_max": 0}, "agent_runs_concurrency_max_check"),
+    ("input not an object", {"input": [1, 2]}, "agent_runs_input_check"),
+    ("labels not an object", {"labels": "x"}, "agent_runs_labels_check"),
+    ("priority 0", {"priority": 0}, "agent_runs_priority_check"),
+    ("priority 10", {"priority": 10}, "agent_runs_priority_check"),
+    ("empty tenant", {"tenant_id": ""}, "agent_runs_tenant_id_check"),
+    ("tenant of 129 characters", {"tenant_id": "t" * 129}, "agent_runs_tenant_id_check"),
+    ("spawn key without parent", {"spawn_key": "c1"}, "child_fields_together"),
+    ("spawn index without parent", {"spawn_index": 0}, "child_fields_together"),
+    ("client_request_id without hash", {"client_request_id": "c1"}, "client_request_id_with_hash"),
+    ("hash without client_request_id", {"submit_hash": HASH}, "client_request_id_with_hash"),
+    ("concurrency key without max", {"concurrency_key": "k"}, "concurrency_key_with_max"),
+    ("concurrency max without key", {"concurrency_max": 2}, "concurrency_key_with_max"),
+]
+
+
+@pytest.mark.parametrize(("bad", "constraint"), [c[1:] for c in FIXED_FIELD_CHECKS],
+                         ids=[c[0] for c in FIXED_FIELD_CHECKS])
+async def test_a_bad_fixed_field_is_refused_on_insert_and_on_update(db, run_id, bad, constraint):
+    with pytest.raises(asyncpg.CheckViolationError) as refused:
+        await insert(db, "agent_runs", **run_row(uuid.uuid4(), **bad))
+    assert refused.value.constraint_name == constraint
+    assert await db.fetchval("SELECT count(*) FROM agent_runs") == 1  # the fixture's run only
+    before = await db.fetchrow("SELECT * FROM agent_runs WHERE id = $1", run_id)
+    assignment = ", ".join(f"{column} = ${n}" for n, column in enumerate(bad, start=2))
+    with pytest.raises(asyncpg.CheckViolationError) as refused:
+        await db.execute(f"UPDATE agent_runs SET {assignment} WHERE id = $1", run_id, *bad.values())
+    assert refused.value.constraint_name == constraint
+    assert await db.fetchrow("SELECT * FROM agent_runs WHERE id = $1", run_id) == before
+
+
+# The reference design's checks on agent_runs (section 3.2): they stay declarative CHECK constraints.
+REFERENCE_RUN_CHECKS = {"agent_runs_status_check", "agent_runs_version_check", "agent_runs_fencing_token_check",
+                        "agent_runs_attempt_count_check", "agent_runs_max_attempts_check",
+                        "lease_owner_with_expiry", "lease_only_when_leased_status"}
+
+
+_UPDATE_RUNS = re.compile(r"UPDATE\s+agent_runs\b(?:\s+(?:AS\s+)?\w+)?\s+SET\s+(.*?)"
+                          r"(?:\bFROM\b|\bWHERE\b|\bRETURNING\b)", re.S | re.I)
+
+
+def columns_updated_by_statements() -> set[str]:
+    """Every agent_runs column an UPDATE statement of the scheduler's SQL (queries, maintenance, functions) sets."""
+    sql_dir = Path(__file__).resolve().parents[3] / "scheduler" / "sql"
+    updated: set[str] = set()
+    for path in [*sql_dir.glob("*.sql"), *sql_dir.glob("migrations/*.sql")]:
+        for match in _UPDATE_RUNS.finditer(path.read_text()):
+            updated.update(re.findall(r"(?:^|,)\s*(\w+)\s*=", match.group(1)))
+    return updated
+
+
+async def test_every_check_of_agent_runs_is_paid_only_where_its_columns_change(db):
+    """The class behind migration 0022: PostgreSQL evaluates (and, before 18, reads back and prepares) every
+    CHECK of a table on every UPDATE, so a check of fields nothing updates costs each fenced step for nothing.
+    Each CHECK left on agent_runs is the reference design's or holds a column some statement updates; each
+    check in the fixed-field trigger holds only columns no statement updates, the trigger fires on an UPDATE
+    of every column its checks read, and the sweep above covers each of its constraint names."""
+    updated = columns_updated_by_statements()
+    assert {"status", "version", "lease_owner", "fencing_token"} <= updated  # the parse found the work path
+    checks = await db.fetch(
+        """SELECT conname, array_agg(a.attname::text) AS columns FROM pg_constraint c
+             JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)
+            WHERE c.conrelid = 'agent_runs'::regclass AND c.contype = 'c' GROUP BY conname""")
+    for check in checks:
+        assert check["conname"] in REFERENCE_RUN_CHECKS or updated & set(check["columns"]), (
+            f"{check['conname']} reads only {check['columns']}, which no statement updates: every UPDATE of "
+            "agent_runs pays for it; move it to agentrt_runs_check_fixed_fields (a new migration)")
+    source = await db.fetchval("SELECT prosrc FROM pg_proc WHERE proname = 'agentrt_runs_check_fixed_fields'")
+    named = set(re.findall(r"THEN '(\w+)'", source))
+    read = set(re.findall(r"NEW\.(\w+)", source))
+    fires_on = set(await db.fetchval(
+        """SELECT array_agg(a.attname::text) FROM pg_trigger t
+             JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = ANY (t.tgattr)
+            WHERE t.tgname = 'agent_runs_check_fixed_fields'"""))
+    assert named == {case[2] for case in FIXED_FIELD_CHECKS}
+    assert not named & {check["conname"] for check in checks}
+    assert read == fires_on, "the trigger must fire on an UPDATE of every column its checks read"
+    assert not read & updated, f"fixed fields that a statement updates: {sorted(read & updated)}"
 
 
 async def test_valid_rows_are_accepted(db, run_id):
