@@ -58,7 +58,7 @@ SNAPSHOT_SQL = {
               "(SELECT count(*) FROM pg_index i WHERE i.indrelid = t.relid) AS indexes "
               "FROM pg_stat_user_tables t",
     "functions": "SELECT funcname, calls FROM pg_stat_user_functions",
-    "statements": "SELECT queryid, toplevel, calls, rows, wal_bytes, "
+    "statements": "SELECT queryid, toplevel, calls, rows, wal_bytes, total_exec_time, total_plan_time, "
                   "left(regexp_replace(query, '\\s+', ' ', 'g'), 160) AS query FROM pg_stat_statements "
                   "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
     "wal": "SELECT pg_current_wal_lsn() AS lsn",
@@ -102,12 +102,18 @@ def diff(before: dict[str, Any], after: dict[str, Any], units: float, wal_bytes:
         if calls:
             statements.append({"query": row["query"], "toplevel": row["toplevel"], "calls": calls / units,
                                "rows": (row["rows"] - (old["rows"] if old else 0)) / units,
-                               "wal_bytes": float(row["wal_bytes"] - (old["wal_bytes"] if old else 0)) / units})
-    statements.sort(key=lambda s: -s["wal_bytes"])
+                               "wal_bytes": float(row["wal_bytes"] - (old["wal_bytes"] if old else 0)) / units,
+                               "exec_ms": (row["total_exec_time"] - (old["total_exec_time"] if old else 0)) / units,
+                               "plan_ms": (row["total_plan_time"] - (old["total_plan_time"] if old else 0)) / units})
+    statements.sort(key=lambda s: -(s["exec_ms"] + s["plan_ms"]))
     return {"database": database, "tables": tables, "functions": functions, "statements": statements,
             "index_entries": index_entries / units, "wal_bytes": wal_bytes / units,
             "statements_toplevel": sum(s["calls"] for s in statements if s["toplevel"]),
-            "statements_nested": sum(s["calls"] for s in statements if not s["toplevel"])}
+            "statements_nested": sum(s["calls"] for s in statements if not s["toplevel"]),
+            # A top-level statement's time holds its nested ones'; the rest of the backend's CPU is parsing,
+            # the protocol, transaction start and commit, and the statistics themselves.
+            "exec_ms": sum(s["exec_ms"] for s in statements if s["toplevel"]),
+            "plan_ms": sum(s["plan_ms"] for s in statements if s["toplevel"])}
 
 
 async def wal_between(conn: asyncpg.Connection, before: dict[str, Any], after: dict[str, Any]) -> int:
@@ -214,12 +220,15 @@ def markdown(steps: dict[str, Any], pgb: dict[str, Any]) -> str:
     lines += ["", "| trigger / function | calls per step |", "|---|---:|"]
     functions = sorted(steps["functions"].items(), key=lambda kv: -kv[1])
     lines += [f"| {name} | {calls:.2f} |" for name, calls in functions]
-    lines += ["", "| statement (first 160 characters) | level | calls per step | rows | WAL bytes |",
-              "|---|---|---:|---:|---:|"]
+    lines += ["", f"Time inside statements per step: executing {steps['exec_ms']:.3f} ms, planning "
+              f"{steps['plan_ms']:.3f} ms (top level, pg_stat_statements), of {steps['backend_cpu_ms']:.3f} ms of "
+              "backend CPU.", "",
+              "| statement (first 160 characters) | level | calls per step | rows | WAL bytes | exec µs | plan µs |",
+              "|---|---|---:|---:|---:|---:|---:|"]
     for s in steps["statements"][:25]:
         query = s["query"].replace("|", "\\|")
         lines.append(f"| `{query}` | {'top' if s['toplevel'] else 'nested'} | {s['calls']:.2f} | {s['rows']:.2f} | "
-                     f"{s['wal_bytes']:.0f} |")
+                     f"{s['wal_bytes']:.0f} | {1000 * s['exec_ms']:.0f} | {1000 * s['plan_ms']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -229,6 +238,7 @@ async def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="agentrt-bench-profile-") as tmp:
         server = EmbeddedPostgres(Path(tmp) / "pg", settings={
             "shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all",
+            "pg_stat_statements.track_planning": "on",
             "track_functions": "all", "autovacuum_naptime": "60s"})
         log("starting a private PostgreSQL (fsync on, pg_stat_statements) ...")
         await asyncio.to_thread(server.start)
@@ -278,6 +288,10 @@ async def run(args: argparse.Namespace) -> int:
                           steps["backend_cpu_ms"] / 0.6, baseline_name="target (issue: <= 0.6 ms)",
                           steps_per_s=round(steps["steps_per_s"], 1), pgbench_tps=round(pgb["tps"], 1),
                           load_average=os.getloadavg()[0]))
+    figures.append(figure(BENCH, "statement_time_ms_per_step", steps["exec_ms"] + steps["plan_ms"], "ms",
+                          steps["backend_cpu_ms"], (steps["exec_ms"] + steps["plan_ms"]) / steps["backend_cpu_ms"],
+                          baseline_name="backend CPU per step in the same window",
+                          exec_ms=round(steps["exec_ms"], 4), plan_ms=round(steps["plan_ms"], 4)))
     emit(figures)
     return 0
 

@@ -2,11 +2,12 @@
 -- that write those fields only (docs/performance/step-profile.md).
 --
 -- PostgreSQL evaluates every CHECK constraint of a table on every UPDATE of a
--- row, whichever columns it sets, and before version 18 it reads each one back
--- from its stored node text and prepares it again for every statement. agent_runs
--- had 25 of them (about 18 KB of node text), paid by each fenced step's UPDATE:
--- with all of them dropped in a throwaway migration, PostgreSQL backend CPU per
--- step fell from 2.30 to 1.67-1.89 ms on this machine.
+-- row, whichever columns it sets, and each statement reads every one back from
+-- its stored node text and prepares it again (ExecRelCheck, up to version 18 at
+-- least). agent_runs had 25 of them (about 18 KB of node text), paid by each
+-- fenced step's UPDATE: with all of them dropped in a throwaway migration,
+-- PostgreSQL backend CPU per step fell from 2.30 to 1.67-1.89 ms (bench
+-- step_profile, its embedded PostgreSQL 18).
 --
 -- Thirteen of them hold fields that no statement changes after the submit:
 -- they move to one AFTER row trigger that fires on INSERT and on an UPDATE that
