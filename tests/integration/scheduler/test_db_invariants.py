@@ -22,12 +22,14 @@ import asyncpg
 import pytest
 
 from scheduler.store.migrate import MIGRATION_LOCK_KEY, Migration, available_migrations, migrate
+from shared.db import load_queries
 from shared.errors import SchemaMismatch
 
 pytestmark = pytest.mark.integration
 
 HASH = hashlib.sha256(b"x").digest()
 NOW = "clock_timestamp()"  # marker: use the database clock for this column
+SQL_DIR = Path(__file__).resolve().parents[3] / "scheduler" / "sql"
 
 
 async def insert(db: asyncpg.Connection, table: str, **values: Any) -> None:
@@ -93,6 +95,17 @@ BAD_RUNS = [
     ("max_attempts 0", {"max_attempts": 0}, "agent_runs_max_attempts_check"),
     ("input not an object", {"input": [1, 2]}, "agent_runs_input_check"),
     ("client_request_id without hash", {"client_request_id": "c1"}, "client_request_id_with_hash"),
+    ("negative attempt count", {"attempt_count": -1}, "agent_runs_attempt_count_check"),
+    ("negative spawn depth", {"spawn_depth": -1}, "agent_runs_spawn_depth_check"),
+    ("unknown join mode", {"join_mode": "SOME"}, "agent_runs_join_mode_check"),
+    ("unknown wait reason", {"waiting_on": "moon"}, "agent_runs_waiting_on_check"),
+    ("a root run with a spawn depth", {"spawn_depth": 1}, "root_only_for_children"),
+    ("a root with a root", {"root_run_id": uuid.UUID(int=1)}, "root_only_for_children"),
+    # Two checks fail: the first by constraint name is reported, as PostgreSQL orders CHECKs.
+    ("unknown status and negative fencing token", {"status": "DONE", "fencing_token": -1},
+     "agent_runs_fencing_token_check"),
+    # A CHECK left in place (its column is set by every step) is tested before the trigger's checks.
+    ("negative version and unknown status", {"version": -1, "status": "DONE"}, "agent_runs_version_check"),
 ]
 
 
@@ -112,6 +125,9 @@ BAD_RUN_UPDATES = [
     ("drop only the expiry", "lease_expires_at = NULL", "lease_owner_with_expiry"),
     ("complete without finish time", "status = 'COMPLETED', lease_owner = NULL, lease_expires_at = NULL",
      "finished_only_when_terminal"),
+    ("a version below zero", "version = -1", "agent_runs_version_check"),
+    ("an unknown status", "status = 'DONE'", "agent_runs_status_check"),
+    ("an unknown wait reason", "waiting_on = 'moon'", "agent_runs_waiting_on_check"),
 ]
 
 
@@ -167,53 +183,88 @@ async def test_a_bad_fixed_field_is_refused_on_insert_and_on_update(db, run_id, 
     assert await db.fetchrow("SELECT * FROM agent_runs WHERE id = $1", run_id) == before
 
 
-# The reference design's checks on agent_runs (section 3.2): they stay declarative CHECK constraints.
-REFERENCE_RUN_CHECKS = {"agent_runs_status_check", "agent_runs_version_check", "agent_runs_fencing_token_check",
-                        "agent_runs_attempt_count_check", "agent_runs_max_attempts_check",
-                        "lease_owner_with_expiry", "lease_only_when_leased_status"}
+_UPDATES = re.compile(r"UPDATE\s+(\w+)\b(?:\s+(?:AS\s+)?\w+)?\s+SET\s+(.*?)(?:\bFROM\b|\bWHERE\b|\bRETURNING\b)",
+                      re.S | re.I)
 
 
-_UPDATE_RUNS = re.compile(r"UPDATE\s+agent_runs\b(?:\s+(?:AS\s+)?\w+)?\s+SET\s+(.*?)"
-                          r"(?:\bFROM\b|\bWHERE\b|\bRETURNING\b)", re.S | re.I)
+def columns_set(sql: str, table: str) -> set[str]:
+    """The columns of `table` that the UPDATE statements in `sql` set."""
+    return {column for target, assignments in _UPDATES.findall(sql) if target == table
+            for column in re.findall(r"(?:^|,)\s*(\w+)\s*=", assignments)}
 
 
 def columns_updated_by_statements() -> set[str]:
     """Every agent_runs column an UPDATE statement of the scheduler's SQL (queries, maintenance, functions) sets."""
-    sql_dir = Path(__file__).resolve().parents[3] / "scheduler" / "sql"
-    updated: set[str] = set()
-    for path in [*sql_dir.glob("*.sql"), *sql_dir.glob("migrations/*.sql")]:
-        for match in _UPDATE_RUNS.finditer(path.read_text()):
-            updated.update(re.findall(r"(?:^|,)\s*(\w+)\s*=", match.group(1)))
-    return updated
+    return {column for path in [*SQL_DIR.glob("*.sql"), *SQL_DIR.glob("migrations/*.sql")]
+            for column in columns_set(path.read_text(), "agent_runs")}
 
 
-async def test_every_check_of_agent_runs_is_paid_only_where_its_columns_change(db):
-    """The class behind migration 0022: PostgreSQL evaluates (and, before 18, reads back and prepares) every
-    CHECK of a table on every UPDATE, so a check of fields nothing updates costs each fenced step for nothing.
-    Each CHECK left on agent_runs is the reference design's or holds a column some statement updates; each
-    check in the fixed-field trigger holds only columns no statement updates, the trigger fires on an UPDATE
-    of every column its checks read, and the sweep above covers each of its constraint names."""
+# Tx2 of one call and Tx1 of the next in one statement: nearly every step of a busy run.
+CHAINED_STEP = "complete_and_begin_tool_call"
+# CHECKs a step's UPDATE pays for without setting their columns, each with the reason it stays.
+CHECKS_KEPT = {
+    "tool_executions_request_hash_check": "the chained step inserts a ledger row too, where a trigger costs more",
+}
+# The checks of agent_runs that live in triggers (migrations 0022 and 0023): trigger name -> its refusal cases.
+CHECK_TRIGGERS = {"agent_runs_check_fixed_fields": "FIXED_FIELD_CHECKS", "agent_runs_check_current_state": "BAD_RUNS"}
+
+
+async def check_trigger(db: asyncpg.Connection, name: str) -> tuple[list[str], set[str], set[str], bool]:
+    """(constraint names in test order, columns the function reads, columns the trigger fires on, fires on INSERT)."""
+    row = await db.fetchrow(
+        """SELECT p.prosrc, (t.tgtype & 4) <> 0 AS on_insert,
+                  ARRAY(SELECT a.attname::text FROM pg_attribute a
+                         WHERE a.attrelid = t.tgrelid AND a.attnum = ANY (t.tgattr)) AS fires_on
+             FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid WHERE t.tgname = $1""", name)
+    return (re.findall(r"THEN '(\w+)'", row["prosrc"]), set(re.findall(r"NEW\.(\w+)", row["prosrc"])),
+            set(row["fires_on"]), row["on_insert"])
+
+
+async def test_each_check_trigger_fires_where_its_checks_could_fail_and_names_every_refusal(db):
+    """Migrations 0022 and 0023 moved checks of agent_runs into AFTER triggers. Each fires on INSERT and on an
+    UPDATE of every column its checks read, tests in constraint-name order (PostgreSQL's order for CHECKs, so
+    a row failing two is refused as before), and every name it refuses with has a refusal case above. The
+    fixed fields are set by no statement after the submit; the state checks fire on no column the chained
+    step sets, which is what they were moved for."""
     updated = columns_updated_by_statements()
     assert {"status", "version", "lease_owner", "fencing_token"} <= updated  # the parse found the work path
+    chained = columns_set(str(load_queries(SQL_DIR / "queries.sql")[CHAINED_STEP]), "agent_runs")
+    assert {"version", "journal_length"} <= chained
+    cases = {"FIXED_FIELD_CHECKS": FIXED_FIELD_CHECKS, "BAD_RUNS": [*BAD_RUNS, *BAD_RUN_UPDATES]}
+    for trigger, refusals in CHECK_TRIGGERS.items():
+        named, read, fires_on, on_insert = await check_trigger(db, trigger)
+        assert on_insert, trigger
+        assert read == fires_on, f"{trigger} must fire on an UPDATE of every column its checks read"
+        assert named == sorted(named), f"{trigger} must test in constraint-name order"
+        assert not set(named) - {case[-1] for case in cases[refusals]}, f"{trigger}: a check without a case"
+        assert not fires_on & chained, f"{trigger} fires on the chained step: {sorted(fires_on & chained)}"
+    fixed = (await check_trigger(db, "agent_runs_check_fixed_fields"))[1]
+    assert set((await check_trigger(db, "agent_runs_check_fixed_fields"))[0]) == {c[2] for c in FIXED_FIELD_CHECKS}
+    assert not fixed & updated, f"fixed fields that a statement updates: {sorted(fixed & updated)}"
+
+
+async def test_every_check_the_chained_step_pays_for_reads_a_column_it_sets(db):
+    """The class behind migrations 0022 and 0023: PostgreSQL reads back, prepares and evaluates every CHECK of a
+    table on every UPDATE, whichever columns it sets. Every CHECK left on a table that the chained step (Tx2 of
+    one call and Tx1 of the next, nearly every step of a busy run) updates reads a column it sets, or is kept
+    with its reason in CHECKS_KEPT."""
+    sql = str(load_queries(SQL_DIR / "queries.sql")[CHAINED_STEP])
+    tables = set(re.findall(r"\bUPDATE\s+(\w+)", sql, re.I))
+    assert {"agent_runs", "tool_executions"} <= tables
     checks = await db.fetch(
-        """SELECT conname, array_agg(a.attname::text) AS columns FROM pg_constraint c
-             JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)
-            WHERE c.conrelid = 'agent_runs'::regclass AND c.contype = 'c' GROUP BY conname""")
+        """SELECT c.conrelid::regclass::text AS relation, c.conname,
+                  ARRAY(SELECT a.attname::text FROM pg_attribute a
+                         WHERE a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)) AS columns
+             FROM pg_constraint c WHERE c.contype = 'c' AND c.conrelid::regclass::text = ANY ($1::text[])""",
+        sorted(tables))
+    assert {"agent_runs_version_check", "completed_when_closed"} <= {check["conname"] for check in checks}
     for check in checks:
-        assert check["conname"] in REFERENCE_RUN_CHECKS or updated & set(check["columns"]), (
-            f"{check['conname']} reads only {check['columns']}, which no statement updates: every UPDATE of "
-            "agent_runs pays for it; move it to agentrt_runs_check_fixed_fields (a new migration)")
-    source = await db.fetchval("SELECT prosrc FROM pg_proc WHERE proname = 'agentrt_runs_check_fixed_fields'")
-    named = set(re.findall(r"THEN '(\w+)'", source))
-    read = set(re.findall(r"NEW\.(\w+)", source))
-    fires_on = set(await db.fetchval(
-        """SELECT array_agg(a.attname::text) FROM pg_trigger t
-             JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = ANY (t.tgattr)
-            WHERE t.tgname = 'agent_runs_check_fixed_fields'"""))
-    assert named == {case[2] for case in FIXED_FIELD_CHECKS}
-    assert not named & {check["conname"] for check in checks}
-    assert read == fires_on, "the trigger must fire on an UPDATE of every column its checks read"
-    assert not read & updated, f"fixed fields that a statement updates: {sorted(read & updated)}"
+        if check["conname"] in CHECKS_KEPT:
+            continue
+        assert columns_set(sql, check["relation"]) & set(check["columns"]), (
+            f"{check['conname']} reads {check['columns']}, which the chained step does not set: every step's "
+            f"UPDATE of {check['relation']} pays for it; move it into a trigger that fires on those columns")
+    assert set(CHECKS_KEPT) <= {check["conname"] for check in checks}, "a reason kept for a check that is gone"
 
 
 async def test_valid_rows_are_accepted(db, run_id):
@@ -292,6 +343,34 @@ async def test_bad_checkpoints_are_refused(db, run_id, overrides, constraint):
         await insert(db, "agent_checkpoints", **checkpoint_row(run_id, **overrides))
     assert refused.value.constraint_name == constraint
     assert await db.fetchval("SELECT count(*) FROM agent_checkpoints") == 0
+
+
+def journal_row(run_id: uuid.UUID, **overrides: Any) -> dict[str, Any]:
+    """A valid journal entry, with overrides."""
+    return {"run_id": run_id, "seq": 1, "kind": "tool", "detail": {"ok": True}, "fencing_token": 1, "run_version": 1,
+            **overrides}
+
+
+BAD_JOURNAL = [
+    ("detail is an array", {"detail": [1]}, "run_journal_detail_check"),
+    ("unknown kind", {"kind": "dream"}, "run_journal_kind_check"),
+    ("seq 0", {"seq": 0}, "run_journal_seq_check"),
+    ("unknown kind and seq 0", {"kind": "dream", "seq": 0}, "run_journal_kind_check"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "constraint"), [c[1:] for c in BAD_JOURNAL], ids=[c[0] for c in BAD_JOURNAL])
+async def test_bad_journal_entries_are_refused_on_insert_and_on_update(db, run_id, overrides, constraint):
+    with pytest.raises(asyncpg.CheckViolationError) as refused:
+        await insert(db, "run_journal", **journal_row(run_id, **overrides))
+    assert refused.value.constraint_name == constraint
+    assert await db.fetchval("SELECT count(*) FROM run_journal") == 0
+    await insert(db, "run_journal", **journal_row(run_id))
+    assignment = ", ".join(f"{column} = ${n}" for n, column in enumerate(overrides, start=2))
+    with pytest.raises(asyncpg.CheckViolationError) as refused:
+        await db.execute(f"UPDATE run_journal SET {assignment} WHERE run_id = $1", run_id, *overrides.values())
+    assert refused.value.constraint_name == constraint
+    assert await db.fetchval("SELECT kind FROM run_journal WHERE run_id = $1 AND seq = 1", run_id) == "tool"
 
 
 async def test_duplicate_checkpoint_version_is_refused(db, run_id):
