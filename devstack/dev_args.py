@@ -21,13 +21,10 @@ def validate(args: argparse.Namespace) -> None:
         raise InvalidArgument("--tool-latency-ms", "must be between 0 and 60000")
     if args.exit_when_done and args.runs == 0:
         raise InvalidArgument("--exit-when-done", "needs --runs N with N > 0")
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
+    if _port_of(args.listen) is None:
         raise InvalidArgument("--listen", f"{args.listen!r} is not host:port")
-    if args.console not in ("", "none"):
-        host, _, port = args.console.rpartition(":")
-        if not host or not port.isdigit():
-            raise InvalidArgument("--console", f"{args.console!r} is not host:port (or none)")
+    if args.console not in ("", "none") and _port_of(args.console) is None:
+        raise InvalidArgument("--console", f"{args.console!r} is not host:port (or none)")
     if args.agents:
         from executor.agents import AgentCatalog, DefinitionError
 
@@ -37,6 +34,13 @@ def validate(args: argparse.Namespace) -> None:
             raise InvalidArgument("--agents", str(exc)) from None
 
 
+def _port_of(address: str) -> int | None:
+    """The port of host:port, or None when `address` is not one."""
+    host, _, port = address.rpartition(":")
+    return int(port) if host and port.isdigit() else None
+
+
 def ports_given(args: argparse.Namespace) -> list[int]:
-    """The loopback ports the command line names (--listen, --console): the session's own picks avoid them."""
-    return [int(addr.rpartition(":")[2]) for addr in (args.listen, args.console) if addr not in ("", "none")]
+    """The ports the command line names (--listen, --console, validated): the session's own picks avoid them."""
+    ports = (_port_of(address) for address in (args.listen, args.console) if address not in ("", "none"))
+    return [port for port in ports if port is not None]

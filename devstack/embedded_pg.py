@@ -22,7 +22,7 @@ _TAKEN: set[int] = set()  # every port this process handed out or was told is sp
 
 
 def reserve_ports(*ports: int) -> None:
-    """Mark ports chosen elsewhere (an explicit --listen, a port file) so free_port never hands them out:
+    """Mark ports chosen elsewhere (an explicit --listen or --console) so free_port never hands them out:
     a port nothing listens on yet is free to the OS, which may offer it again to the next bind(0)."""
     _TAKEN.update(ports)
 

@@ -15,6 +15,7 @@ from typing import ClassVar
 import pytest
 
 from devstack import dev_args, embedded_pg
+from shared.errors import InvalidArgument
 
 
 class ScriptedSocket:
@@ -78,3 +79,26 @@ def test_real_picks_are_distinct_bindable_and_avoid_the_reserved(monkeypatch: py
 ])
 def test_dev_reserves_every_port_its_command_line_names(listen: str, console: str, given: list[int]) -> None:
     assert dev_args.ports_given(argparse.Namespace(listen=listen, console=console)) == given
+
+
+def dev_namespace(**overrides: object) -> argparse.Namespace:
+    """`agentrt dev`'s defaults as validate sees them, with overrides."""
+    values: dict[str, object] = {"runs": 0, "executors": 1, "chaos_interval": 5.0, "timeout": 60.0,
+                                 "tool_latency_ms": 0, "exit_when_done": False, "listen": "127.0.0.1:50051",
+                                 "console": "", "agents": None}
+    return argparse.Namespace(**{**values, **overrides})
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    ({"listen": "50051"}, "--listen"),
+    ({"listen": "127.0.0.1:"}, "--listen"),
+    ({"listen": ":50051"}, "--listen"),
+    ({"listen": "127.0.0.1:port"}, "--listen"),
+    ({"console": "8080"}, "--console"),
+    ({"console": "127.0.0.1:-1"}, "--console"),
+])
+def test_dev_refuses_an_address_that_is_not_host_port_naming_the_flag(overrides: dict, field: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        dev_args.validate(dev_namespace(**overrides))
+    assert refused.value.field == field
+    dev_args.validate(dev_namespace())  # the defaults pass: each refusal above is its one bad value
