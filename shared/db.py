@@ -26,7 +26,7 @@ from shared.canonical import encode_json
 from shared.errors import SchemaMismatch
 
 # The schema version this build runs against: the newest migration's number.
-SCHEMA_VERSION = 23
+SCHEMA_VERSION = 24
 
 # The one table of "no primary on this connection" errors (docs/ha.md): the connection or the
 # server is gone, the server is shutting down or starting (a restart, a switchover), it is a

@@ -267,6 +267,21 @@ async def test_every_check_the_chained_step_pays_for_reads_a_column_it_sets(db):
     assert set(CHECKS_KEPT) <= {check["conname"] for check in checks}, "a reason kept for a check that is gone"
 
 
+async def test_no_check_the_chained_step_pays_for_spells_its_values_one_constant_each(db):
+    """Migration 0024: each statement reads a CHECK back from its node text and prepares it again, and
+    `x IN ('a', 'b')` is stored as an ARRAY of one Const per value (built again at each evaluation). The checks
+    of every table the chained step writes list their values as one array constant instead."""
+    sql = str(load_queries(SQL_DIR / "queries.sql")[CHAINED_STEP])
+    tables = set(re.findall(r"\b(?:INSERT\s+INTO|UPDATE)\s+(\w+)", sql, re.I))
+    assert {"agent_runs", "tool_executions", "run_journal", "agent_checkpoints", "outbox"} <= tables
+    checks = await db.fetch(
+        """SELECT conname, pg_get_constraintdef(oid) AS definition FROM pg_constraint
+            WHERE contype = 'c' AND conrelid::regclass::text = ANY ($1::text[])""", sorted(tables))
+    assert {"run_journal_kind_check", "tool_executions_status_check"} <= {check["conname"] for check in checks}
+    spelled = [check["conname"] for check in checks if "ARRAY[" in check["definition"]]
+    assert not spelled, f"write these lists as one constant, '{{a,b}}'::text[]: {spelled}"
+
+
 async def test_valid_rows_are_accepted(db, run_id):
     """The helpers' rows are valid, so every refusal above is due to its one bad column."""
     await insert(db, "agent_runs", **run_row(uuid.uuid4()))
