@@ -43,11 +43,12 @@ BEGIN
     WHEN ((NEW.parent_run_id IS NULL) = (NEW.root_run_id IS NULL)
           AND (NEW.parent_run_id IS NULL) = (NEW.spawn_depth = 0)) IS FALSE THEN 'root_only_for_children'
   END;
-  IF failed IS NOT NULL THEN
-    RAISE EXCEPTION 'new row for relation "agent_runs" violates check constraint "%"', failed
-      USING ERRCODE = 'check_violation', CONSTRAINT = failed, TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA;
+  IF failed IS NULL THEN
+    RETURN NULL;  -- an AFTER trigger's result is ignored
   END IF;
-  RETURN NULL;
+  -- As a CHECK refuses, so the message and the fields a client reads are the same.
+  RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', TG_TABLE_NAME, failed
+    USING ERRCODE = 'check_violation', CONSTRAINT = failed, TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA;
 END
 $$;
 
