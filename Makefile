@@ -54,7 +54,7 @@ $(BUF): proto/package.json proto/package-lock.json
 proto-lint: $(BUF)
 	cd proto && node_modules/.bin/buf lint
 	cd proto && node_modules/.bin/buf build
-	$(BUF) breaking proto --against ".git#ref=$$(cat proto/BREAKING_BASELINE),subdir=proto"
+	$(BUF) breaking proto --against "$$(proto/baseline-input)"
 
 dev: $(STAMP)
 	$(VENV)/bin/agentrt dev

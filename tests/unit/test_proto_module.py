@@ -78,8 +78,10 @@ def _run(args: list[str | Path], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _baseline_input(repo_git: Path | str = ".git") -> str:
-    ref = (PROTO / "BREAKING_BASELINE").read_text().strip()
-    return f"{repo_git}#ref={ref},subdir=proto"
+    """What make proto-lint compares against (proto/baseline-input: the baseline, cloned deep enough to hold it)."""
+    made = _run([PROTO / "baseline-input", repo_git], REPO)
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
 
 
 @pytest.fixture(scope="session")
