@@ -18,8 +18,8 @@ length, attempt count), a claim and a release (status, lease owner and expiry, f
 INSERT, a ledger intent INSERT with its completion UPDATE, a checkpoint INSERT.
 
 stdout ends with one JSON line per shape: value = shipped µs, baseline = floor µs, ratio = shipped / floor
-(1.0 would mean the checks cost nothing). Migrations 0022-0024 brought the chained UPDATE from about 2.5x
-its floor to about 1.1x (docs/performance/step-profile.md).
+(1.0 would mean the checks cost nothing). At schema 0022 the chained UPDATE cost about 2.5x its floor;
+migration 0023 brought it to about 1.1x (docs/performance/step-profile.md).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import pytest
 
+from cli.main import build_parser
 from devstack import dev_args, embedded_pg
 from shared.errors import InvalidArgument
 
@@ -81,24 +82,21 @@ def test_dev_reserves_every_port_its_command_line_names(listen: str, console: st
     assert dev_args.ports_given(argparse.Namespace(listen=listen, console=console)) == given
 
 
-def dev_namespace(**overrides: object) -> argparse.Namespace:
-    """`agentrt dev`'s defaults as validate sees them, with overrides."""
-    values: dict[str, object] = {"runs": 0, "executors": 1, "chaos_interval": 5.0, "timeout": 60.0,
-                                 "tool_latency_ms": 0, "exit_when_done": False, "listen": "127.0.0.1:50051",
-                                 "console": "", "agents": None}
-    return argparse.Namespace(**{**values, **overrides})
+def dev_args_of(*argv: str) -> argparse.Namespace:
+    """`agentrt dev`'s arguments as its own parser reads them."""
+    return build_parser().parse_args(["dev", *argv])
 
 
-@pytest.mark.parametrize(("overrides", "field"), [
-    ({"listen": "50051"}, "--listen"),
-    ({"listen": "127.0.0.1:"}, "--listen"),
-    ({"listen": ":50051"}, "--listen"),
-    ({"listen": "127.0.0.1:port"}, "--listen"),
-    ({"console": "8080"}, "--console"),
-    ({"console": "127.0.0.1:-1"}, "--console"),
+@pytest.mark.parametrize(("argv", "field"), [
+    (["--listen", "50051"], "--listen"),
+    (["--listen", "127.0.0.1:"], "--listen"),
+    (["--listen", ":50051"], "--listen"),
+    (["--listen", "127.0.0.1:port"], "--listen"),
+    (["--console", "8080"], "--console"),
+    (["--console", "127.0.0.1:-1"], "--console"),
 ])
-def test_dev_refuses_an_address_that_is_not_host_port_naming_the_flag(overrides: dict, field: str) -> None:
+def test_dev_refuses_an_address_that_is_not_host_port_naming_the_flag(argv: list[str], field: str) -> None:
     with pytest.raises(InvalidArgument) as refused:
-        dev_args.validate(dev_namespace(**overrides))
+        dev_args.validate(dev_args_of(*argv))
     assert refused.value.field == field
-    dev_args.validate(dev_namespace())  # the defaults pass: each refusal above is its one bad value
+    dev_args.validate(dev_args_of())  # the defaults pass: each refusal above is its one bad value
