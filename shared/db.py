@@ -122,8 +122,9 @@ Executor: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
 _BLOCK = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
 # What a rewrite skips over: string literals, quoted identifiers and comments;
-# group 1 is a `:name` parameter (`::type` casts are not), group 2 a `{fragment}` inclusion.
-_TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|(?<![:\w]):([A-Za-z_]\w*)|\{(\w+)\}")
+# group 1 is a `:name` parameter (`::type` casts are not), group 2 a `{fragment}` inclusion and
+# group 3 the row alias of a `{fragment@alias}` one.
+_TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|(?<![:\w]):([A-Za-z_]\w*)|\{(\w+)(?:@(\w+))?\}")
 _POSITIONAL = re.compile(r"\$\d+")
 _CLIENT = SpanKind.CLIENT
 
@@ -220,7 +221,10 @@ def rewrite_named(sql: str, name: str = "") -> Query:
 
 
 def _include(body: str, fragments: dict[str, str], name: str, depth: int = 0) -> str:
-    """`{fragment}` replaced by that fragment's text (fragments may include fragments)."""
+    """`{fragment}` replaced by that fragment's text (fragments may include fragments).
+
+    `{fragment@i}` includes it with each `:name` parameter read from the column `i.name` instead: the
+    same predicate, judged for each row `i` of a set (a statement that writes many runs at once)."""
     if depth > 8:
         raise ValueError(f"fragments included too deep in {name!r} (a cycle?)")
 
@@ -230,7 +234,11 @@ def _include(body: str, fragments: dict[str, str], name: str, depth: int = 0) ->
             return match.group(0)
         if included not in fragments:
             raise ValueError(f"{name!r} includes an unknown fragment {included!r}")
-        return _include(fragments[included], fragments, included, depth + 1)
+        text = _include(fragments[included], fragments, included, depth + 1)
+        alias = match.group(3)
+        if alias is None:
+            return text
+        return _TOKEN.sub(lambda m: m.group(0) if m.group(1) is None else f"{alias}.{m.group(1)}", text)
 
     return _TOKEN.sub(fill, body)
 

@@ -650,13 +650,19 @@ SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id, (SELECT sta
 FROM checkpoint;
 
 -- name: complete_and_begin_tool_call
--- Tx2 of step :step_key and Tx1 of step :next_step_key in one statement: all
--- of it commits or none of it does. Guards, together, what complete_tool_call
--- and begin_tool_call guard apart (docs/design.md §tool-calls; rules of §invariants):
---   * the fenced-write guard: fence, owner, version CAS and a live lease by
---     clock_timestamp() (rule 2); a flagged cancel matches no row;
+-- Tx2 of step :step_key and Tx1 of step :next_step_key in one statement, for
+-- one run or for many at once: each element of the parallel arrays below is
+-- one run's write (a run at most once; its journal entries are the elements
+-- of :journal_* whose :journal_items is its ordinal, from 1). Each run's write
+-- is judged alone, by the guards complete_tool_call and begin_tool_call apply
+-- apart (docs/design.md §tool-calls; rules of §invariants); the ordinal `n` of
+-- each row returned says which writes matched, and a write that matched no
+-- row wrote nothing:
+--   * the fenced-write guard, judged for each element (`{fenced_cas@i}`):
+--     fence, owner, version CAS and a live lease by clock_timestamp() (rule 2);
+--     a flagged cancel matches no row;
 --   * the run is WAITING_TOOL on :step_key whose ledger row is still
---     OUTBOUND_INTENT (asserted: exactly one row closes);
+--     OUTBOUND_INTENT (asserted: one row closes per run written);
 --   * the definite result, the new checkpoint (version + 1) and its event commit
 --     together (rule 5);
 --   * the new checkpoint's pending_tool records the next call: same step key,
@@ -666,62 +672,99 @@ FROM checkpoint;
 --   * no ledger row exists yet for :next_step_key (a row is never a licence to
 --     resend); its OUTBOUND_INTENT row and agent.tool_requested event commit
 --     with the rest (rule 3), and the run stays WAITING_TOOL on it;
---   * the journal entries the checkpoint records (:journal_*) continue the
---     run's journal and are appended with it, as in save_checkpoint.
-WITH run AS (
+--   * the journal entries the checkpoint records continue the run's journal
+--     and are appended with it, as in save_checkpoint.
+-- One statement is one transaction: a unique key or an assert refused by any
+-- run's write refuses all of them, and the caller then writes each alone.
+WITH item AS (
+  SELECT i.*, :allowed_statuses::text[] AS allowed_statuses,
+         ARRAY(SELECT e.seq FROM unnest(:journal_items::bigint[], :journal_seqs::bigint[]) AS e(item, seq)
+               WHERE e.item = i.n ORDER BY e.seq) AS journal_seqs
+  FROM unnest(:run_ids::uuid[], :worker_ids::text[], :fencing_tokens::bigint[], :expected_versions::bigint[],
+              :step_keys::text[], :outcomes::text[], :states::jsonb[], :state_hashes::bytea[],
+              :schema_versions::int[], :responses::jsonb[], :remote_resource_ids::text[], :error_codes::text[],
+              :evidences::jsonb[], :event_ids::uuid[], :next_step_keys::text[], :next_tool_names::text[],
+              :next_idempotency_keys::text[], :next_request_hashes::bytea[],
+              :next_legacy_request_hashes::bytea[], :next_execution_ids::uuid[], :next_requests::jsonb[],
+              :next_event_ids::uuid[], :traceparents::text[], :tracestates::text[], :write_ops::text[],
+              :write_hashes::bytea[])
+       WITH ORDINALITY AS i(run_id, worker_id, fencing_token, expected_version, step_key, outcome, state,
+                            state_hash, schema_version, response, remote_resource_id, error_code, evidence,
+                            event_id, next_step_key, next_tool_name, next_idempotency_key, next_request_hash,
+                            next_legacy_request_hash, next_execution_id, next_request, next_event_id,
+                            traceparent, tracestate, write_op, write_hash, n)
+), run AS (
   UPDATE agent_runs AS r
-  SET version = r.version + 1, current_step_key = :next_step_key, checkpoint_schema_version = :schema_version,
-      journal_length = r.journal_length + cardinality(:journal_seqs::bigint[]),
-      attempt_count = CASE WHEN :outcome = 'SUCCEEDED' THEN 1 ELSE r.attempt_count END,  -- progress (as above)
+  SET version = r.version + 1, current_step_key = i.next_step_key, checkpoint_schema_version = i.schema_version,
+      journal_length = r.journal_length + cardinality(i.journal_seqs),
+      attempt_count = CASE WHEN i.outcome = 'SUCCEEDED' THEN 1 ELSE r.attempt_count END,  -- progress (as above)
       updated_at = clock_timestamp()
-  WHERE {fenced_cas}
-    AND {open_step}
-    AND NOT EXISTS (SELECT 1 FROM tool_executions AS te WHERE te.run_id = r.id AND te.step_key = :next_step_key)
-    AND :state::jsonb -> 'pending_tool' ->> 'step_key' = :next_step_key
-    AND :state::jsonb -> 'pending_tool' ->> 'tool_name' = :next_tool_name
-    AND :state::jsonb -> 'pending_tool' ->> 'request_hash'
-        IN (encode(:next_request_hash, 'hex'), encode(:next_legacy_request_hash, 'hex'))
-    AND {journal_continues}
-  RETURNING r.id, r.tenant_id, r.version, r.fencing_token
-), {journal_insert}, execution AS (
+  FROM item AS i
+  WHERE {fenced_cas@i}
+    AND {open_step@i}
+    AND NOT EXISTS (SELECT 1 FROM tool_executions AS te WHERE te.run_id = r.id AND te.step_key = i.next_step_key)
+    AND i.state -> 'pending_tool' ->> 'step_key' = i.next_step_key
+    AND i.state -> 'pending_tool' ->> 'tool_name' = i.next_tool_name
+    AND i.state -> 'pending_tool' ->> 'request_hash'
+        IN (encode(i.next_request_hash, 'hex'), encode(i.next_legacy_request_hash, 'hex'))
+    AND {journal_continues@i}
+  RETURNING r.id, r.tenant_id, r.version, r.fencing_token, i.n
+), journal AS (
+  INSERT INTO run_journal (run_id, seq, kind, step_key, node, tool, detail, fencing_token, run_version)
+  SELECT run.id, e.seq, e.kind, e.step_key, e.node, e.tool, e.detail::jsonb, run.fencing_token, run.version
+  FROM run JOIN unnest(:journal_items::bigint[], :journal_seqs::bigint[], :journal_kinds::text[],
+                       :journal_step_keys::text[], :journal_nodes::text[], :journal_tools::text[],
+                       :journal_details::text[]) AS e(item, seq, kind, step_key, node, tool, detail)
+       ON e.item = run.n
+), written AS (
+  SELECT run.*, i.step_key, i.outcome, i.state, i.state_hash, i.schema_version, i.response, i.remote_resource_id,
+         i.error_code, i.evidence, i.event_id, i.next_step_key, i.next_tool_name, i.next_idempotency_key,
+         i.next_request_hash, i.next_execution_id, i.next_request, i.next_event_id, i.traceparent, i.tracestate,
+         i.write_op, i.write_hash,
+         -- The ledger row's status is matched through this column, not a constant: a constant lets the
+         -- planner read every open row through tool_executions_reconcile_idx and join them, where a
+         -- probe of (run_id, step_key) per run is what it must do (test_query_plans.py).
+         'OUTBOUND_INTENT'::text AS open_status
+  FROM run JOIN item AS i ON i.n = run.n
+), execution AS (
   UPDATE tool_executions AS te
-  SET status = :outcome, response_json = :response, remote_resource_id = :remote_resource_id,
-      error_code = :error_code, completed_at = clock_timestamp(),
-      reconciliation_evidence = COALESCE(:evidence::jsonb, te.reconciliation_evidence),
-      reconciled_at = CASE WHEN :evidence::jsonb IS NULL THEN te.reconciled_at ELSE clock_timestamp() END
-  FROM run
-  WHERE te.run_id = :run_id AND te.run_id = run.id AND te.step_key = :step_key AND te.status = 'OUTBOUND_INTENT'
+  SET status = w.outcome, response_json = w.response, remote_resource_id = w.remote_resource_id,
+      error_code = w.error_code, completed_at = clock_timestamp(),
+      reconciliation_evidence = COALESCE(w.evidence, te.reconciliation_evidence),
+      reconciled_at = CASE WHEN w.evidence IS NULL THEN te.reconciled_at ELSE clock_timestamp() END
+  FROM written AS w
+  WHERE te.run_id = w.id AND te.step_key = w.step_key AND te.status = w.open_status
   RETURNING te.id
 ), checkpoint AS (
   INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version,
                                  fencing_token, event_id)
-  SELECT id, version, :state, :state_hash, :schema_version, fencing_token, :event_id FROM run
-  RETURNING version
+  SELECT id, version, state, state_hash, schema_version, fencing_token, event_id FROM written
+  RETURNING run_id, version
 ), intent AS (
   INSERT INTO tool_executions (id, run_id, step_key, tool_name, idempotency_key, request_json,
                                request_hash, status, fencing_token, intent_event_id)
-  SELECT :next_execution_id, id, :next_step_key, :next_tool_name, :next_idempotency_key, :next_request,
-         :next_request_hash, 'OUTBOUND_INTENT', fencing_token, :next_event_id FROM run
+  SELECT next_execution_id, id, next_step_key, next_tool_name, next_idempotency_key, next_request,
+         next_request_hash, 'OUTBOUND_INTENT', fencing_token, next_event_id FROM written
   RETURNING *
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
                       traceparent, tracestate, write_op, write_hash)
-  SELECT :event_id, id, tenant_id,
-         CASE WHEN :outcome = 'SUCCEEDED' THEN 'agent.tool_succeeded' ELSE 'agent.tool_failed' END,
-         jsonb_build_object('step_key', :step_key::text, 'version', version, 'error_code', :error_code::text),
-         fencing_token, version, :traceparent, :tracestate, :write_op, :write_hash::bytea
-  FROM run
+  SELECT event_id, id, tenant_id,
+         CASE WHEN outcome = 'SUCCEEDED' THEN 'agent.tool_succeeded' ELSE 'agent.tool_failed' END,
+         jsonb_build_object('step_key', step_key, 'version', version, 'error_code', error_code),
+         fencing_token, version, traceparent, tracestate, write_op, write_hash
+  FROM written
   UNION ALL
-  SELECT :next_event_id, id, tenant_id, 'agent.tool_requested',
-         jsonb_build_object('step_key', :next_step_key::text, 'tool_name', :next_tool_name::text,
-                            'idempotency_key', :next_idempotency_key::text,
-                            'execution_id', :next_execution_id::uuid),
-         fencing_token, version, :traceparent, :tracestate, :write_op, :write_hash::bytea
-  FROM run
+  SELECT next_event_id, id, tenant_id, 'agent.tool_requested',
+         jsonb_build_object('step_key', next_step_key, 'tool_name', next_tool_name,
+                            'idempotency_key', next_idempotency_key, 'execution_id', next_execution_id),
+         fencing_token, version, traceparent, tracestate, write_op, write_hash
+  FROM written
 )
-SELECT intent.*, checkpoint.version AS cp_version, (SELECT tenant_id FROM run) AS tenant_id,
-       agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
-FROM intent, checkpoint;
+SELECT intent.*, checkpoint.version AS cp_version, written.tenant_id, written.n,
+       agentrt_assert((SELECT count(*) FROM execution) = (SELECT count(*) FROM run),
+                      'tool ledger row was not open') AS ok
+FROM written JOIN intent ON intent.run_id = written.id JOIN checkpoint ON checkpoint.run_id = written.id;
 
 -- name: tool_not_executed
 -- Takeover: the downstream's lookup proved the request never took effect.

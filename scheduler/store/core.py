@@ -176,6 +176,12 @@ class Database:
             self._flow_read_at = time.monotonic()
         return self._flow
 
+    def flow_if_fresh(self) -> SchedulerSettings | None:
+        """`flow`'s copy while it is fresh, read without a connection; None when it is due a read."""
+        if time.monotonic() >= self._flow_read_at + self.settings.limits_refresh_ms / 1000:
+            return None
+        return self._flow
+
     @db_call
     async def current_flow(self) -> SchedulerSettings:
         async with self.pool.acquire() as conn:

@@ -11,7 +11,8 @@ import asyncpg
 from asyncpg import Record
 
 from scheduler.config import ToolLimit
-from scheduler.states import Op, run_status
+from scheduler.states import Op, run_status, sources
+from scheduler.store.batched import ALONE, SetWrite
 from scheduler.store.core import Database, Repository, binding_params, db_call, fence_params, fenced_write, trace_params
 from scheduler.store.fenced import BeginCall, CompleteAndBegin, InDoubt, NotExecuted
 from scheduler.store.keys import KeyStore
@@ -22,7 +23,14 @@ from scheduler.store.types import LeaseRef
 from shared.canonical import request_hashes
 from shared.db import execute, fetchrow, fetchval
 from shared.errors import AlreadyExists, DecisionNotCheckpointed, ToolRateLimited, VersionConflict
-from shared.tracing import NO_TRACE, Trace
+from shared.tracing import NO_TRACE, Trace, annotate
+
+# complete_and_begin_tool_call's per-run arrays, in the order of the values each write gives SetWrite.
+CHAIN_COLUMNS = ("run_ids", "worker_ids", "fencing_tokens", "expected_versions", "step_keys", "outcomes", "states",
+                 "state_hashes", "schema_versions", "responses", "remote_resource_ids", "error_codes", "evidences",
+                 "event_ids", "next_step_keys", "next_tool_names", "next_idempotency_keys", "next_request_hashes",
+                 "next_legacy_request_hashes", "next_execution_ids", "next_requests", "next_event_ids",
+                 "traceparents", "tracestates", "write_ops", "write_hashes")
 
 
 class ToolWrites(Repository):
@@ -33,6 +41,8 @@ class ToolWrites(Repository):
         super().__init__(db)
         self.keys = keys
         self.recovery = recovery
+        self.chains = SetWrite(self.work_pool, Q.complete_and_begin_tool_call, CHAIN_COLUMNS,
+                               {"allowed_statuses": sources(Op.COMPLETE_AND_BEGIN_TOOL_CALL)})
 
     async def _within_tool_limits(self, conn: asyncpg.Connection, lease: LeaseRef, tool_name: str,
                                   write: Callable[[], Awaitable[Record | None]]) -> Record | None:
@@ -120,7 +130,8 @@ class ToolWrites(Repository):
     @db_call
     async def complete_and_begin_tool_call(self, lease: LeaseRef, write: CompleteAndBegin,
                                            trace: Trace = NO_TRACE) -> Chained:
-        """Tx2 of `write.step_key` and Tx1 of `write.intent` in one statement.
+        """Tx2 of `write.step_key` and Tx1 of `write.intent` in one statement, shared with the other runs'
+        chained steps sent at the same moment (scheduler/store/batched.py) when the next tool has no limits.
 
         Refusals are those of the two halves: LEASE_LOST, RUN_CANCELLED (the
         outcome is kept on the closed row), INVALID_TRANSITION, VERSION_CONFLICT,
@@ -133,15 +144,21 @@ class ToolWrites(Repository):
         digest, legacy_digest = request_hashes(
             intent.tool_name, await self.keys.plain(lease.run_id, intent.request))
         binding = write.binding(lease, digest)
+        values = (lease.run_id, lease.worker_id, lease.fencing_token, write.expected_version, write.step_key,
+                  write.outcome, write.stored, write.state_hash, write.schema_version, write.response,
+                  write.remote_resource_id, write.error_code, write.evidence, write.event_id, intent.step_key,
+                  intent.tool_name, intent.idempotency_key, digest, legacy_digest, intent.execution_id,
+                  intent.request, intent.event_id, trace.traceparent, trace.tracestate, binding.op, binding.digest)
+        flow = self.db.flow_if_fresh()
+        row: Record | object | None = ALONE
+        if flow is not None and flow.tool_limits_of(intent.tool_name) == (None, False):
+            row = await self.chains.write(lease.run_id, values, write.journal)
         async with self.work_pool.acquire() as conn:
-            row = await self._within_tool_limits(conn, lease, intent.tool_name, lambda: fenced_write(
-                conn, Q.complete_and_begin_tool_call, **fence_params(lease, Op.COMPLETE_AND_BEGIN_TOOL_CALL),
-                **write.params(), next_step_key=intent.step_key, next_tool_name=intent.tool_name,
-                next_idempotency_key=intent.idempotency_key, next_request_hash=digest,
-                next_legacy_request_hash=legacy_digest, next_execution_id=intent.execution_id,
-                next_request=intent.request, next_event_id=intent.event_id, **trace_params(trace),
-                **binding_params(binding)))
-            if row is not None:
+            if row is ALONE:
+                row = await self._within_tool_limits(
+                    conn, lease, intent.tool_name, lambda: self.chains.alone(conn, lease.run_id, values, write.journal))
+            if isinstance(row, Record):
+                annotate(tenant_id=row["tenant_id"])
                 return Chained(row["cp_version"], ExecutionRow.of(row), False)
             replay = await self.recovery.replay_all(conn, lease, binding, ((write.event_id, "checkpoint", "event_id"),
                                                                            (intent.event_id, "ledger",

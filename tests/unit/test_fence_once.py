@@ -59,7 +59,7 @@ def test_the_diagnosis_reads_use_the_fenced_writes_own_predicate():
         assert "({live_lease}) AS holds_lease" in raw[name], name
         assert set(Q.query(name).params) == {"run_id", "worker_id", "fencing_token"}, name
     assert "{live_lease}" in raw["fenced_guard"]  # the guard every fenced write matches starts from it
-    fenced = [name for name, body in raw.items() if "{fenced_guard}" in body or "{fenced_cas}" in body]
+    fenced = [name for name, body in raw.items() if re.search(r"\{fenced_(guard|cas)(@\w+)?\}", body)]
     assert len(fenced) >= 8, fenced
 
 

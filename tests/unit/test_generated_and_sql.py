@@ -98,15 +98,33 @@ def test_fragments_are_included_before_the_rewrite_and_are_no_queries():
         parse_named_queries("-- fragment: f\n1\n-- fragment: f\n2\n-- name: q\nSELECT {f};\n")
 
 
+def test_a_fragment_included_for_each_row_of_a_set_reads_its_parameters_from_that_row():
+    """`{f@i}`: the same predicate, each `:name` of it (and of the fragments it includes) read from
+    the column `i.name`; the statement's own parameters, casts and string literals are left alone."""
+    from shared.db import parse_named_queries
+
+    text = ("-- fragment: inner\nr.id = :run_id AND r.k = ':not_a_parameter'\n\n"
+            "-- fragment: outer\n{inner} AND r.v = :version::bigint\n\n"
+            "-- name: q\n-- what\nUPDATE t AS r SET v = i.version + 1 FROM unnest(:ids::uuid[], :versions::bigint[])"
+            " AS i(run_id, version) WHERE {outer@i} AND r.w = :w;\n")
+    queries = parse_named_queries(text)
+    assert queries["q"] == ("UPDATE t AS r SET v = i.version + 1 FROM unnest($1::uuid[], $2::bigint[]) AS i(run_id, "
+                            "version) WHERE r.id = i.run_id AND r.k = ':not_a_parameter' AND r.v = i.version::bigint "
+                            "AND r.w = $3")
+    assert queries.q.params == ("ids", "versions", "w")
+
+
 def test_every_fenced_write_uses_the_one_guard():
     text = (SQL_DIR / "queries.sql").read_text()
     blocks = dict(block.partition("\n")[::2] for block in re.split(r"^-- name: ", text, flags=re.MULTILINE)[1:])
     fenced = ("heartbeat", "save_checkpoint", "begin_tool_call", "complete_tool_call", "complete_tool_call_and_end",
               "complete_and_begin_tool_call", "tool_not_executed", "mark_tool_in_doubt", "finish_run",
               "lock_spawning_parent")
+    guarded = [name for name, body in blocks.items() if re.search(r"\{fenced_(guard|cas)", body)]
+    assert sorted(guarded) == sorted(fenced), "a fenced write is missing from this list, or lost its guard"
     for name in fenced:
         body = blocks[name]
-        assert "{fenced_guard}" in body or "{fenced_cas}" in body, name
+        assert re.search(r"\{fenced_(guard|cas)(@\w+)?\}", body), name
         assert "lease_expires_at > clock_timestamp()" not in body, f"{name} spells the guard out by hand"
     guard = Q["save_checkpoint"]
     for clause in ("r.lease_owner = $", "r.fencing_token = $", "r.version = $", "r.status = ANY($",

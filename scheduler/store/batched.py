@@ -1,0 +1,141 @@
+"""Many runs' fenced writes as one statement: the set form of a write, shared by concurrent calls.
+
+A set-form statement (`complete_and_begin_tool_call` in scheduler/sql/queries.sql) takes parallel arrays,
+one element per run's write, judges each element by the same fenced guard as a write of its own, and
+returns one row per element it wrote, with that element's ordinal `n` (from 1). `SetWrite` gathers the
+calls that reach it in the same turn of the event loop (the items of one WriteBatch, or concurrent
+calls of several executors) and sends them as one statement: one round trip, one plan run, one commit
+for all of them, where each call alone costs all three.
+
+What each call gets back is what a statement of its own would have given it:
+
+- its row, when its write matched: it committed;
+- None, when its write matched nothing (a stale fence, a conflict): nothing of it was written, and the
+  caller explains the refusal on its own (scheduler/store/recovery.py), as for any fenced write;
+- `ALONE`, when the statement as a whole was refused (a unique key, an assert, any database error of
+  one element refuses the whole transaction): nothing was written for anyone, and each caller sends
+  its write again by itself (`SetWrite.alone`), so one bad write never refuses its neighbours.
+
+A run appears at most once per statement (a second write of the same run waits for the next one), and
+the elements go in run id order, so two statements lock their runs in one order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import asyncpg
+from asyncpg import Record
+
+from scheduler.store.core import fenced_write
+from scheduler.store.types import Journal
+from shared.db import Query, fetch
+
+ALONE: Final = object()  # the shared statement was refused as a whole: send this write by itself
+
+
+@dataclass(slots=True)
+class _Pending:
+    run_id: uuid.UUID
+    values: tuple[Any, ...]
+    journal: Journal
+    done: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class SetWrite:
+    """The calls of one set-form write that arrive together, sent as one statement (module docstring).
+
+    `columns` names the statement's per-element array parameters in the order of each call's
+    `values`; `constants` are parameters every element shares (the transition table's sources).
+    """
+
+    def __init__(self, pool: asyncpg.Pool, query: Query, columns: Sequence[str], constants: dict[str, Any], *,
+                 max_items: int = 64) -> None:
+        self._pool = pool
+        self._query = query
+        self._columns = tuple(columns)
+        self._constants = constants
+        self._max_items = max_items
+        self._pending: list[_Pending] = []
+        self._scheduled = False
+        self._running: set[asyncio.Task[None]] = set()
+        self.statements = 0  # shared statements run, and the writes they carried (for tests and benches)
+        self.writes = 0
+        self.alone_writes = 0  # writes sent again by themselves after their shared statement was refused
+
+    async def write(self, run_id: uuid.UUID, values: tuple[Any, ...], journal: Journal) -> Record | object | None:
+        """This call's row, None (matched nothing) or ALONE (send it again by itself)."""
+        pending = _Pending(run_id, values, journal)
+        self._pending.append(pending)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._start)
+        return await pending.done
+
+    async def alone(self, conn: asyncpg.Connection, run_id: uuid.UUID, values: tuple[Any, ...],
+                    journal: Journal) -> Record | None:
+        """One write as a statement of its own on `conn` (in the caller's transaction, if any)."""
+        self.alone_writes += 1
+        return await fenced_write(conn, self._query, **self._params([(values, journal)]))
+
+    def _start(self) -> None:
+        self._scheduled = False
+        batch: list[_Pending] = []
+        later: list[_Pending] = []
+        runs: set[uuid.UUID] = set()
+        for pending in self._pending:
+            if pending.done.cancelled():
+                continue  # its caller is gone before anything was sent: nothing to write
+            if pending.run_id in runs or len(batch) >= self._max_items:
+                later.append(pending)
+            else:
+                runs.add(pending.run_id)
+                batch.append(pending)
+        self._pending = later
+        if later:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._start)
+        if batch:
+            task = asyncio.ensure_future(self._send(sorted(batch, key=lambda p: p.run_id)))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _send(self, batch: list[_Pending]) -> None:
+        params = self._params([(p.values, p.journal) for p in batch])
+        try:
+            async with self._pool.acquire() as conn:
+                rows = await fetch(conn, self._query, **params)
+        except Exception:  # refused as a whole (or the database is gone): each caller tries alone, and hears why
+            for pending in batch:
+                if not pending.done.done():
+                    pending.done.set_result(ALONE)
+            return
+        except BaseException:
+            for pending in batch:
+                pending.done.cancel()
+            raise
+        self.statements += 1
+        self.writes += len(batch)
+        by_n = {row["n"]: row for row in rows}
+        for n, pending in enumerate(batch, start=1):
+            if not pending.done.done():
+                pending.done.set_result(by_n.get(n))
+
+    def _params(self, elements: Sequence[tuple[tuple[Any, ...], Journal]]) -> dict[str, Any]:
+        columns: list[list[Any]] = [[] for _ in self._columns]
+        items: list[int] = []
+        journal: list[list[Any]] = [[], [], [], [], [], []]
+        for n, (values, entries) in enumerate(elements, start=1):
+            for column, value in zip(columns, values, strict=True):
+                column.append(value)
+            if entries.seqs:
+                items.extend([n] * len(entries.seqs))
+                for column, entry_values in zip(journal, entries.columns, strict=True):
+                    column.extend(entry_values)
+        return {**self._constants, **dict(zip(self._columns, columns, strict=True)), "journal_items": items,
+                "journal_seqs": journal[0], "journal_kinds": journal[1], "journal_step_keys": journal[2],
+                "journal_nodes": journal[3], "journal_tools": journal[4], "journal_details": journal[5]}

@@ -1,0 +1,186 @@
+"""Many runs' chained steps (CompleteAndBeginToolCall) in one statement, on a real PostgreSQL.
+
+The items of one WriteBatch that chain a step reach the store together and go out as one set-form
+statement (scheduler/store/batched.py): one round trip and one commit for all of them. Each run's
+write must still be judged alone and land alone: what commits for a run is exactly what its own
+statement would have written (its rows, never a neighbour's), a write that matches nothing is refused
+by itself while its neighbours commit, and a write that refuses the whole statement (a unique key)
+is sent again by itself, so it cannot take its neighbours down with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import grpc
+import pytest
+from support import scheduler_stack, snapshot
+from tool_call_support import REQ2, S1, S2, TOOL2, combined, waiting_on_s1
+
+from scheduler.store.batched import ALONE
+from shared.canonical import CanonicalJson, canonical_json, request_hashes, sha256_of
+from shared.gen.agentrt.v1 import common_pb2 as pb
+from shared.gen.agentrt.v1 import work_service_pb2 as ws
+
+pytestmark = pytest.mark.integration
+
+
+def item(request: ws.CompleteAndBeginToolCallRequest) -> ws.WriteBatchItem:
+    return ws.WriteBatchItem(complete_and_begin_tool_call=request)
+
+
+def entries(run: int) -> list[pb.JournalEntry]:
+    """Run `run`'s journal entries for its step: as many as its number, each naming the run, so a row
+    written for the wrong run (or a missing one) shows."""
+    return [pb.JournalEntry(seq=n, kind="tool", step_key=S1, detail_json=json.dumps({"run": run, "n": n}))
+            for n in range(1, run + 1)]
+
+
+def chains(stack: Any) -> Any:
+    return stack.server.store.tools.chains
+
+
+def assert_chained(after: dict[str, Any], request: ws.CompleteAndBeginToolCallRequest, run: int) -> None:
+    """What the run's own CompleteAndBeginToolCall writes, and nothing else."""
+    row = after["run"]
+    assert (row["status"], row["version"], row["current_step_key"], row["journal_length"]) == (
+        "WAITING_TOOL", 2, S2, run)
+    first, second = after["ledger"]
+    assert (first["step_key"], first["status"], first["response_json"]) == (S1, "SUCCEEDED", {"refund": "r-1"})
+    assert (second["step_key"], second["status"], second["id"], second["intent_event_id"],
+            second["idempotency_key"], second["request_json"]) == (
+        S2, "OUTBOUND_INTENT", uuid.UUID(request.next.execution_id), uuid.UUID(request.next.event_id),
+        request.next.idempotency_key, REQ2)
+    assert [(c["version"], c["event_id"]) for c in after["checkpoints"]][-1] == (2, uuid.UUID(request.event_id))
+    assert bytes(after["checkpoints"][-1]["state_hash"]) == sha256_of(json.loads(request.state_json))
+    assert [(e["event_type"], e["event_id"], e["run_version"]) for e in after["events"][-2:]] == [
+        ("agent.tool_succeeded", uuid.UUID(request.event_id), 2),
+        ("agent.tool_requested", uuid.UUID(request.next.event_id), 2)]
+    assert [(j["seq"], j["detail"], j["run_version"]) for j in after["journal"]] == [
+        (n, {"run": run, "n": n}, 2) for n in range(1, run + 1)]
+
+
+async def test_the_chained_steps_of_many_runs_commit_in_one_statement_each_as_its_own(db_url, db):
+    async with scheduler_stack(db_url) as stack:
+        runs = [await waiting_on_s1(stack) for _ in range(6)]
+        requests = [combined(ref, journal=entries(n)) for n, (_, ref) in enumerate(runs)]
+        statements, writes = chains(stack).statements, chains(stack).writes
+
+        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=[item(r) for r in requests]))
+
+        assert [r.WhichOneof("result") for r in reply.results] == ["complete_and_begin_tool_call"] * 6, reply
+        assert [(r.complete_and_begin_tool_call.version, r.complete_and_begin_tool_call.replayed,
+                 r.complete_and_begin_tool_call.execution.execution_id) for r in reply.results] == [
+            (2, False, request.next.execution_id) for request in requests]
+        assert (chains(stack).statements - statements, chains(stack).writes - writes) == (1, 6)
+        for n, ((run_id, _), request) in enumerate(zip(runs, requests, strict=True)):
+            assert_chained(await snapshot(db, run_id), request, n)
+
+        # Sent again (the executor's retry after a lost answer): each answers from what committed.
+        again = await stack.work.WriteBatch(ws.WriteBatchRequest(items=[item(r) for r in requests]))
+        assert [(r.complete_and_begin_tool_call.version, r.complete_and_begin_tool_call.replayed)
+                for r in again.results] == [(2, True)] * 6
+
+
+async def test_a_write_that_matches_nothing_is_refused_by_itself_and_its_neighbours_commit(db_url, db):
+    async with scheduler_stack(db_url) as stack:
+        runs = [await waiting_on_s1(stack) for _ in range(4)]
+        requests = [combined(ref) for _, ref in runs]
+        requests[1] = combined(runs[1][1], expected=7)  # not the run's version
+        stale = ws.LeaseRef()
+        stale.CopyFrom(runs[2][1])
+        stale.fencing_token += 1  # not the run's fence
+        requests[2] = combined(stale)
+        before = [await snapshot(db, run_id) for run_id, _ in runs]
+        statements = chains(stack).statements
+
+        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=[item(r) for r in requests]))
+
+        assert [r.WhichOneof("result") for r in reply.results] == [
+            "complete_and_begin_tool_call", "error", "error", "complete_and_begin_tool_call"]
+        assert [(r.error.code, r.error.reason) for r in reply.results[1:3]] == [
+            (grpc.StatusCode.ABORTED.value[0], "VERSION_CONFLICT"),
+            (grpc.StatusCode.FAILED_PRECONDITION.value[0], "LEASE_LOST")]
+        assert chains(stack).statements - statements == 1  # the refusals were explained, not sent again
+        for n in (1, 2):
+            assert await snapshot(db, runs[n][0]) == before[n], "a refused write changed its run"
+        for n in (0, 3):
+            assert_chained(await snapshot(db, runs[n][0]), requests[n], 0)
+
+
+async def test_a_write_that_refuses_the_whole_statement_is_sent_again_alone(db_url, db):
+    """A unique key refused for one run rolls back the shared statement: no run's write is lost, the
+    one at fault gets its own refusal, and nothing of it is written."""
+    async with scheduler_stack(db_url) as stack:
+        runs = [await waiting_on_s1(stack) for _ in range(3)]
+        requests = [combined(ref) for _, ref in runs]
+        # The next call's idempotency key is one the first run's open S1 row already holds.
+        requests[2] = combined(runs[2][1], key=f"k1-{runs[0][0]}", next_tool=TOOL2)
+        requests[2].next.tool_name = "payments.refund"
+        state = json.loads(requests[2].state_json)
+        state["pending_tool"].update(tool_name="payments.refund", request_hash=request_hashes(
+            "payments.refund", REQ2)[0].hex())
+        requests[2].state_json = json.dumps(state)
+        before = await snapshot(db, runs[2][0])
+        statements, alone = chains(stack).statements, chains(stack).alone_writes
+
+        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=[item(r) for r in requests]))
+
+        assert [r.WhichOneof("result") for r in reply.results] == [
+            "complete_and_begin_tool_call", "complete_and_begin_tool_call", "error"], reply
+        assert (reply.results[2].error.code, reply.results[2].error.reason,
+                reply.results[2].error.metadata["field"]) == (
+            grpc.StatusCode.ALREADY_EXISTS.value[0], "ALREADY_EXISTS", "next.idempotency_key")
+        assert (chains(stack).statements - statements, chains(stack).alone_writes - alone) == (0, 3), \
+            "the shared statement was refused, and each write went again by itself"
+        assert await snapshot(db, runs[2][0]) == before
+        for n in (0, 1):
+            assert_chained(await snapshot(db, runs[n][0]), requests[n], 0)
+
+
+async def test_two_writes_of_one_run_never_share_a_statement(db_url, db):
+    async with scheduler_stack(db_url) as stack:
+        run_id, ref = await waiting_on_s1(stack)
+        request = combined(ref)
+        statements, writes = chains(stack).statements, chains(stack).writes
+
+        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=[item(request), item(request)]))
+
+        answers = sorted((r.complete_and_begin_tool_call.version, r.complete_and_begin_tool_call.replayed)
+                         for r in reply.results)
+        assert answers == [(2, False), (2, True)], reply
+        # The second waited for a statement of its own, matched nothing there and found the first's rows.
+        assert (chains(stack).statements - statements, chains(stack).writes - writes) == (2, 2)
+        assert_chained(await snapshot(db, run_id), request, 0)
+
+
+async def test_a_caller_gone_before_the_statement_is_sent_writes_nothing(db_url, db):
+    async with scheduler_stack(db_url) as stack:
+        run_id, ref = await waiting_on_s1(stack)
+        request = combined(ref)
+        state = CanonicalJson(canonical_json(json.loads(request.state_json)))
+        digest, legacy = request_hashes(TOOL2, REQ2)
+        values = (uuid.UUID(run_id), ref.worker_id, ref.fencing_token, 1, S1, "SUCCEEDED", state, sha256_of(state),
+                  1, {"refund": "r-1"}, "r-1", None, None, uuid.UUID(request.event_id), S2, TOOL2,
+                  request.next.idempotency_key, digest, legacy, uuid.UUID(request.next.execution_id), REQ2,
+                  uuid.UUID(request.next.event_id), None, None, "CompleteAndBeginToolCall", b"\0" * 32)
+        before = await snapshot(db, run_id)
+        group = chains(stack)
+        statements = group.statements
+        from scheduler.store.types import NO_JOURNAL
+
+        gone = asyncio.ensure_future(group.write(uuid.UUID(run_id), values, NO_JOURNAL))
+        await asyncio.sleep(0)  # it is queued for the next turn of the loop ...
+        gone.cancel()  # ... and its caller leaves first
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        await asyncio.sleep(0.05)
+        assert (group.statements, await snapshot(db, run_id)) == (statements, before)
+
+        # The same values, sent: the set statement writes exactly the one run.
+        row = await group.write(uuid.UUID(run_id), values, NO_JOURNAL)
+        assert row is not ALONE and row is not None and row["n"] == 1 and row["cp_version"] == 2
+        assert (await snapshot(db, run_id))["run"]["version"] == 2
