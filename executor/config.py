@@ -40,7 +40,7 @@ class ExecutorSettings(ComponentSettings):
     rpc_timeout_s: float = Field(10.0, gt=0)
     # Writes (checkpoints, Tx1/Tx2, heartbeats, finish) of concurrent runs leave together in
     # WriteBatch calls, at most batch_in_flight at a time and batch_max_items per call; each
-    # item is still its own transaction. false = one call per write.
+    # item commits or is refused on its own. false = one call per write.
     batch_writes: bool = True
     batch_max_items: int = Field(64, ge=1, le=256)
     batch_in_flight: int = Field(2, ge=1, le=64)

@@ -196,10 +196,11 @@ class WorkServiceServicer:
     def WriteBatch(self, request, context):
         """Several independent writes in one round trip: an executor coalesces the
         writes of its concurrent runs while an earlier batch is in flight. Each
-        item is its own transaction with exactly the checks, answers and replay
+        item commits all or nothing, with exactly the checks, answers and replay
         rules of the single call it carries; one item's error never touches
-        another (so a batch is not atomic). Batch-level errors (no items, too
-        many, a missing executor token) answer the whole call.
+        another (so a batch is not atomic). The scheduler may commit several
+        runs' items in one statement, each judged alone. Batch-level errors (no
+        items, too many, a missing executor token) answer the whole call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
