@@ -17,7 +17,8 @@ What each call gets back is what a statement of its own would have given it:
   its write again by itself (`SetWrite.alone`), so one bad write never refuses its neighbours.
 
 A run appears at most once per statement (a second write of the same run waits for the next one), and
-the elements go in run id order, so two statements lock their runs in one order. Each write keeps its own
+the elements go in run id order, so two statements tend to lock their runs in one order (a deadlock
+between them is a statement refused as a whole, answered as above: nothing is lost). Each write keeps its own
 trace context in its rows (traceparent, tracestate); the shared statement's own SQL span (`trace_sql`) is
 in the trace of the write that opened it.
 """
