@@ -153,13 +153,14 @@ class ToolWrites(Repository):
         row: Record | object | None = ALONE
         if flow is not None and flow.tool_limits_of(intent.tool_name) == (None, False):
             row = await self.chains.write(lease.run_id, values, write.journal)
-        async with self.work_pool.acquire() as conn:
-            if row is ALONE:
+        if row is ALONE:
+            async with self.work_pool.acquire() as conn:
                 row = await self._within_tool_limits(
                     conn, lease, intent.tool_name, lambda: self.chains.alone(conn, lease.run_id, values, write.journal))
-            if isinstance(row, Record):
-                annotate(tenant_id=row["tenant_id"])
-                return Chained(row["cp_version"], ExecutionRow.of(row), False)
+        if isinstance(row, Record):
+            annotate(tenant_id=row["tenant_id"])
+            return Chained(row["cp_version"], ExecutionRow.of(row), False)
+        async with self.work_pool.acquire() as conn:
             replay = await self.recovery.replay_all(conn, lease, binding, ((write.event_id, "checkpoint", "event_id"),
                                                                            (intent.event_id, "ledger",
                                                                             "next.event_id")))
