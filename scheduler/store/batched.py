@@ -12,9 +12,15 @@ What each call gets back is what a statement of its own would have given it:
 - its row, when its write matched: it committed;
 - None, when its write matched nothing (a stale fence, a conflict): nothing of it was written, and the
   caller explains the refusal on its own (scheduler/store/recovery.py), as for any fenced write;
-- `ALONE`, when the statement as a whole was refused (a unique key, an assert, any database error of
-  one element refuses the whole transaction): nothing was written for anyone, and each caller sends
-  its write again by itself (`SetWrite.alone`), so one bad write never refuses its neighbours.
+- `ALONE`, when the statement as a whole was refused (a unique key, an assert, a deadlock, any database
+  error of one element refuses the whole transaction): nothing was written for anyone, and each caller
+  sends its write again by itself (`SetWrite.alone`), so one bad write never refuses its neighbours;
+- the error itself when the database was lost (shared.db's CONNECTION_ERRORS), as its own statement
+  would have raised it: the caller's `db_call` answers UNAVAILABLE and expires stale sessions, and the
+  executor's retry with the same event ids finds what committed.
+
+A caller that leaves (its RPC cancelled) before the statement is sent, even while the statement waits
+for a connection, is left out of it.
 
 A run appears at most once per statement (a second write of the same run waits for the next one), and
 the elements go in run id order, so two statements tend to lock their runs in one order (a deadlock
@@ -36,7 +42,7 @@ from asyncpg import Record
 
 from scheduler.store.core import fenced_write
 from scheduler.store.types import Journal
-from shared.db import Query, fetch
+from shared.db import CONNECTION_ERRORS, Query, fetch
 
 ALONE: Final = object()  # the shared statement was refused as a whole: send this write by itself
 
@@ -91,7 +97,7 @@ class SetWrite:
         later: list[_Pending] = []
         runs: set[uuid.UUID] = set()
         for pending in self._pending:
-            if pending.done.cancelled():
+            if pending.done.done():
                 continue  # its caller is gone before anything was sent: nothing to write
             if pending.run_id in runs or len(batch) >= self._max_items:
                 later.append(pending)
@@ -108,23 +114,26 @@ class SetWrite:
             task.add_done_callback(self._running.discard)
 
     async def _send(self, batch: list[_Pending]) -> None:
-        params = self._params([(p.values, p.journal) for p in batch])
+        live: list[_Pending] = []
         try:
             async with self._pool.acquire() as conn:
-                rows = await fetch(conn, self._query, **params)
-        except Exception:  # refused as a whole (or the database is gone): each caller tries alone, and hears why
-            for pending in batch:
-                if not pending.done.done():
-                    pending.done.set_result(ALONE)
+                live = [pending for pending in batch if not pending.done.done()]  # gone while waiting: not sent
+                if not live:
+                    return
+                rows = await fetch(conn, self._query, **self._params([(p.values, p.journal) for p in live]))
+        except CONNECTION_ERRORS as exc:  # the database is gone: each caller hears it as its own statement would
+            _answer(batch, exc)
             return
-        except BaseException:
-            for pending in batch:
-                pending.done.cancel()
+        except Exception:  # refused as a whole: each caller tries alone, and hears why
+            _answer(batch, ALONE)
+            return
+        except BaseException:  # this task is cancelled (shutdown): what it sent may have committed; alone, each
+            _answer(batch, ALONE)  # caller writes or finds its rows
             raise
         self.statements += 1
-        self.writes += len(batch)
+        self.writes += len(live)
         by_n = {row["n"]: row for row in rows}
-        for n, pending in enumerate(batch, start=1):
+        for n, pending in enumerate(live, start=1):
             if not pending.done.done():
                 pending.done.set_result(by_n.get(n))
 
@@ -142,3 +151,14 @@ class SetWrite:
         return {**self._constants, **dict(zip(self._columns, columns, strict=True)), "journal_items": items,
                 "journal_seqs": journal[0], "journal_kinds": journal[1], "journal_step_keys": journal[2],
                 "journal_nodes": journal[3], "journal_tools": journal[4], "journal_details": journal[5]}
+
+
+def _answer(batch: list[_Pending], answer: object) -> None:
+    """Every caller of `batch` still waiting gets `answer`: ALONE, or the exception to raise."""
+    for pending in batch:
+        if pending.done.done():
+            continue
+        if isinstance(answer, BaseException):
+            pending.done.set_exception(answer)
+        else:
+            pending.done.set_result(answer)

@@ -14,14 +14,21 @@ import asyncio
 import json
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 import pytest
 from support import scheduler_stack, snapshot
 from tool_call_support import REQ2, S1, S2, TOOL2, combined, waiting_on_s1
 
-from scheduler.store.batched import ALONE
+from scheduler.states import Op, sources
+from scheduler.store import connect_pool
+from scheduler.store.batched import ALONE, SetWrite
+from scheduler.store.queries import Q
+from scheduler.store.types import NO_JOURNAL
+from scheduler.store.work_tools import CHAIN_COLUMNS
 from shared.canonical import CanonicalJson, canonical_json, request_hashes, sha256_of
+from shared.db import is_primary_lost
 from shared.gen.agentrt.v1 import common_pb2 as pb
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
@@ -157,20 +164,24 @@ async def test_two_writes_of_one_run_never_share_a_statement(db_url, db):
         assert_chained(await snapshot(db, run_id), request, 0)
 
 
+def chain_values(run_id: uuid.UUID, worker: str, token: int, request: ws.CompleteAndBeginToolCallRequest
+                 ) -> tuple[Any, ...]:
+    """What ToolWrites gives SetWrite for `request` (CHAIN_COLUMNS' order), for calling it directly."""
+    state = CanonicalJson(canonical_json(json.loads(request.state_json)))
+    digest, legacy = request_hashes(TOOL2, REQ2)
+    return (run_id, worker, token, 1, S1, "SUCCEEDED", state, sha256_of(state), 1, {"refund": "r-1"}, "r-1", None,
+            None, uuid.UUID(request.event_id), S2, TOOL2, request.next.idempotency_key, digest, legacy,
+            uuid.UUID(request.next.execution_id), REQ2, uuid.UUID(request.next.event_id), None, None,
+            "CompleteAndBeginToolCall", b"\0" * 32)
+
+
 async def test_a_caller_gone_before_the_statement_is_sent_writes_nothing(db_url, db):
     async with scheduler_stack(db_url) as stack:
         run_id, ref = await waiting_on_s1(stack)
-        request = combined(ref)
-        state = CanonicalJson(canonical_json(json.loads(request.state_json)))
-        digest, legacy = request_hashes(TOOL2, REQ2)
-        values = (uuid.UUID(run_id), ref.worker_id, ref.fencing_token, 1, S1, "SUCCEEDED", state, sha256_of(state),
-                  1, {"refund": "r-1"}, "r-1", None, None, uuid.UUID(request.event_id), S2, TOOL2,
-                  request.next.idempotency_key, digest, legacy, uuid.UUID(request.next.execution_id), REQ2,
-                  uuid.UUID(request.next.event_id), None, None, "CompleteAndBeginToolCall", b"\0" * 32)
+        values = chain_values(uuid.UUID(run_id), ref.worker_id, ref.fencing_token, combined(ref))
         before = await snapshot(db, run_id)
         group = chains(stack)
         statements = group.statements
-        from scheduler.store.types import NO_JOURNAL
 
         gone = asyncio.ensure_future(group.write(uuid.UUID(run_id), values, NO_JOURNAL))
         await asyncio.sleep(0)  # it is queued for the next turn of the loop ...
@@ -184,3 +195,33 @@ async def test_a_caller_gone_before_the_statement_is_sent_writes_nothing(db_url,
         row = await group.write(uuid.UUID(run_id), values, NO_JOURNAL)
         assert row is not ALONE and row is not None and row["n"] == 1 and row["cp_version"] == 2
         assert (await snapshot(db, run_id))["run"]["version"] == 2
+
+
+async def test_a_lost_database_is_each_callers_error_not_a_retry_each(db_url):
+    """The shared statement's connection is lost: every caller hears the loss itself (its db_call answers
+    UNAVAILABLE and expires stale sessions, as for a statement of its own), and none is sent again alone
+    against the lost server."""
+    from test_store_connection_loss import Relay, _through  # the TCP relay that cuts a database host away
+
+    parts = urlsplit(db_url)
+    if parts.hostname is None or parts.port is None:
+        pytest.fail(f"the test database is not reachable over TCP: {db_url}")
+    relay = Relay(parts.hostname, parts.port)
+    pool = await connect_pool(_through(db_url, await relay.start()), min_size=1, max_size=1, scope="work")
+    try:
+        group = SetWrite(pool, Q.complete_and_begin_tool_call, CHAIN_COLUMNS,
+                         {"allowed_statuses": sources(Op.COMPLETE_AND_BEGIN_TOOL_CALL)})
+
+        def write() -> Any:
+            run_id = uuid.uuid4()  # no such run: the statement matches nothing
+            return group.write(run_id, chain_values(run_id, "w-1", 1, combined(ws.LeaseRef(run_id=str(run_id)))),
+                               NO_JOURNAL)
+
+        assert await asyncio.gather(write(), write()) == [None, None]
+        assert (group.statements, group.writes) == (1, 2)
+        await relay.cut()
+        answers = await asyncio.wait_for(asyncio.gather(write(), write(), return_exceptions=True), timeout=20)
+        assert all(is_primary_lost(answer) for answer in answers), answers
+        assert (group.statements, group.alone_writes) == (1, 0)
+    finally:
+        pool.terminate()
