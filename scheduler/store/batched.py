@@ -41,7 +41,7 @@ import asyncpg
 from asyncpg import Record
 
 from scheduler.store.core import fenced_write
-from scheduler.store.types import Journal
+from scheduler.store.types import NO_JOURNAL, Journal
 from shared.db import CONNECTION_ERRORS, Query, fetch
 
 ALONE: Final = object()  # the shared statement was refused as a whole: send this write by itself
@@ -85,8 +85,7 @@ class SetWrite:
             asyncio.get_running_loop().call_soon(self._start)
         return await pending.done
 
-    async def alone(self, conn: asyncpg.Connection, run_id: uuid.UUID, values: tuple[Any, ...],
-                    journal: Journal) -> Record | None:
+    async def alone(self, conn: asyncpg.Connection, values: tuple[Any, ...], journal: Journal) -> Record | None:
         """One write as a statement of its own on `conn` (in the caller's transaction, if any)."""
         self.alone_writes += 1
         return await fenced_write(conn, self._query, **self._params([(values, journal)]))
@@ -138,19 +137,17 @@ class SetWrite:
                 pending.done.set_result(by_n.get(n))
 
     def _params(self, elements: Sequence[tuple[tuple[Any, ...], Journal]]) -> dict[str, Any]:
+        """The statement's parameters: each column's array, and every element's journal entries in
+        Journal's own parameters, with `journal_items` saying whose (the element's ordinal)."""
         columns: list[list[Any]] = [[] for _ in self._columns]
-        items: list[int] = []
-        journal: list[list[Any]] = [[], [], [], [], [], []]
+        journal: dict[str, list[Any]] = {name: [] for name in ("journal_items", *NO_JOURNAL.params)}
         for n, (values, entries) in enumerate(elements, start=1):
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
-            if entries.seqs:
-                items.extend([n] * len(entries.seqs))
-                for column, entry_values in zip(journal, entries.columns, strict=True):
-                    column.extend(entry_values)
-        return {**self._constants, **dict(zip(self._columns, columns, strict=True)), "journal_items": items,
-                "journal_seqs": journal[0], "journal_kinds": journal[1], "journal_step_keys": journal[2],
-                "journal_nodes": journal[3], "journal_tools": journal[4], "journal_details": journal[5]}
+            journal["journal_items"].extend([n] * len(entries))
+            for name, entry_values in entries.params.items():
+                journal[name].extend(entry_values)
+        return {**self._constants, **dict(zip(self._columns, columns, strict=True)), **journal}
 
 
 def _answer(batch: list[_Pending], answer: object) -> None:

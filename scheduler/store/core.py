@@ -170,10 +170,12 @@ class Database:
     async def flow(self, conn: asyncpg.Connection) -> SchedulerSettings:
         """The settings with the runtime limits of flow_limits applied (migration 0015): read again when
         the copy is limits_refresh_ms old, so a change reaches every replica within that time."""
-        if time.monotonic() >= self._flow_read_at + self.settings.limits_refresh_ms / 1000:
-            rows = await fetch(conn, Q.list_flow_limits)
-            self._flow = overlay(self.settings, (LimitRow.of(row) for row in rows))
-            self._flow_read_at = time.monotonic()
+        fresh = self.flow_if_fresh()
+        if fresh is not None:
+            return fresh
+        rows = await fetch(conn, Q.list_flow_limits)
+        self._flow = overlay(self.settings, (LimitRow.of(row) for row in rows))
+        self._flow_read_at = time.monotonic()
         return self._flow
 
     def flow_if_fresh(self) -> SchedulerSettings | None:

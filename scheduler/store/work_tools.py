@@ -156,7 +156,7 @@ class ToolWrites(Repository):
         if row is ALONE:
             async with self.work_pool.acquire() as conn:
                 row = await self._within_tool_limits(
-                    conn, lease, intent.tool_name, lambda: self.chains.alone(conn, lease.run_id, values, write.journal))
+                    conn, lease, intent.tool_name, lambda: self.chains.alone(conn, values, write.journal))
         if isinstance(row, Record):
             annotate(tenant_id=row["tenant_id"])
             return Chained(row["cp_version"], ExecutionRow.of(row), False)
