@@ -1,11 +1,11 @@
 """Many runs' fenced writes as one statement: the set form of a write, shared by concurrent calls.
 
-A set-form statement (`complete_and_begin_tool_call` in scheduler/sql/queries.sql) takes parallel arrays,
-one element per run's write, judges each element by the same fenced guard as a write of its own, and
-returns one row per element it wrote, with that element's ordinal `n` (from 1). `SetWrite` gathers the
-calls that reach it in the same turn of the event loop (the items of one WriteBatch, or concurrent
-calls of several executors) and sends them as one statement: one round trip, one plan run, one commit
-for all of them, where each call alone costs all three.
+A set-form statement (`complete_and_begin_tool_call` and `save_checkpoint` in scheduler/sql/queries.sql)
+takes parallel arrays, one element per run's write, judges each element by the same fenced guard as a
+write of its own, and returns one row per element it wrote, with that element's ordinal `n` (from 1).
+`SetWrite` gathers the calls that reach it in the same turn of the event loop (the items of one
+WriteBatch, or concurrent calls of several executors) and sends them as one statement: one round trip,
+one plan run, one commit for all of them, where each call alone costs all three.
 
 What each call gets back is what a statement of its own would have given it:
 
@@ -43,6 +43,7 @@ from asyncpg import Record
 from scheduler.store.core import fenced_write
 from scheduler.store.types import NO_JOURNAL, Journal
 from shared.db import CONNECTION_ERRORS, Query, fetch
+from shared.tracing import annotate
 
 ALONE: Final = object()  # the shared statement was refused as a whole: send this write by itself
 
@@ -52,6 +53,7 @@ class _Pending:
     run_id: uuid.UUID
     values: tuple[Any, ...]
     journal: Journal
+    lists: tuple[Sequence[Any], ...]
     done: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -60,13 +62,17 @@ class SetWrite:
 
     `columns` names the statement's per-element array parameters in the order of each call's
     `values`; `constants` are parameters every element shares (the transition table's sources).
+    `lists` names, for each list a call passes beside its values (the signals a checkpoint consumes),
+    the parameter its elements go in and the one that says whose they are (the element's ordinal),
+    flattened as the journal entries are.
     """
 
     def __init__(self, pool: asyncpg.Pool, query: Query, columns: Sequence[str], constants: dict[str, Any], *,
-                 max_items: int = 64) -> None:
+                 lists: Sequence[tuple[str, str]] = (), max_items: int = 64) -> None:
         self._pool = pool
         self._query = query
         self._columns = tuple(columns)
+        self._lists = tuple(lists)
         self._constants = constants
         self._max_items = max_items
         self._pending: list[_Pending] = []
@@ -76,19 +82,24 @@ class SetWrite:
         self.writes = 0
         self.alone_writes = 0  # writes sent again by themselves after their shared statement was refused
 
-    async def write(self, run_id: uuid.UUID, values: tuple[Any, ...], journal: Journal) -> Record | object | None:
+    async def write(self, run_id: uuid.UUID, values: tuple[Any, ...], journal: Journal,
+                    lists: tuple[Sequence[Any], ...] = ()) -> Record | object | None:
         """This call's row, None (matched nothing) or ALONE (send it again by itself)."""
-        pending = _Pending(run_id, values, journal)
+        pending = _Pending(run_id, values, journal, lists)
         self._pending.append(pending)
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._start)
-        return await pending.done
+        row = await pending.done
+        if isinstance(row, Record):
+            annotate(tenant_id=row["tenant_id"])  # on the caller's span, as fenced_write does for a write alone
+        return row
 
-    async def alone(self, conn: asyncpg.Connection, values: tuple[Any, ...], journal: Journal) -> Record | None:
+    async def alone(self, conn: asyncpg.Connection, values: tuple[Any, ...], journal: Journal,
+                    lists: tuple[Sequence[Any], ...] = ()) -> Record | None:
         """One write as a statement of its own on `conn` (in the caller's transaction, if any)."""
         self.alone_writes += 1
-        return await fenced_write(conn, self._query, **self._params([(values, journal)]))
+        return await fenced_write(conn, self._query, **self._params([(values, journal, lists)]))
 
     def _start(self) -> None:
         self._scheduled = False
@@ -119,7 +130,7 @@ class SetWrite:
                 live = [pending for pending in batch if not pending.done.done()]  # gone while waiting: not sent
                 if not live:
                     return
-                rows = await fetch(conn, self._query, **self._params([(p.values, p.journal) for p in live]))
+                rows = await fetch(conn, self._query, **self._params([(p.values, p.journal, p.lists) for p in live]))
         except CONNECTION_ERRORS as exc:  # the database is gone: each caller hears it as its own statement would
             _answer(batch, exc)
             return
@@ -136,18 +147,24 @@ class SetWrite:
             if not pending.done.done():
                 pending.done.set_result(by_n.get(n))
 
-    def _params(self, elements: Sequence[tuple[tuple[Any, ...], Journal]]) -> dict[str, Any]:
+    def _params(self, elements: Sequence[tuple[tuple[Any, ...], Journal, tuple[Sequence[Any], ...]]]) -> dict[str, Any]:
         """The statement's parameters: each column's array, and every element's journal entries in
-        Journal's own parameters, with `journal_items` saying whose (the element's ordinal)."""
+        Journal's own parameters, with `journal_items` saying whose (the element's ordinal); each of
+        `lists` likewise."""
         columns: list[list[Any]] = [[] for _ in self._columns]
-        journal: dict[str, list[Any]] = {name: [] for name in ("journal_items", *NO_JOURNAL.params)}
-        for n, (values, entries) in enumerate(elements, start=1):
+        flat: dict[str, list[Any]] = {name: [] for name in ("journal_items", *NO_JOURNAL.params)}
+        for values_name, items_name in self._lists:
+            flat[values_name], flat[items_name] = [], []
+        for n, (values, entries, lists) in enumerate(elements, start=1):
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
-            journal["journal_items"].extend([n] * len(entries))
+            flat["journal_items"].extend([n] * len(entries))
             for name, entry_values in entries.params.items():
-                journal[name].extend(entry_values)
-        return {**self._constants, **dict(zip(self._columns, columns, strict=True)), **journal}
+                flat[name].extend(entry_values)
+            for (values_name, items_name), items in zip(self._lists, lists or [()] * len(self._lists), strict=True):
+                flat[values_name].extend(items)
+                flat[items_name].extend([n] * len(items))
+        return {**self._constants, **dict(zip(self._columns, columns, strict=True)), **flat}
 
 
 def _answer(batch: list[_Pending], answer: object) -> None:

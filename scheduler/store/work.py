@@ -13,8 +13,11 @@ import datetime as dt
 import time
 from typing import Any
 
+from asyncpg import Record
+
 from scheduler.config import ConcurrencyLimits
-from scheduler.states import TRANSITIONS, Op, RunStatus, run_status, transition
+from scheduler.states import TRANSITIONS, Op, RunStatus, run_status, sources, transition
+from scheduler.store.batched import ALONE, SetWrite
 from scheduler.store.core import (
     Database,
     Repository,
@@ -61,6 +64,11 @@ _TOOL_END_OP = {RunStatus.COMPLETED: Op.COMPLETE_TOOL_CALL_AND_COMPLETE,
 # Due re-queued runs one claim statement makes ready (claim_work's `waking`).
 WAKE_BATCH = 64
 
+# save_checkpoint's per-element arrays, in the order of a write's values (scheduler/store/batched.py).
+CHECKPOINT_COLUMNS = ("run_ids", "worker_ids", "fencing_tokens", "expected_versions", "schema_versions", "step_keys",
+                      "states", "state_hashes", "event_ids", "event_types", "event_payloads", "traceparents",
+                      "tracestates", "write_ops", "write_hashes")
+
 
 class _SlotTaken(Exception):
     """A concurrent claim took the last slot of a group first: roll this claim back."""
@@ -74,6 +82,10 @@ class WorkStore(Repository):
         self.recovery = recovery
         self._keys_used = False  # runs with concurrency keys exist (once true, for good)
         self._keys_checked_at = float("-inf")
+        # Many runs' checkpoints sent at the same moment go as one statement (scheduler/store/batched.py).
+        self.checkpoints = SetWrite(self.work_pool, Q.save_checkpoint, CHECKPOINT_COLUMNS,
+                                    {"allowed_statuses": sources(Op.SAVE_CHECKPOINT)},
+                                    lists=(("consume_seqs", "consume_items"),))
 
     @db_call
     async def claim(self, worker_id: str, agents: list[str], trace: Trace = NO_TRACE) -> Claimed | None:
@@ -168,16 +180,17 @@ class WorkStore(Repository):
         """A new checkpoint, with its journal entries appended and its signals marked consumed in the
         same statement."""
         binding = write.binding(lease)
+        values = (lease.run_id, lease.worker_id, lease.fencing_token, write.expected_version, write.schema_version,
+                  write.step_key, write.stored, write.state_hash, write.event_id, write.event_type, write.payload,
+                  trace.traceparent, trace.tracestate, binding.op, binding.digest)
+        lists = (write.consume_signal_seqs,)
+        written = await self.checkpoints.write(lease.run_id, values, write.journal, lists)
+        if written is ALONE:
+            async with self.work_pool.acquire() as conn:
+                written = await self.checkpoints.alone(conn, values, write.journal, lists)
+        if isinstance(written, Record):
+            return Written(written["version"], False)
         async with self.work_pool.acquire() as conn:
-            written = await fenced_write(
-                conn, Q.save_checkpoint, **fence_params(lease, Op.SAVE_CHECKPOINT),
-                expected_version=write.expected_version, schema_version=write.schema_version, state=write.stored,
-                step_key=write.step_key, state_hash=write.state_hash, event_id=write.event_id,
-                event_type=write.event_type, event_payload=write.payload, **trace_params(trace),
-                **binding_params(binding), **write.journal.params,
-                consume_signal_seqs=list(write.consume_signal_seqs))
-            if written is not None:
-                return Written(written["version"], False)
             replay = await self.recovery.replay(conn, lease, binding, write.event_id, "checkpoint")
             if replay is not None:
                 return Written(replay["version"], True)

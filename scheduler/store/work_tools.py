@@ -23,7 +23,7 @@ from scheduler.store.types import LeaseRef
 from shared.canonical import request_hashes
 from shared.db import execute, fetchrow, fetchval
 from shared.errors import AlreadyExists, DecisionNotCheckpointed, ToolRateLimited, VersionConflict
-from shared.tracing import NO_TRACE, Trace, annotate
+from shared.tracing import NO_TRACE, Trace
 
 # complete_and_begin_tool_call's per-run arrays, in the order of the values each write gives SetWrite.
 CHAIN_COLUMNS = ("run_ids", "worker_ids", "fencing_tokens", "expected_versions", "step_keys", "outcomes", "states",
@@ -158,7 +158,6 @@ class ToolWrites(Repository):
                 row = await self._within_tool_limits(
                     conn, lease, intent.tool_name, lambda: self.chains.alone(conn, values, write.journal))
         if isinstance(row, Record):
-            annotate(tenant_id=row["tenant_id"])
             return Chained(row["cp_version"], ExecutionRow.of(row), False)
         async with self.work_pool.acquire() as conn:
             replay = await self.recovery.replay_all(conn, lease, binding, ((write.event_id, "checkpoint", "event_id"),
