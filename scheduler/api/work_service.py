@@ -189,6 +189,8 @@ class WorkServicer(ws_grpc.WorkServiceServicer):
             lease.current_step_execution.CopyFrom(execution)
             if run.status is RunStatus.WAITING_TOOL and claimed.step_execution.status == "OUTBOUND_INTENT":
                 lease.pending_tool.CopyFrom(execution)
+        if not claimed.has_data_key:
+            self.store.keys.known_keyless(run.id)  # nothing sealed to open: no key lookup for this run
         await self.shield.opened(run.id, lease)  # tools get the plain values
         return ws.ClaimWorkResponse(lease=lease)
 

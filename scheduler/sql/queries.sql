@@ -274,7 +274,10 @@ SELECT claimed.*, clock_timestamp() AS db_now, w.woken,
                  'received_at', s.received_at, 'request_id', s.request_id) ORDER BY s.id), '[]'::jsonb)
           FROM (SELECT * FROM run_signals WHERE run_id = claimed.id AND consumed_at IS NULL
                 ORDER BY id LIMIT 100) AS s) AS pending_signals,
-       (SELECT coalesce(max(id), 0) FROM run_signals WHERE run_id = claimed.id) AS signals_seen
+       (SELECT coalesce(max(id), 0) FROM run_signals WHERE run_id = claimed.id) AS signals_seen,
+       -- Whether the run holds a data key (written with the run, never later): when not, the
+       -- scheduler knows at once that it has nothing sealed to open (scheduler/store/keys.py).
+       EXISTS (SELECT 1 FROM run_data_keys AS k WHERE k.run_id = claimed.id) AS has_data_key
 FROM (SELECT count(*) AS woken FROM woken) AS w
 LEFT JOIN limited AS claimed ON true
 LEFT JOIN agent_checkpoints AS cp ON cp.run_id = claimed.id AND cp.version = claimed.version

@@ -105,6 +105,11 @@ class KeyStore(Repository):
         while len(cache) > self.settings.data_key_cache_size:
             cache.popitem(last=False)
 
+    def known_keyless(self, run_id: uuid.UUID) -> None:
+        """The run holds no data key (its claim read so): `run_key` answers None without a query. A run's
+        key is written with the run itself, never later, so this stays true."""
+        self._remember(run_id, None)
+
     def keyless(self, run_id: uuid.UUID) -> bool:
         """Whether the run is known (from the cache) to hold no data key; False when not known."""
         return run_id in self._keys and self._keys[run_id] is None

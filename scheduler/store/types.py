@@ -199,6 +199,7 @@ class Claimed:
     signals: tuple[SignalRow, ...] = ()  # pending, oldest first (at most 100)
     signals_seen: int = 0  # the latest signal's seq in the claim's snapshot
     claim_wait_s: float | None = None  # a queued run's wait since it was last due (None: a lease taken over)
+    has_data_key: bool = True  # False: the run holds no data key, so nothing of it is sealed
 
 
 @dataclass(frozen=True)

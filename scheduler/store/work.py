@@ -114,7 +114,8 @@ class WorkStore(Repository):
                         step_execution=None if execution is None else ExecutionRow.of(execution, run_id=row["id"]),
                         lease_duration_ms=lease_ms,
                         signals=tuple(SignalRow.of_claim(item) for item in row["pending_signals"]),
-                        signals_seen=row["signals_seen"], claim_wait_s=row["claim_wait_s"])
+                        signals_seen=row["signals_seen"], claim_wait_s=row["claim_wait_s"],
+                        has_data_key=row["has_data_key"])
                 op = Op.APPLY_CANCEL if event == "agent.run_cancelled" else Op.EXPIRE_DEADLINE
                 async with conn.transaction():
                     locked = await fetchrow(conn, Q.lock_run, run_id=row["id"])

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import grpc
 import pytest
 from sealing_support import K1, K2, SCHEMA, SECRET, SENSITIVE, TOKEN, keyring, raw_tables, register, submit
 from support import TENANT, claim, eid, lease_ref, reason_of, rpc_error, scheduler_stack, tool_state
 
+from scheduler.store import keys as keys_module
+from scheduler.store.queries import Q
 from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
@@ -353,3 +356,39 @@ async def test_a_schedule_whose_key_no_kek_opens_is_put_off_and_the_others_still
         assert await db.fetchval("SELECT fires FROM agent_schedules WHERE id = $1::uuid",
                                  sealed.schedule.schedule_id) == 0
         assert await db.fetchval("SELECT count(*) FROM agent_runs WHERE labels->>'agentrt.schedule' = 'a-sealed'") == 0
+
+
+async def test_a_claim_says_whether_the_run_holds_a_data_key_so_a_plain_run_costs_no_key_lookup(db_url, db,
+                                                                                                  monkeypatch):
+    """The claim reads whether its run holds a data key: a run without one is known keyless at once (its
+    writes and answers look nothing up), while a marked run's key is still read and opens its values."""
+    lookups: list[object] = []
+    real_fetchrow = keys_module.fetchrow
+
+    async def counting_fetchrow(conn, query, **params):
+        if query is Q.run_data_key:
+            lookups.append(params["run_id"])
+        return await real_fetchrow(conn, query, **params)
+
+    monkeypatch.setattr(keys_module, "fetchrow", counting_fetchrow)
+    settings = {"encryption_keys": keyring("k1", k1=K1), "lease_duration_ms": 60_000}
+    async with scheduler_stack(db_url, **settings) as stack:
+        await register(stack)
+        marked = await submit(stack, card=SECRET, amount=12)
+        plain = (await stack.runs.SubmitRun(rs.SubmitRunRequest(agent_name="demo", input_json='{"n": 1}'),
+                                            metadata=stack.md())).run.run_id
+    async with scheduler_stack(db_url, **settings) as stack:  # a scheduler that has cached nothing yet
+        keys = stack.server.store.keys
+        lease = await claim(stack, agents=("demo",))
+        assert lease.run.run_id == plain and json.loads(lease.run.input_json) == {"n": 1}
+        assert keys.keyless(uuid.UUID(plain))
+        ref = lease_ref(lease)
+        await stack.work.SaveCheckpoint(ws.SaveCheckpointRequest(
+            lease=ref, expected_version=0, state_json='{"cursor": "s1"}', schema_version=1, event_id=eid()))
+        assert lookups == [], "a run the claim found keyless was looked up"
+
+        lease = await claim(stack, agents=("payer",))
+        assert lease.run.run_id == marked
+        assert json.loads(lease.run.input_json) == {"amount": 12, "card": SECRET}  # opened with its key
+        assert [str(run_id) for run_id in lookups] == [marked]
+        assert not keys.keyless(uuid.UUID(marked))
