@@ -30,10 +30,15 @@ r.id = :run_id AND r.lease_owner = :worker_id AND r.fencing_token = :fencing_tok
 
 -- fragment: open_step
 -- The run waits on step :step_key, whose ledger row is still OUTBOUND_INTENT
--- (docs/design.md §tool-calls).
+-- (docs/design.md §tool-calls). The status is compared through a one-time
+-- subquery, not a constant: with the constant, a set form's generic plan made
+-- on a young database reads every open row of every run through the partial
+-- tool_executions_reconcile_idx instead of probing (run_id, step_key) per run
+-- (test_query_plans.py).
 r.current_step_key = :step_key
   AND EXISTS (SELECT 1 FROM tool_executions AS te
-              WHERE te.run_id = r.id AND te.step_key = :step_key AND te.status = 'OUTBOUND_INTENT')
+              WHERE te.run_id = r.id AND te.step_key = :step_key
+                AND te.status = (SELECT 'OUTBOUND_INTENT'::text))
 
 -- fragment: journal_continues
 -- The entries a write appends continue the run's journal: first seq =
@@ -637,55 +642,92 @@ FROM checkpoint;
 
 -- name: complete_tool_call_and_end
 -- Tx2 whose checkpoint records the run's end (the next decision is to finish
--- or fail): the definite result, the checkpoint, the end of the run
--- (:end_outcome = COMPLETED | FAILED, with result, reason and finished_at, the
--- lease cleared) and both events commit together. Guards as complete_tool_call;
--- the journal entries are appended as in save_checkpoint.
-WITH run AS (
+-- or fail), for one run or for many at once: each element of the parallel
+-- arrays below is one run's write (a run at most once; its journal entries are
+-- the elements of :journal_* whose :journal_items is its ordinal, from 1),
+-- judged alone, and the ordinal `n` of each row returned says which matched.
+-- The definite result, the checkpoint, the end of the run (end_outcome =
+-- COMPLETED | FAILED, with result, reason and finished_at, the lease cleared)
+-- and both events commit together. Guards as complete_tool_call
+-- (`{fenced_cas@i}`, `{open_step@i}`: asserted, one ledger row closes per run
+-- written); the journal entries are appended as in save_checkpoint. One
+-- statement is one transaction: an assert or unique key refused by any run's
+-- write refuses all of them, and the caller then writes each alone.
+WITH item AS (
+  SELECT i.*, :allowed_statuses::text[] AS allowed_statuses,
+         ARRAY(SELECT e.seq FROM unnest(:journal_items::bigint[], :journal_seqs::bigint[]) AS e(item, seq)
+               WHERE e.item = i.n ORDER BY e.seq) AS journal_seqs
+  FROM unnest(:run_ids::uuid[], :worker_ids::text[], :fencing_tokens::bigint[], :expected_versions::bigint[],
+              :step_keys::text[], :outcomes::text[], :states::jsonb[], :state_hashes::bytea[],
+              :schema_versions::int[], :responses::jsonb[], :remote_resource_ids::text[], :error_codes::text[],
+              :evidences::jsonb[], :event_ids::uuid[], :next_step_keys::text[], :end_outcomes::text[],
+              :end_results::jsonb[], :end_reasons::text[], :end_error_classes::text[], :end_event_ids::uuid[],
+              :traceparents::text[], :tracestates::text[], :write_ops::text[], :write_hashes::bytea[])
+       WITH ORDINALITY AS i(run_id, worker_id, fencing_token, expected_version, step_key, outcome, state,
+                            state_hash, schema_version, response, remote_resource_id, error_code, evidence,
+                            event_id, next_step_key, end_outcome, end_result, end_reason, end_error_class,
+                            end_event_id, traceparent, tracestate, write_op, write_hash, n)
+), run AS (
   UPDATE agent_runs AS r
-  SET status = :end_outcome, version = r.version + 1, current_step_key = :next_step_key,
-      checkpoint_schema_version = :schema_version, lease_owner = NULL, lease_expires_at = NULL,
-      journal_length = r.journal_length + cardinality(:journal_seqs::bigint[]),
-      result = CASE WHEN :end_outcome = 'COMPLETED' THEN :end_result::jsonb ELSE r.result END,
-      terminal_reason = :end_reason, finished_at = clock_timestamp(), last_event_id = :end_event_id,
+  SET status = i.end_outcome, version = r.version + 1, current_step_key = i.next_step_key,
+      checkpoint_schema_version = i.schema_version, lease_owner = NULL, lease_expires_at = NULL,
+      journal_length = r.journal_length + cardinality(i.journal_seqs),
+      result = CASE WHEN i.end_outcome = 'COMPLETED' THEN i.end_result ELSE r.result END,
+      terminal_reason = i.end_reason, finished_at = clock_timestamp(), last_event_id = i.end_event_id,
       updated_at = clock_timestamp()
-  WHERE {fenced_cas}
-    AND {open_step}
-    AND {journal_continues}
-  RETURNING r.id, r.tenant_id, r.version, r.fencing_token, r.status, r.attempt_count
-), {journal_insert}, execution AS (
+  FROM item AS i
+  WHERE {fenced_cas@i}
+    AND {open_step@i}
+    AND {journal_continues@i}
+  RETURNING r.id, r.tenant_id, r.version, r.fencing_token, r.status, r.attempt_count, i.n
+), journal AS (
+  INSERT INTO run_journal (run_id, seq, kind, step_key, node, tool, detail, fencing_token, run_version)
+  SELECT run.id, e.seq, e.kind, e.step_key, e.node, e.tool, e.detail::jsonb, run.fencing_token, run.version
+  FROM run JOIN unnest(:journal_items::bigint[], :journal_seqs::bigint[], :journal_kinds::text[],
+                       :journal_step_keys::text[], :journal_nodes::text[], :journal_tools::text[],
+                       :journal_details::text[]) AS e(item, seq, kind, step_key, node, tool, detail)
+       ON e.item = run.n
+), written AS (
+  SELECT run.*, i.step_key, i.outcome, i.state, i.state_hash, i.schema_version, i.response, i.remote_resource_id,
+         i.error_code, i.evidence, i.event_id, i.end_reason, i.end_error_class, i.end_event_id, i.traceparent,
+         i.tracestate, i.write_op, i.write_hash,
+         -- A column, not a constant, as in complete_and_begin_tool_call (test_query_plans.py).
+         'OUTBOUND_INTENT'::text AS open_status
+  FROM run JOIN item AS i ON i.n = run.n
+), execution AS (
   UPDATE tool_executions AS te
-  SET status = :outcome, response_json = :response, remote_resource_id = :remote_resource_id,
-      error_code = :error_code, completed_at = clock_timestamp(),
-      reconciliation_evidence = COALESCE(:evidence::jsonb, te.reconciliation_evidence),
-      reconciled_at = CASE WHEN :evidence::jsonb IS NULL THEN te.reconciled_at ELSE clock_timestamp() END
-  FROM run
-  WHERE te.run_id = :run_id AND te.run_id = run.id AND te.step_key = :step_key AND te.status = 'OUTBOUND_INTENT'
+  SET status = w.outcome, response_json = w.response, remote_resource_id = w.remote_resource_id,
+      error_code = w.error_code, completed_at = clock_timestamp(),
+      reconciliation_evidence = COALESCE(w.evidence, te.reconciliation_evidence),
+      reconciled_at = CASE WHEN w.evidence IS NULL THEN te.reconciled_at ELSE clock_timestamp() END
+  FROM written AS w
+  WHERE te.run_id = w.id AND te.step_key = w.step_key AND te.status = w.open_status
   RETURNING te.id
 ), checkpoint AS (
   INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version,
                                  fencing_token, event_id)
-  SELECT id, version, :state, :state_hash, :schema_version, fencing_token, :event_id FROM run
-  RETURNING version
+  SELECT id, version, state, state_hash, schema_version, fencing_token, event_id FROM written
+  RETURNING run_id, version
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
                       traceparent, tracestate, write_op, write_hash)
-  SELECT :event_id, id, tenant_id,
-         CASE WHEN :outcome = 'SUCCEEDED' THEN 'agent.tool_succeeded' ELSE 'agent.tool_failed' END,
-         jsonb_build_object('step_key', :step_key::text, 'version', version, 'error_code', :error_code::text),
-         fencing_token, version, :traceparent, :tracestate, :write_op, :write_hash::bytea
-  FROM run
+  SELECT event_id, id, tenant_id,
+         CASE WHEN outcome = 'SUCCEEDED' THEN 'agent.tool_succeeded' ELSE 'agent.tool_failed' END,
+         jsonb_build_object('step_key', step_key, 'version', version, 'error_code', error_code),
+         fencing_token, version, traceparent, tracestate, write_op, write_hash
+  FROM written
   UNION ALL
-  SELECT :end_event_id, id, tenant_id,
+  SELECT end_event_id, id, tenant_id,
          CASE status WHEN 'COMPLETED' THEN 'agent.run_completed' ELSE 'agent.run_failed' END,
-         jsonb_build_object('status', status, 'reason', :end_reason::text, 'error_class', :end_error_class::text,
+         jsonb_build_object('status', status, 'reason', end_reason, 'error_class', end_error_class,
                             'next_attempt_at', NULL, 'attempt_count', attempt_count),
-         fencing_token, version, :traceparent, :tracestate, :write_op, :write_hash::bytea
-  FROM run
+         fencing_token, version, traceparent, tracestate, write_op, write_hash
+  FROM written
 )
-SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id, (SELECT status FROM run) AS status,
-       agentrt_assert((SELECT count(*) FROM execution) = 1, 'tool ledger row was not open') AS ok
-FROM checkpoint;
+SELECT checkpoint.version, written.tenant_id, written.status, written.n,
+       agentrt_assert((SELECT count(*) FROM execution) = (SELECT count(*) FROM run),
+                      'tool ledger row was not open') AS ok
+FROM written JOIN checkpoint ON checkpoint.run_id = written.id;
 
 -- name: complete_and_begin_tool_call
 -- Tx2 of step :step_key and Tx1 of step :next_step_key in one statement, for

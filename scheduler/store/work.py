@@ -64,6 +64,12 @@ _TOOL_END_OP = {RunStatus.COMPLETED: Op.COMPLETE_TOOL_CALL_AND_COMPLETE,
 # Due re-queued runs one claim statement makes ready (claim_work's `waking`).
 WAKE_BATCH = 64
 
+# complete_tool_call_and_end's per-element arrays, in the order of a write's values.
+END_COLUMNS = ("run_ids", "worker_ids", "fencing_tokens", "expected_versions", "step_keys", "outcomes", "states",
+               "state_hashes", "schema_versions", "responses", "remote_resource_ids", "error_codes", "evidences",
+               "event_ids", "next_step_keys", "end_outcomes", "end_results", "end_reasons", "end_error_classes",
+               "end_event_ids", "traceparents", "tracestates", "write_ops", "write_hashes")
+
 # save_checkpoint's per-element arrays, in the order of a write's values (scheduler/store/batched.py).
 CHECKPOINT_COLUMNS = ("run_ids", "worker_ids", "fencing_tokens", "expected_versions", "schema_versions", "step_keys",
                       "states", "state_hashes", "event_ids", "event_types", "event_payloads", "traceparents",
@@ -86,6 +92,9 @@ class WorkStore(Repository):
         self.checkpoints = SetWrite(self.work_pool, Q.save_checkpoint, CHECKPOINT_COLUMNS,
                                     {"allowed_statuses": sources(Op.SAVE_CHECKPOINT)},
                                     lists=(("consume_seqs", "consume_items"),))
+        # Likewise the last Tx2 of many runs that end with it: one shared statement per way of ending.
+        self.ends = {op: SetWrite(self.work_pool, Q.complete_tool_call_and_end, END_COLUMNS,
+                                  {"allowed_statuses": sources(op)}) for op in _TOOL_END_OP.values()}
 
     @db_call
     async def claim(self, worker_id: str, agents: list[str], trace: Trace = NO_TRACE) -> Claimed | None:
@@ -204,22 +213,29 @@ class WorkStore(Repository):
         end = write.end
         op = Op.COMPLETE_TOOL_CALL if end is None else _TOOL_END_OP[run_status(end.outcome)]
         binding = write.binding(lease)
-        params = dict(**fence_params(lease, op), **write.params(), next_step_key=write.next_step_key,
-                      **trace_params(trace), **binding_params(binding))
+        if end is not None:  # shared with the other runs' last steps sent at the same moment (store/batched.py)
+            values = (lease.run_id, lease.worker_id, lease.fencing_token, write.expected_version, write.step_key,
+                      write.outcome, write.stored, write.state_hash, write.schema_version, write.response,
+                      write.remote_resource_id, write.error_code, write.evidence, write.event_id, write.next_step_key,
+                      end.outcome, end.result, end.reason, end.error_class, end.event_id, trace.traceparent,
+                      trace.tracestate, binding.op, binding.digest)
+            ending = await self.ends[op].write(lease.run_id, values, write.journal)
+            if ending is ALONE:
+                async with self.work_pool.acquire() as conn:
+                    ending = await self.ends[op].alone(conn, values, write.journal)
+            if isinstance(ending, Record):
+                return Completed(ending["version"], run_status(ending["status"]), False)
         async with self.work_pool.acquire() as conn:
             if end is None:
-                written = await fenced_write(conn, Q.complete_tool_call, **params)
+                written = await fenced_write(conn, Q.complete_tool_call, **fence_params(lease, op), **write.params(),
+                                             next_step_key=write.next_step_key, **trace_params(trace),
+                                             **binding_params(binding))
                 if written is not None:
                     return Completed(written["version"], TRANSITIONS[(RunStatus.WAITING_TOOL, op)], False)
                 replay = await self.recovery.replay(conn, lease, binding, write.event_id, "checkpoint")
                 if replay is not None:
                     return Completed(replay["version"], TRANSITIONS[(RunStatus.WAITING_TOOL, op)], True)
             else:
-                written = await fenced_write(conn, Q.complete_tool_call_and_end, **params, end_outcome=end.outcome,
-                                             end_result=end.result, end_reason=end.reason,
-                                             end_error_class=end.error_class, end_event_id=end.event_id)
-                if written is not None:
-                    return Completed(written["version"], run_status(written["status"]), False)
                 found = await self.recovery.replay_all(conn, lease, binding,
                                                        ((write.event_id, "checkpoint", "event_id"),
                                                         (end.event_id, "run", "end.event_id")))

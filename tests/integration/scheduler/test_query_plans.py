@@ -17,7 +17,8 @@ from scheduler.store.queries import Q
 from shared.db import init_connection
 
 pytestmark = pytest.mark.integration
-LEDGER_WRITES = ("complete_tool_call", "complete_and_begin_tool_call", "tool_not_executed", "mark_tool_in_doubt")
+LEDGER_WRITES = ("complete_tool_call", "complete_tool_call_and_end", "complete_and_begin_tool_call",
+                 "tool_not_executed", "mark_tool_in_doubt")
 
 
 def scans(plan: object) -> list[tuple[str, str, str]]:

@@ -332,3 +332,91 @@ async def test_a_checkpoint_refused_alone_or_refusing_the_statement_never_costs_
             lease = leases[n]
             assert_checkpointed(await snapshot(db, lease.run.run_id), items[n].save_checkpoint, 1)
             assert await consumed(db, lease.run.run_id) == [(lease.signals[0].seq, 1, lease.run.fencing_token)]
+
+
+# CompleteToolCall with an end ----------------------------------------------------------------------------
+
+
+def ends(stack: Any, outcome: str = "COMPLETED") -> Any:
+    op = Op.COMPLETE_TOOL_CALL_AND_COMPLETE if outcome == "COMPLETED" else Op.COMPLETE_TOOL_CALL_AND_FAIL
+    return stack.server.store.work.ends[op]
+
+
+def ending(ref: ws.LeaseRef, run: int, expected: int = 1) -> ws.WriteBatchItem:
+    """Run `run`'s last Tx2: the call succeeded and the run ends COMPLETED with its own result."""
+    return ws.WriteBatchItem(complete_tool_call=ws.CompleteToolCallRequest(
+        lease=ref, expected_version=expected, step_key=S1, outcome=ws.TOOL_OUTCOME_SUCCEEDED,
+        response_json=json.dumps({"run": run}), state_json=json.dumps({"cursor": "done", "run": run}),
+        schema_version=1, event_id=eid(),
+        journal=[pb.JournalEntry(seq=n, kind="result", step_key=S1, detail_json=json.dumps({"run": run, "n": n}))
+                 for n in range(1, run + 1)],
+        end=ws.RunEnd(outcome=ws.FINISH_OUTCOME_COMPLETED, reason=f"done {run}", result_json=json.dumps({"run": run}),
+                      event_id=eid())))
+
+
+def assert_ended(after: dict[str, Any], request: ws.CompleteToolCallRequest, run: int) -> None:
+    row = after["run"]
+    assert (row["status"], row["version"], row["lease_owner"], row["result"], row["terminal_reason"],
+            row["journal_length"]) == ("COMPLETED", 2, None, {"run": run}, f"done {run}", run)
+    (closed,) = after["ledger"]
+    assert (closed["step_key"], closed["status"], closed["response_json"]) == (S1, "SUCCEEDED", {"run": run})
+    assert [(c["version"], c["event_id"], c["state_json"]) for c in after["checkpoints"]][-1] == (
+        2, uuid.UUID(request.event_id), {"cursor": "done", "run": run})
+    assert [(e["event_type"], e["event_id"], e["run_version"]) for e in after["events"][-2:]] == [
+        ("agent.tool_succeeded", uuid.UUID(request.event_id), 2),
+        ("agent.run_completed", uuid.UUID(request.end.event_id), 2)]
+    assert [(j["seq"], j["detail"], j["run_version"]) for j in after["journal"]] == [
+        (n, {"run": run, "n": n}, 2) for n in range(1, run + 1)]
+
+
+async def test_the_last_steps_of_many_runs_end_them_in_one_statement_each_as_its_own(db_url, db):
+    async with scheduler_stack(db_url) as stack:
+        runs = [await waiting_on_s1(stack) for _ in range(4)]
+        items = [ending(ref, n) for n, (_, ref) in enumerate(runs)]
+        group = ends(stack)
+        statements, writes = group.statements, group.writes
+
+        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=items))
+
+        assert [(r.WhichOneof("result"), r.complete_tool_call.version, r.complete_tool_call.status,
+                 r.complete_tool_call.replayed) for r in reply.results] == [
+            ("complete_tool_call", 2, pb.RUN_STATUS_COMPLETED, False)] * 4, reply
+        assert (group.statements - statements, group.writes - writes) == (1, 4)
+        for n, ((run_id, _), item_) in enumerate(zip(runs, items, strict=True)):
+            assert_ended(await snapshot(db, run_id), item_.complete_tool_call, n)
+
+        again = await stack.work.WriteBatch(ws.WriteBatchRequest(items=items))
+        assert [(r.complete_tool_call.version, r.complete_tool_call.status, r.complete_tool_call.replayed)
+                for r in again.results] == [(2, pb.RUN_STATUS_COMPLETED, True)] * 4
+
+
+async def test_an_ending_refused_alone_or_refusing_the_statement_never_costs_its_neighbours(db_url, db):
+    """A stale fence matches nothing and is refused by itself; an end event id already used refuses the
+    shared statement (a unique key), so each write goes again alone: the good ones commit, the bad one
+    is refused with nothing written."""
+    async with scheduler_stack(db_url) as stack:
+        runs = [await waiting_on_s1(stack) for _ in range(4)]
+        items = [ending(ref, 1) for _, ref in runs]
+        stale = ws.LeaseRef()
+        stale.CopyFrom(runs[1][1])
+        stale.fencing_token += 1
+        items[1] = ending(stale, 1)
+        taken = (await snapshot(db, runs[0][0]))["events"][0]["event_id"]  # run 0's submit event id
+        items[2].complete_tool_call.end.event_id = str(taken)
+        before = [await snapshot(db, run_id) for run_id, _ in runs]
+        group = ends(stack)
+        statements, alone = group.statements, group.alone_writes
+
+        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=items))
+
+        assert [r.WhichOneof("result") for r in reply.results] == [
+            "complete_tool_call", "error", "error", "complete_tool_call"], reply
+        assert (reply.results[1].error.code, reply.results[1].error.reason) == (
+            grpc.StatusCode.FAILED_PRECONDITION.value[0], "LEASE_LOST")
+        assert (reply.results[2].error.code, reply.results[2].error.metadata["field"]) == (
+            grpc.StatusCode.INVALID_ARGUMENT.value[0], "end.event_id")
+        assert (group.statements - statements, group.alone_writes - alone) == (0, 4)
+        for n in (1, 2):
+            assert await snapshot(db, runs[n][0]) == before[n], "a refused write changed its run"
+        for n in (0, 3):
+            assert_ended(await snapshot(db, runs[n][0]), items[n].complete_tool_call, 1)
