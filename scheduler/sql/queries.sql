@@ -558,40 +558,59 @@ SELECT (SELECT count(*) FROM recent) AS recent,
 SELECT tenant_id FROM agent_runs WHERE id = :run_id;
 
 -- name: begin_tool_call
--- Tx1: records the outbound intent before any network I/O. Refused (no row)
--- unless the current checkpoint already holds this very decision (same step
--- key, tool and request hash: docs/design.md §invariants, rule 6) and no ledger row
--- exists for the step. The run moves to WAITING_TOOL in the same statement.
-WITH run AS (
+-- Tx1: records the outbound intent before any network I/O, for one run or for
+-- many at once: each element of the parallel arrays below is one run's write
+-- (a run at most once), judged alone (`{fenced_cas@i}`), and the ordinal `n` of
+-- each row returned says which matched. Refused (no row) unless the current
+-- checkpoint already holds this very decision (same step key, tool and request
+-- hash: docs/design.md §invariants, rule 6) and no ledger row exists for the
+-- step. The run moves to WAITING_TOOL in the same statement. One statement is
+-- one transaction: a unique key refused by any run's write (an idempotency key
+-- already held) refuses all of them, and the caller then writes each alone.
+WITH item AS (
+  SELECT i.*, :allowed_statuses::text[] AS allowed_statuses
+  FROM unnest(:run_ids::uuid[], :worker_ids::text[], :fencing_tokens::bigint[], :expected_versions::bigint[],
+              :step_keys::text[], :tool_names::text[], :idempotency_keys::text[], :requests::jsonb[],
+              :request_hashes::bytea[], :legacy_request_hashes::bytea[], :execution_ids::uuid[], :event_ids::uuid[],
+              :traceparents::text[], :tracestates::text[], :write_ops::text[], :write_hashes::bytea[])
+       WITH ORDINALITY AS i(run_id, worker_id, fencing_token, expected_version, step_key, tool_name,
+                            idempotency_key, request, request_hash, legacy_request_hash, execution_id, event_id,
+                            traceparent, tracestate, write_op, write_hash, n)
+), run AS (
   UPDATE agent_runs AS r
-  SET status = 'WAITING_TOOL', current_step_key = :step_key, updated_at = clock_timestamp()
-  WHERE {fenced_cas}
+  SET status = 'WAITING_TOOL', current_step_key = i.step_key, updated_at = clock_timestamp()
+  FROM item AS i
+  WHERE {fenced_cas@i}
     AND EXISTS (
       SELECT 1 FROM agent_checkpoints AS cp
       WHERE cp.run_id = r.id AND cp.version = r.version
-        AND cp.state_json -> 'pending_tool' ->> 'step_key' = :step_key
-        AND cp.state_json -> 'pending_tool' ->> 'tool_name' = :tool_name
+        AND cp.state_json -> 'pending_tool' ->> 'step_key' = i.step_key
+        AND cp.state_json -> 'pending_tool' ->> 'tool_name' = i.tool_name
         -- either hash form: a decision an executor of an earlier release recorded still matches
         AND cp.state_json -> 'pending_tool' ->> 'request_hash'
-            IN (encode(:request_hash, 'hex'), encode(:legacy_request_hash, 'hex')))
-    AND NOT EXISTS (SELECT 1 FROM tool_executions AS te WHERE te.run_id = r.id AND te.step_key = :step_key)
-  RETURNING r.id, r.tenant_id, r.version, r.fencing_token
+            IN (encode(i.request_hash, 'hex'), encode(i.legacy_request_hash, 'hex')))
+    AND NOT EXISTS (SELECT 1 FROM tool_executions AS te WHERE te.run_id = r.id AND te.step_key = i.step_key)
+  RETURNING r.id, r.tenant_id, r.version, r.fencing_token, i.n
+), written AS (
+  SELECT run.*, i.step_key, i.tool_name, i.idempotency_key, i.request, i.request_hash, i.execution_id, i.event_id,
+         i.traceparent, i.tracestate, i.write_op, i.write_hash
+  FROM run JOIN item AS i ON i.n = run.n
 ), execution AS (
   INSERT INTO tool_executions (id, run_id, step_key, tool_name, idempotency_key, request_json,
                                request_hash, status, fencing_token, intent_event_id)
-  SELECT :execution_id, id, :step_key, :tool_name, :idempotency_key, :request, :request_hash, 'OUTBOUND_INTENT',
-         fencing_token, :event_id FROM run
+  SELECT execution_id, id, step_key, tool_name, idempotency_key, request, request_hash, 'OUTBOUND_INTENT',
+         fencing_token, event_id FROM written
   RETURNING *
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
                       traceparent, tracestate, write_op, write_hash)
-  SELECT :event_id, id, tenant_id, 'agent.tool_requested',
-         jsonb_build_object('step_key', :step_key::text, 'tool_name', :tool_name::text,
-                            'idempotency_key', :idempotency_key::text, 'execution_id', :execution_id::uuid),
-         fencing_token, version, :traceparent, :tracestate, :write_op, :write_hash::bytea
-  FROM run
+  SELECT event_id, id, tenant_id, 'agent.tool_requested',
+         jsonb_build_object('step_key', step_key, 'tool_name', tool_name,
+                            'idempotency_key', idempotency_key, 'execution_id', execution_id),
+         fencing_token, version, traceparent, tracestate, write_op, write_hash
+  FROM written
 )
-SELECT execution.*, (SELECT tenant_id FROM run) AS tenant_id FROM execution;
+SELECT execution.*, written.tenant_id, written.n FROM written JOIN execution ON execution.run_id = written.id;
 
 -- name: complete_tool_call
 -- Tx2: the tool's definite result, the next checkpoint, the version bump, the

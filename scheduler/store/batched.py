@@ -1,8 +1,9 @@
 """Many runs' fenced writes as one statement: the set form of a write, shared by concurrent calls.
 
-A set-form statement (`complete_and_begin_tool_call` and `save_checkpoint` in scheduler/sql/queries.sql)
-takes parallel arrays, one element per run's write, judges each element by the same fenced guard as a
-write of its own, and returns one row per element it wrote, with that element's ordinal `n` (from 1).
+A set-form statement (`save_checkpoint`, `begin_tool_call`, `complete_and_begin_tool_call` and
+`complete_tool_call_and_end` in scheduler/sql/queries.sql) takes parallel arrays, one element per run's
+write, judges each element by the same fenced guard as a write of its own, and returns one row per
+element it wrote, with that element's ordinal `n` (from 1).
 `SetWrite` gathers the calls that reach it in the same turn of the event loop (the items of one
 WriteBatch, or concurrent calls of several executors) and sends them as one statement: one round trip,
 one plan run, one commit for all of them, where each call alone costs all three.
@@ -64,15 +65,17 @@ class SetWrite:
     `values`; `constants` are parameters every element shares (the transition table's sources).
     `lists` names, for each list a call passes beside its values (the signals a checkpoint consumes),
     the parameter its elements go in and the one that says whose they are (the element's ordinal),
-    flattened as the journal entries are.
+    flattened as the journal entries are. `journal=False`: the statement appends no journal entries
+    (and takes no journal parameters).
     """
 
     def __init__(self, pool: asyncpg.Pool, query: Query, columns: Sequence[str], constants: dict[str, Any], *,
-                 lists: Sequence[tuple[str, str]] = (), max_items: int = 64) -> None:
+                 lists: Sequence[tuple[str, str]] = (), journal: bool = True, max_items: int = 64) -> None:
         self._pool = pool
         self._query = query
         self._columns = tuple(columns)
         self._lists = tuple(lists)
+        self._journal = journal
         self._constants = constants
         self._max_items = max_items
         self._pending: list[_Pending] = []
@@ -152,15 +155,20 @@ class SetWrite:
         Journal's own parameters, with `journal_items` saying whose (the element's ordinal); each of
         `lists` likewise."""
         columns: list[list[Any]] = [[] for _ in self._columns]
-        flat: dict[str, list[Any]] = {name: [] for name in ("journal_items", *NO_JOURNAL.params)}
+        flat: dict[str, list[Any]] = {}
+        if self._journal:
+            flat = {name: [] for name in ("journal_items", *NO_JOURNAL.params)}
         for values_name, items_name in self._lists:
             flat[values_name], flat[items_name] = [], []
         for n, (values, entries, lists) in enumerate(elements, start=1):
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
-            flat["journal_items"].extend([n] * len(entries))
-            for name, entry_values in entries.params.items():
-                flat[name].extend(entry_values)
+            if self._journal:
+                flat["journal_items"].extend([n] * len(entries))
+                for name, entry_values in entries.params.items():
+                    flat[name].extend(entry_values)
+            else:
+                assert not entries, "this statement appends no journal entries"
             for (values_name, items_name), items in zip(self._lists, lists or [()] * len(self._lists), strict=True):
                 flat[values_name].extend(items)
                 flat[items_name].extend([n] * len(items))

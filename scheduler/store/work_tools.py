@@ -19,11 +19,16 @@ from scheduler.store.keys import KeyStore
 from scheduler.store.queries import Q
 from scheduler.store.recovery import Recovery
 from scheduler.store.rows import Began, Chained, Completed, ExecutionRow
-from scheduler.store.types import LeaseRef
+from scheduler.store.types import NO_JOURNAL, LeaseRef
 from shared.canonical import request_hashes
 from shared.db import execute, fetchrow, fetchval
 from shared.errors import AlreadyExists, DecisionNotCheckpointed, ToolRateLimited, VersionConflict
 from shared.tracing import NO_TRACE, Trace
+
+# begin_tool_call's per-run arrays, in the order of the values each write gives SetWrite.
+INTENT_COLUMNS = ("run_ids", "worker_ids", "fencing_tokens", "expected_versions", "step_keys", "tool_names",
+                  "idempotency_keys", "requests", "request_hashes", "legacy_request_hashes", "execution_ids",
+                  "event_ids", "traceparents", "tracestates", "write_ops", "write_hashes")
 
 # complete_and_begin_tool_call's per-run arrays, in the order of the values each write gives SetWrite.
 CHAIN_COLUMNS = ("run_ids", "worker_ids", "fencing_tokens", "expected_versions", "step_keys", "outcomes", "states",
@@ -41,6 +46,8 @@ class ToolWrites(Repository):
         super().__init__(db)
         self.keys = keys
         self.recovery = recovery
+        self.intents = SetWrite(self.work_pool, Q.begin_tool_call, INTENT_COLUMNS,
+                                {"allowed_statuses": sources(Op.BEGIN_TOOL_CALL)}, journal=False)
         self.chains = SetWrite(self.work_pool, Q.complete_and_begin_tool_call, CHAIN_COLUMNS,
                                {"allowed_statuses": sources(Op.COMPLETE_AND_BEGIN_TOOL_CALL)})
 
@@ -90,15 +97,22 @@ class ToolWrites(Repository):
         intent = write.intent
         digest, legacy_digest = request_hashes(intent.tool_name, await self.keys.plain(lease.run_id, intent.request))
         binding = write.binding(lease, digest)
+        values = (lease.run_id, lease.worker_id, lease.fencing_token, write.expected_version, intent.step_key,
+                  intent.tool_name, intent.idempotency_key, intent.request, digest, legacy_digest, intent.execution_id,
+                  intent.event_id, trace.traceparent, trace.tracestate, binding.op, binding.digest)
+        # Shared with the other runs' Tx1s sent at the same moment (store/batched.py) when the tool has no
+        # limits; a limited tool's Tx1 goes alone, under its advisory locks.
+        flow = self.db.flow_if_fresh()
+        row: Record | object | None = ALONE
+        if flow is not None and flow.tool_limits_of(intent.tool_name) == (None, False):
+            row = await self.intents.write(lease.run_id, values, NO_JOURNAL)
+        if row is ALONE:
+            async with self.work_pool.acquire() as conn:
+                row = await self._within_tool_limits(
+                    conn, lease, intent.tool_name, lambda: self.intents.alone(conn, values, NO_JOURNAL))
+        if isinstance(row, Record):
+            return Began(ExecutionRow.of(row), False, False)
         async with self.work_pool.acquire() as conn:
-            row = await self._within_tool_limits(conn, lease, intent.tool_name, lambda: fenced_write(
-                conn, Q.begin_tool_call, **fence_params(lease, Op.BEGIN_TOOL_CALL),
-                expected_version=write.expected_version, step_key=intent.step_key, tool_name=intent.tool_name,
-                idempotency_key=intent.idempotency_key, request=intent.request, request_hash=digest,
-                legacy_request_hash=legacy_digest, execution_id=intent.execution_id, event_id=intent.event_id,
-                **trace_params(trace), **binding_params(binding)))
-            if row is not None:
-                return Began(ExecutionRow.of(row), False, False)
             replay = await self.recovery.replay(conn, lease, binding, intent.event_id, "ledger")
             if replay is not None:
                 return Began(ExecutionRow.of(replay), True, True)

@@ -1,8 +1,9 @@
-"""Many runs' chained steps (CompleteAndBeginToolCall) and checkpoints (SaveCheckpoint) in one
-statement, on a real PostgreSQL.
+"""Many runs' writes in one statement, on a real PostgreSQL: chained steps (CompleteAndBeginToolCall),
+checkpoints (SaveCheckpoint), last steps that end their runs (CompleteToolCall with an end) and
+intents (BeginToolCall).
 
-The items of one WriteBatch that chain a step (or save a checkpoint) reach the store together and go
-out as one set-form statement (scheduler/store/batched.py): one round trip and one commit for all of them. Each run's
+The items of one WriteBatch that make the same kind of write reach the store together and go out as
+one set-form statement (scheduler/store/batched.py): one round trip and one commit for all of them. Each run's
 write must still be judged alone and land alone: what commits for a run is exactly what its own
 statement would have written (its rows, never a neighbour's), a write that matches nothing is refused
 by itself while its neighbours commit, and a write that refuses the whole statement (a unique key)
@@ -19,8 +20,8 @@ from urllib.parse import urlsplit
 
 import grpc
 import pytest
-from support import claim, eid, lease_ref, scheduler_stack, snapshot, submit
-from tool_call_support import REQ2, S1, S2, TOOL2, combined, waiting_on_s1
+from support import claim, eid, lease_ref, scheduler_stack, snapshot, submit, tool_state
+from tool_call_support import REQ1, REQ2, S1, S2, TOOL, TOOL2, combined, waiting_on_s1
 
 from scheduler.states import Op, sources
 from scheduler.store import connect_pool
@@ -420,3 +421,87 @@ async def test_an_ending_refused_alone_or_refusing_the_statement_never_costs_its
             assert await snapshot(db, runs[n][0]) == before[n], "a refused write changed its run"
         for n in (0, 3):
             assert_ended(await snapshot(db, runs[n][0]), items[n].complete_tool_call, 1)
+
+
+# BeginToolCall ----------------------------------------------------------------------------------------------
+
+
+def intents(stack: Any) -> Any:
+    return stack.server.store.tools.intents
+
+
+async def decided(stack: Any) -> tuple[str, ws.LeaseRef]:
+    """A run RUNNING at version 1 whose checkpoint records the decision to call TOOL with REQ1 as S1."""
+    run = await submit(stack)
+    lease = await claim(stack)
+    assert lease is not None and lease.run.run_id == run.run_id
+    ref = lease_ref(lease)
+    await stack.work.SaveCheckpoint(ws.SaveCheckpointRequest(
+        lease=ref, expected_version=0, state_json=json.dumps(tool_state(S1, TOOL, REQ1)), schema_version=1,
+        step_key=S1, event_id=eid()))
+    return run.run_id, ref
+
+
+def intent_item(run_id: str, ref: ws.LeaseRef, key: str | None = None) -> ws.WriteBatchItem:
+    return ws.WriteBatchItem(begin_tool_call=ws.BeginToolCallRequest(
+        lease=ref, expected_version=1, step_key=S1, tool_name=TOOL, idempotency_key=key or f"k1-{run_id}",
+        request_json=json.dumps(REQ1), execution_id=eid(), event_id=eid()))
+
+
+def assert_intended(after: dict[str, Any], request: ws.BeginToolCallRequest) -> None:
+    row = after["run"]
+    assert (row["status"], row["version"], row["current_step_key"]) == ("WAITING_TOOL", 1, S1)
+    (opened,) = after["ledger"]
+    assert (opened["step_key"], opened["status"], opened["id"], opened["intent_event_id"], opened["idempotency_key"],
+            opened["request_json"]) == (S1, "OUTBOUND_INTENT", uuid.UUID(request.execution_id),
+                                        uuid.UUID(request.event_id), request.idempotency_key, REQ1)
+    assert [(e["event_type"], e["event_id"]) for e in after["events"][-1:]] == [
+        ("agent.tool_requested", uuid.UUID(request.event_id))]
+
+
+async def test_the_intents_of_many_runs_commit_in_one_statement_each_as_its_own(db_url, db):
+    async with scheduler_stack(db_url) as stack:
+        runs = [await decided(stack) for _ in range(5)]
+        items = [intent_item(run_id, ref) for run_id, ref in runs]
+        group = intents(stack)
+        statements, writes = group.statements, group.writes
+
+        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=items))
+
+        assert [(r.WhichOneof("result"), r.begin_tool_call.existing, r.begin_tool_call.replayed,
+                 r.begin_tool_call.execution.execution_id) for r in reply.results] == [
+            ("begin_tool_call", False, False, item_.begin_tool_call.execution_id) for item_ in items], reply
+        assert (group.statements - statements, group.writes - writes) == (1, 5)
+        for (run_id, _), item_ in zip(runs, items, strict=True):
+            assert_intended(await snapshot(db, run_id), item_.begin_tool_call)
+
+        again = await stack.work.WriteBatch(ws.WriteBatchRequest(items=items))
+        assert [(r.begin_tool_call.existing, r.begin_tool_call.replayed) for r in again.results] == [
+            (True, True)] * 5
+
+
+async def test_an_intent_refusing_the_statement_is_refused_alone_and_its_neighbours_commit(db_url, db):
+    """An idempotency key another run's row holds refuses the shared statement (a unique key): each
+    write goes again alone, the good ones commit and the bad one gets ALREADY_EXISTS with nothing
+    written; a version conflict beside them is refused by itself."""
+    async with scheduler_stack(db_url) as stack:
+        held_run, _ = await waiting_on_s1(stack)  # its open row holds k1-<held_run>
+        runs = [await decided(stack) for _ in range(4)]
+        items = [intent_item(run_id, ref) for run_id, ref in runs]
+        items[1] = intent_item(runs[1][0], runs[1][1], key=f"k1-{held_run}")
+        items[2].begin_tool_call.expected_version = 5
+        before = [await snapshot(db, run_id) for run_id, _ in runs]
+        group = intents(stack)
+        statements, alone = group.statements, group.alone_writes
+
+        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=items))
+
+        assert [r.WhichOneof("result") for r in reply.results] == [
+            "begin_tool_call", "error", "error", "begin_tool_call"], reply
+        assert [(r.error.code, r.error.metadata.get("field", "")) for r in reply.results[1:3]] == [
+            (grpc.StatusCode.ALREADY_EXISTS.value[0], "idempotency_key"), (grpc.StatusCode.ABORTED.value[0], "")]
+        assert (group.statements - statements, group.alone_writes - alone) == (0, 4)
+        for n in (1, 2):
+            assert await snapshot(db, runs[n][0]) == before[n], "a refused write changed its run"
+        for n in (0, 3):
+            assert_intended(await snapshot(db, runs[n][0]), items[n].begin_tool_call)
