@@ -438,88 +438,53 @@ WHERE {fenced_guard}
 RETURNING r.lease_expires_at, r.tenant_id;
 
 -- name: save_checkpoint
--- A new checkpoint, for one run or for many at once: each element of the
--- parallel arrays below is one run's write (a run at most once; its journal
--- entries are the elements of :journal_* whose :journal_items is its ordinal,
--- from 1, and the signals it consumes those of :consume_seqs whose
--- :consume_items is). Each run's write is judged alone, and the ordinal `n` of
--- each row returned says which writes matched; a write that matched no row
--- wrote nothing:
---   * CAS on (run, owner, fence, version) under a live lease (`{fenced_cas@i}`);
---   * the version bump, the checkpoint row, the journal entries it records and
---     its outbox event commit together. The entries must continue the run's
---     journal (first seq = journal_length + 1, consecutive: checked by the
---     service), else nothing of that write matches;
---   * the signals it consumes are marked with its version and fence, each
---     announced; one already consumed (or another run's) fails the statement
---     (agentrt_assert): a signal is consumed exactly once.
--- One statement is one transaction: a unique key or an assert refused by any
--- run's write refuses all of them, and the caller then writes each alone.
-WITH item AS (
-  SELECT i.*, :allowed_statuses::text[] AS allowed_statuses,
-         ARRAY(SELECT e.seq FROM unnest(:journal_items::bigint[], :journal_seqs::bigint[]) AS e(item, seq)
-               WHERE e.item = i.n ORDER BY e.seq) AS journal_seqs,
-         ARRAY(SELECT c.seq FROM unnest(:consume_items::bigint[], :consume_seqs::bigint[]) AS c(item, seq)
-               WHERE c.item = i.n) AS consume_seqs
-  FROM unnest(:run_ids::uuid[], :worker_ids::text[], :fencing_tokens::bigint[], :expected_versions::bigint[],
-              :schema_versions::int[], :step_keys::text[], :states::jsonb[], :state_hashes::bytea[],
-              :event_ids::uuid[], :event_types::text[], :event_payloads::jsonb[], :traceparents::text[],
-              :tracestates::text[], :write_ops::text[], :write_hashes::bytea[])
-       WITH ORDINALITY AS i(run_id, worker_id, fencing_token, expected_version, schema_version, step_key, state,
-                            state_hash, event_id, event_type, event_payload, traceparent, tracestate, write_op,
-                            write_hash, n)
-), run AS (
+-- CAS on (run, owner, fence, version) under a live lease; the version bump,
+-- the checkpoint row, the journal entries it records (:journal_*, parallel
+-- arrays, possibly empty) and its outbox event commit in this one statement.
+-- The entries must continue the run's journal (first seq = journal_length + 1,
+-- consecutive: checked by the service), else nothing matches and nothing is written.
+-- The signals it consumes (:consume_signal_seqs) are marked with its version and
+-- fence, each announced; one already consumed (or another run's) fails the
+-- whole statement (agentrt_assert): a signal is consumed exactly once.
+WITH run AS (
   UPDATE agent_runs AS r
   SET version = r.version + 1,
-      checkpoint_schema_version = i.schema_version,
-      current_step_key = COALESCE(i.step_key, r.current_step_key),
-      journal_length = r.journal_length + cardinality(i.journal_seqs),
+      checkpoint_schema_version = :schema_version,
+      current_step_key = COALESCE(:step_key, r.current_step_key),
+      journal_length = r.journal_length + cardinality(:journal_seqs::bigint[]),
       updated_at = clock_timestamp()
-  FROM item AS i
-  WHERE {fenced_cas@i}
-    AND {journal_continues@i}
-  RETURNING r.id, r.tenant_id, r.version, r.fencing_token, i.n
-), journal AS (
-  INSERT INTO run_journal (run_id, seq, kind, step_key, node, tool, detail, fencing_token, run_version)
-  SELECT run.id, e.seq, e.kind, e.step_key, e.node, e.tool, e.detail::jsonb, run.fencing_token, run.version
-  FROM run JOIN unnest(:journal_items::bigint[], :journal_seqs::bigint[], :journal_kinds::text[],
-                       :journal_step_keys::text[], :journal_nodes::text[], :journal_tools::text[],
-                       :journal_details::text[]) AS e(item, seq, kind, step_key, node, tool, detail)
-       ON e.item = run.n
-), written AS (
-  SELECT run.*, i.step_key, i.state, i.state_hash, i.schema_version, i.event_id, i.event_type, i.event_payload,
-         i.traceparent, i.tracestate, i.write_op, i.write_hash, i.consume_seqs
-  FROM run JOIN item AS i ON i.n = run.n
-), checkpoint AS (
+  WHERE {fenced_cas}
+    AND {journal_continues}
+  RETURNING r.id, r.tenant_id, r.version, r.fencing_token
+), {journal_insert}, checkpoint AS (
   INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version,
                                  fencing_token, event_id)
-  SELECT id, version, state, state_hash, schema_version, fencing_token, event_id FROM written
-  RETURNING run_id, version
+  SELECT id, version, :state, :state_hash, :schema_version, fencing_token, :event_id FROM run
+  RETURNING version
 ), event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
                       traceparent, tracestate, write_op, write_hash)
-  SELECT event_id, id, tenant_id, event_type,
-         event_payload || jsonb_build_object('version', version, 'step_key', step_key),
-         fencing_token, version, traceparent, tracestate, write_op, write_hash
-  FROM written
+  SELECT :event_id, id, tenant_id, :event_type,
+         :event_payload::jsonb || jsonb_build_object('version', version, 'step_key', :step_key::text),
+         fencing_token, version, :traceparent, :tracestate, :write_op, :write_hash::bytea
+  FROM run
 ), consumed AS (
   UPDATE run_signals AS s
-  SET consumed_at = clock_timestamp(), consumed_version = w.version, consumed_fencing_token = w.fencing_token
-  FROM written AS w
-  WHERE s.run_id = w.id AND s.id = ANY(w.consume_seqs) AND s.consumed_at IS NULL
-  RETURNING s.id, s.signal_id, s.name, w.n
+  SET consumed_at = clock_timestamp(), consumed_version = run.version, consumed_fencing_token = run.fencing_token
+  FROM run
+  WHERE s.run_id = run.id AND s.id = ANY(:consume_signal_seqs::bigint[]) AND s.consumed_at IS NULL
+  RETURNING s.id, s.signal_id, s.name
 ), consumed_event AS (
   INSERT INTO outbox (event_id, run_id, tenant_id, event_type, payload, fencing_token, run_version,
                       traceparent, tracestate)
-  SELECT gen_random_uuid(), w.id, w.tenant_id, 'agent.signal_consumed',
-         jsonb_build_object('seq', c.id, 'signal_id', c.signal_id, 'name', c.name,
-                            'version', w.version, 'step_key', w.step_key),
-         w.fencing_token, w.version, w.traceparent, w.tracestate
-  FROM consumed AS c JOIN written AS w ON w.n = c.n
+  SELECT gen_random_uuid(), run.id, run.tenant_id, 'agent.signal_consumed',
+         jsonb_build_object('seq', consumed.id, 'signal_id', consumed.signal_id, 'name', consumed.name,
+                            'version', run.version, 'step_key', :step_key::text),
+         run.fencing_token, run.version, :traceparent, :tracestate
+  FROM run, consumed
 )
-SELECT checkpoint.version, written.tenant_id, written.n
-FROM written JOIN checkpoint ON checkpoint.run_id = written.id
-WHERE agentrt_assert((SELECT count(*) FROM consumed AS c WHERE c.n = written.n) = cardinality(written.consume_seqs),
+SELECT checkpoint.version, (SELECT tenant_id FROM run) AS tenant_id FROM checkpoint
+WHERE agentrt_assert((SELECT count(*) FROM consumed) = cardinality(:consume_signal_seqs::bigint[]),
                      'a signal this checkpoint consumes is consumed already or not the run''s');
 
 -- name: lock_tool_slots

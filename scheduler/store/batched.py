@@ -1,7 +1,7 @@
 """Many runs' fenced writes as one statement: the set form of a write, shared by concurrent calls.
 
-A set-form statement (`save_checkpoint`, `begin_tool_call`, `complete_and_begin_tool_call` and
-`complete_tool_call_and_end` in scheduler/sql/queries.sql) takes parallel arrays, one element per run's
+A set-form statement (`begin_tool_call`, `complete_and_begin_tool_call` and `complete_tool_call_and_end`
+in scheduler/sql/queries.sql) takes parallel arrays, one element per run's
 write, judges each element by the same fenced guard as a write of its own, and returns one row per
 element it wrote, with that element's ordinal `n` (from 1).
 `SetWrite` gathers the calls that reach it in the same turn of the event loop (the items of one
@@ -54,7 +54,6 @@ class _Pending:
     run_id: uuid.UUID
     values: tuple[Any, ...]
     journal: Journal
-    lists: tuple[Sequence[Any], ...]
     done: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -63,18 +62,15 @@ class SetWrite:
 
     `columns` names the statement's per-element array parameters in the order of each call's
     `values`; `constants` are parameters every element shares (the transition table's sources).
-    `lists` names, for each list a call passes beside its values (the signals a checkpoint consumes),
-    the parameter its elements go in and the one that says whose they are (the element's ordinal),
-    flattened as the journal entries are. `journal=False`: the statement appends no journal entries
+    `journal=False`: the statement appends no journal entries
     (and takes no journal parameters).
     """
 
     def __init__(self, pool: asyncpg.Pool, query: Query, columns: Sequence[str], constants: dict[str, Any], *,
-                 lists: Sequence[tuple[str, str]] = (), journal: bool = True, max_items: int = 64) -> None:
+                 journal: bool = True, max_items: int = 64) -> None:
         self._pool = pool
         self._query = query
         self._columns = tuple(columns)
-        self._lists = tuple(lists)
         self._journal = journal
         self._constants = constants
         self._max_items = max_items
@@ -85,10 +81,9 @@ class SetWrite:
         self.writes = 0
         self.alone_writes = 0  # writes sent again by themselves after their shared statement was refused
 
-    async def write(self, run_id: uuid.UUID, values: tuple[Any, ...], journal: Journal,
-                    lists: tuple[Sequence[Any], ...] = ()) -> Record | object | None:
+    async def write(self, run_id: uuid.UUID, values: tuple[Any, ...], journal: Journal) -> Record | object | None:
         """This call's row, None (matched nothing) or ALONE (send it again by itself)."""
-        pending = _Pending(run_id, values, journal, lists)
+        pending = _Pending(run_id, values, journal)
         self._pending.append(pending)
         if not self._scheduled:
             self._scheduled = True
@@ -98,11 +93,10 @@ class SetWrite:
             annotate(tenant_id=row["tenant_id"])  # on the caller's span, as fenced_write does for a write alone
         return row
 
-    async def alone(self, conn: asyncpg.Connection, values: tuple[Any, ...], journal: Journal,
-                    lists: tuple[Sequence[Any], ...] = ()) -> Record | None:
+    async def alone(self, conn: asyncpg.Connection, values: tuple[Any, ...], journal: Journal) -> Record | None:
         """One write as a statement of its own on `conn` (in the caller's transaction, if any)."""
         self.alone_writes += 1
-        return await fenced_write(conn, self._query, **self._params([(values, journal, lists)]))
+        return await fenced_write(conn, self._query, **self._params([(values, journal)]))
 
     def _start(self) -> None:
         self._scheduled = False
@@ -133,7 +127,7 @@ class SetWrite:
                 live = [pending for pending in batch if not pending.done.done()]  # gone while waiting: not sent
                 if not live:
                     return
-                rows = await fetch(conn, self._query, **self._params([(p.values, p.journal, p.lists) for p in live]))
+                rows = await fetch(conn, self._query, **self._params([(p.values, p.journal) for p in live]))
         except CONNECTION_ERRORS as exc:  # the database is gone: each caller hears it as its own statement would
             _answer(batch, exc)
             return
@@ -150,29 +144,23 @@ class SetWrite:
             if not pending.done.done():
                 pending.done.set_result(by_n.get(n))
 
-    def _params(self, elements: Sequence[tuple[tuple[Any, ...], Journal, tuple[Sequence[Any], ...]]]) -> dict[str, Any]:
+    def _params(self, elements: Sequence[tuple[tuple[Any, ...], Journal]]) -> dict[str, Any]:
         """The statement's parameters: each column's array, and every element's journal entries in
-        Journal's own parameters, with `journal_items` saying whose (the element's ordinal); each of
-        `lists` likewise."""
+        Journal's own parameters, with `journal_items` saying whose (the element's ordinal)."""
         columns: list[list[Any]] = [[] for _ in self._columns]
-        flat: dict[str, list[Any]] = {}
+        journal: dict[str, list[Any]] = {}
         if self._journal:
-            flat = {name: [] for name in ("journal_items", *NO_JOURNAL.params)}
-        for values_name, items_name in self._lists:
-            flat[values_name], flat[items_name] = [], []
-        for n, (values, entries, lists) in enumerate(elements, start=1):
+            journal = {name: [] for name in ("journal_items", *NO_JOURNAL.params)}
+        for n, (values, entries) in enumerate(elements, start=1):
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
-            if self._journal:
-                flat["journal_items"].extend([n] * len(entries))
-                for name, entry_values in entries.params.items():
-                    flat[name].extend(entry_values)
-            else:
+            if not self._journal:
                 assert not entries, "this statement appends no journal entries"
-            for (values_name, items_name), items in zip(self._lists, lists or [()] * len(self._lists), strict=True):
-                flat[values_name].extend(items)
-                flat[items_name].extend([n] * len(items))
-        return {**self._constants, **dict(zip(self._columns, columns, strict=True)), **flat}
+                continue
+            journal["journal_items"].extend([n] * len(entries))
+            for name, entry_values in entries.params.items():
+                journal[name].extend(entry_values)
+        return {**self._constants, **dict(zip(self._columns, columns, strict=True)), **journal}
 
 
 def _answer(batch: list[_Pending], answer: object) -> None:

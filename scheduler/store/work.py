@@ -4,7 +4,10 @@ Hot-path writes (claim, heartbeat, checkpoint, Tx1, Tx2, in-doubt, finish) are
 single statements from sql/queries.sql: one round trip, atomic by
 construction, every predicate on the database clock, every fenced write under
 the one guard (the `fenced_guard` fragment: docs/design.md §leases-and-fencing).
-When such a statement matches no row, scheduler/store/recovery.py says why.
+A Tx1, a chained step and an ending Tx2 are set-form statements that
+carry the writes of many runs sent at the same moment, each judged and answered
+alone (scheduler/store/batched.py). When a write matches no row,
+scheduler/store/recovery.py says why.
 """
 
 from __future__ import annotations
@@ -70,11 +73,6 @@ END_COLUMNS = ("run_ids", "worker_ids", "fencing_tokens", "expected_versions", "
                "event_ids", "next_step_keys", "end_outcomes", "end_results", "end_reasons", "end_error_classes",
                "end_event_ids", "traceparents", "tracestates", "write_ops", "write_hashes")
 
-# save_checkpoint's per-element arrays, in the order of a write's values (scheduler/store/batched.py).
-CHECKPOINT_COLUMNS = ("run_ids", "worker_ids", "fencing_tokens", "expected_versions", "schema_versions", "step_keys",
-                      "states", "state_hashes", "event_ids", "event_types", "event_payloads", "traceparents",
-                      "tracestates", "write_ops", "write_hashes")
-
 
 class _SlotTaken(Exception):
     """A concurrent claim took the last slot of a group first: roll this claim back."""
@@ -88,11 +86,8 @@ class WorkStore(Repository):
         self.recovery = recovery
         self._keys_used = False  # runs with concurrency keys exist (once true, for good)
         self._keys_checked_at = float("-inf")
-        # Many runs' checkpoints sent at the same moment go as one statement (scheduler/store/batched.py).
-        self.checkpoints = SetWrite(self.work_pool, Q.save_checkpoint, CHECKPOINT_COLUMNS,
-                                    {"allowed_statuses": sources(Op.SAVE_CHECKPOINT)},
-                                    lists=(("consume_seqs", "consume_items"),))
-        # Likewise the last Tx2 of many runs that end with it: one shared statement per way of ending.
+        # The last Tx2 of many runs that end with it, sent at the same moment, go as one statement
+        # (scheduler/store/batched.py): one shared statement per way of ending.
         self.ends = {op: SetWrite(self.work_pool, Q.complete_tool_call_and_end, END_COLUMNS,
                                   {"allowed_statuses": sources(op)}) for op in _TOOL_END_OP.values()}
 
@@ -190,17 +185,16 @@ class WorkStore(Repository):
         """A new checkpoint, with its journal entries appended and its signals marked consumed in the
         same statement."""
         binding = write.binding(lease)
-        values = (lease.run_id, lease.worker_id, lease.fencing_token, write.expected_version, write.schema_version,
-                  write.step_key, write.stored, write.state_hash, write.event_id, write.event_type, write.payload,
-                  trace.traceparent, trace.tracestate, binding.op, binding.digest)
-        lists = (write.consume_signal_seqs,)
-        written = await self.checkpoints.write(lease.run_id, values, write.journal, lists)
-        if written is ALONE:
-            async with self.work_pool.acquire() as conn:
-                written = await self.checkpoints.alone(conn, values, write.journal, lists)
-        if isinstance(written, Record):
-            return Written(written["version"], False)
         async with self.work_pool.acquire() as conn:
+            written = await fenced_write(
+                conn, Q.save_checkpoint, **fence_params(lease, Op.SAVE_CHECKPOINT),
+                expected_version=write.expected_version, schema_version=write.schema_version, state=write.stored,
+                step_key=write.step_key, state_hash=write.state_hash, event_id=write.event_id,
+                event_type=write.event_type, event_payload=write.payload, **trace_params(trace),
+                **binding_params(binding), **write.journal.params,
+                consume_signal_seqs=list(write.consume_signal_seqs))
+            if written is not None:
+                return Written(written["version"], False)
             replay = await self.recovery.replay(conn, lease, binding, write.event_id, "checkpoint")
             if replay is not None:
                 return Written(replay["version"], True)

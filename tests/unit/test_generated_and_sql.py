@@ -130,7 +130,7 @@ def test_every_fenced_write_uses_the_one_guard():
     for clause in ("r.lease_owner = $", "r.fencing_token = $", "r.version = $", "r.status = ANY($",
                    "r.lease_expires_at > clock_timestamp()", "r.cancel_requested_at IS NULL"):
         assert clause in guard, clause
-    for name in ("save_checkpoint", "begin_tool_call", "complete_and_begin_tool_call",
+    for name in ("begin_tool_call", "complete_and_begin_tool_call",
                  "complete_tool_call_and_end"):  # the set forms: judged per element `i`
         for clause in ("r.lease_owner = i.worker_id", "r.fencing_token = i.fencing_token",
                        "r.version = i.expected_version", "r.status = ANY(i.allowed_statuses",

@@ -1,6 +1,5 @@
 """Many runs' writes in one statement, on a real PostgreSQL: chained steps (CompleteAndBeginToolCall),
-checkpoints (SaveCheckpoint), last steps that end their runs (CompleteToolCall with an end) and
-intents (BeginToolCall).
+last steps that end their runs (CompleteToolCall with an end) and intents (BeginToolCall).
 
 The items of one WriteBatch that make the same kind of write reach the store together and go out as
 one set-form statement (scheduler/store/batched.py): one round trip and one commit for all of them. Each run's
@@ -32,7 +31,6 @@ from scheduler.store.work_tools import CHAIN_COLUMNS
 from shared.canonical import CanonicalJson, canonical_json, request_hashes, sha256_of
 from shared.db import is_primary_lost
 from shared.gen.agentrt.v1 import common_pb2 as pb
-from shared.gen.agentrt.v1 import run_service_pb2 as rs
 from shared.gen.agentrt.v1 import work_service_pb2 as ws
 
 pytestmark = pytest.mark.integration
@@ -228,111 +226,6 @@ async def test_a_lost_database_is_each_callers_error_not_a_retry_each(db_url):
         assert (group.statements, group.alone_writes) == (1, 0)
     finally:
         pool.terminate()
-
-
-# SaveCheckpoint ---------------------------------------------------------------------------------------
-
-
-def checkpoints(stack: Any) -> Any:
-    return stack.server.store.work.checkpoints
-
-
-async def running(stack: Any, n: int, signals: int = 0) -> list[ws.Lease]:
-    """`n` claimed runs, each with `signals` signals queued before its claim (delivered with it)."""
-    runs = [await submit(stack) for _ in range(n)]
-    for run in runs:
-        for i in range(signals):
-            await stack.runs.SignalRun(rs.SignalRunRequest(run_id=run.run_id, name=f"s{i}"), metadata=stack.md())
-    leases = [await claim(stack) for _ in runs]
-    assert all(lease is not None for lease in leases)
-    return sorted(leases, key=lambda lease: [r.run_id for r in runs].index(lease.run.run_id))
-
-
-def checkpoint_item(lease: ws.Lease, run: int, consume: list[int] = (), version: int = 0) -> ws.WriteBatchItem:
-    """Run `run`'s checkpoint: its own state, step key, event payload and `run` journal entries."""
-    return ws.WriteBatchItem(save_checkpoint=ws.SaveCheckpointRequest(
-        lease=lease_ref(lease), expected_version=version, state_json=json.dumps({"run": run}), schema_version=1,
-        step_key=f"step-{run}", event_id=eid(), event_payload_json=json.dumps({"run": run}),
-        journal=[pb.JournalEntry(seq=n, kind="answer", step_key=f"step-{run}",
-                                 detail_json=json.dumps({"run": run, "n": n})) for n in range(1, run + 1)],
-        consume_signal_seqs=list(consume)))
-
-
-def assert_checkpointed(after: dict[str, Any], request: ws.SaveCheckpointRequest, run: int) -> None:
-    """What the run's own SaveCheckpoint writes, and nothing else."""
-    row = after["run"]
-    assert (row["status"], row["version"], row["current_step_key"], row["journal_length"]) == (
-        "RUNNING", 1, f"step-{run}", run)
-    assert [(c["version"], c["event_id"], c["state_json"]) for c in after["checkpoints"]] == [
-        (1, uuid.UUID(request.event_id), {"run": run})]
-    checkpointed = [e for e in after["events"] if e["event_type"] == "agent.checkpoint"]
-    assert [(e["event_id"], e["run_version"], e["payload"]) for e in checkpointed] == [
-        (uuid.UUID(request.event_id), 1, {"run": run, "version": 1, "step_key": f"step-{run}"})]
-    assert [(j["seq"], j["detail"], j["run_version"]) for j in after["journal"]] == [
-        (n, {"run": run, "n": n}, 1) for n in range(1, run + 1)]
-
-
-async def consumed(db: Any, run_id: str) -> list[tuple[Any, ...]]:
-    return [tuple(r) for r in await db.fetch(
-        "SELECT id, consumed_version, consumed_fencing_token FROM run_signals WHERE run_id = $1::uuid ORDER BY id",
-        run_id)]
-
-
-async def test_the_checkpoints_of_many_runs_commit_in_one_statement_each_as_its_own(db_url, db):
-    async with scheduler_stack(db_url, lease_duration_ms=60_000) as stack:
-        leases = await running(stack, 5, signals=2)
-        # Run n consumes its first n % 3 signals: none, one, or both.
-        items = [checkpoint_item(lease, n, [s.seq for s in lease.signals[:n % 3]]) for n, lease in enumerate(leases)]
-        statements, writes = checkpoints(stack).statements, checkpoints(stack).writes
-
-        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=items))
-
-        assert [(r.WhichOneof("result"), r.save_checkpoint.version, r.save_checkpoint.replayed)
-                for r in reply.results] == [("save_checkpoint", 1, False)] * 5, reply
-        assert (checkpoints(stack).statements - statements, checkpoints(stack).writes - writes) == (1, 5)
-        for n, (lease, item_) in enumerate(zip(leases, items, strict=True)):
-            after = await snapshot(db, lease.run.run_id)
-            assert_checkpointed(after, item_.save_checkpoint, n)
-            token = lease.run.fencing_token
-            assert await consumed(db, lease.run.run_id) == [
-                (s.seq, 1, token) if i < n % 3 else (s.seq, None, None) for i, s in enumerate(lease.signals)]
-            announced = [e["payload"]["seq"] for e in after["events"] if e["event_type"] == "agent.signal_consumed"]
-            assert sorted(announced) == [s.seq for s in lease.signals[:n % 3]]
-
-        again = await stack.work.WriteBatch(ws.WriteBatchRequest(items=items))
-        assert [(r.save_checkpoint.version, r.save_checkpoint.replayed) for r in again.results] == [(1, True)] * 5
-
-
-async def test_a_checkpoint_refused_alone_or_refusing_the_statement_never_costs_its_neighbours(db_url, db):
-    """A version conflict matches nothing and is refused by itself; a signal consumed twice fails the
-    statement's assert, so every write goes again alone: the good ones commit, the bad one is refused
-    with nothing written."""
-    async with scheduler_stack(db_url, lease_duration_ms=60_000) as stack:
-        leases = await running(stack, 4, signals=1)
-        items = [checkpoint_item(lease, 1, [lease.signals[0].seq]) for lease in leases]
-        items[1] = checkpoint_item(leases[1], 1, version=3)  # not the run's version
-        items[2] = checkpoint_item(leases[2], 1, [leases[0].signals[0].seq])  # another run's signal
-        before = [(await snapshot(db, lease.run.run_id), await consumed(db, lease.run.run_id)) for lease in leases]
-        group = checkpoints(stack)
-        statements, alone = group.statements, group.alone_writes
-
-        reply = await stack.work.WriteBatch(ws.WriteBatchRequest(items=items))
-
-        assert [r.WhichOneof("result") for r in reply.results] == [
-            "save_checkpoint", "error", "error", "save_checkpoint"], reply
-        assert [(r.error.code, r.error.reason) for r in reply.results[1:3]] == [
-            (grpc.StatusCode.ABORTED.value[0], "VERSION_CONFLICT"),
-            (grpc.StatusCode.INVALID_ARGUMENT.value[0], "INVALID_ARGUMENT")]
-        assert reply.results[2].error.metadata["field"] == "consume_signal_seqs"
-        # The shared statement was refused as a whole (the assert), and each write went again alone.
-        assert (group.statements - statements, group.alone_writes - alone) == (0, 4)
-        for n in (1, 2):
-            lease = leases[n]
-            assert (await snapshot(db, lease.run.run_id), await consumed(db, lease.run.run_id)) == before[n]
-        for n in (0, 3):
-            lease = leases[n]
-            assert_checkpointed(await snapshot(db, lease.run.run_id), items[n].save_checkpoint, 1)
-            assert await consumed(db, lease.run.run_id) == [(lease.signals[0].seq, 1, lease.run.fencing_token)]
 
 
 # CompleteToolCall with an end ----------------------------------------------------------------------------
