@@ -57,6 +57,45 @@ journal AS (
                    :journal_details::text[]) AS e(seq, kind, step_key, node, tool, detail)
 )
 
+-- fragment: set_item_head
+-- A set form's element row `i` (the unnested arrays that follow, WITH
+-- ORDINALITY as n): its columns, the write's source statuses and the seqs of
+-- its journal entries (those of :journal_* whose :journal_items is n).
+SELECT i.*, :allowed_statuses::text[] AS allowed_statuses,
+       ARRAY(SELECT e.seq FROM unnest(:journal_items::bigint[], :journal_seqs::bigint[]) AS e(item, seq)
+             WHERE e.item = i.n ORDER BY e.seq) AS journal_seqs
+
+-- fragment: journal_insert_set
+-- journal_insert for a set form: each element's entries (the elements of
+-- :journal_* whose :journal_items is its ordinal) under the fence and version
+-- the `run` CTE wrote for that element (`run.n`).
+journal AS (
+  INSERT INTO run_journal (run_id, seq, kind, step_key, node, tool, detail, fencing_token, run_version)
+  SELECT run.id, e.seq, e.kind, e.step_key, e.node, e.tool, e.detail::jsonb, run.fencing_token, run.version
+  FROM run JOIN unnest(:journal_items::bigint[], :journal_seqs::bigint[], :journal_kinds::text[],
+                       :journal_step_keys::text[], :journal_nodes::text[], :journal_tools::text[],
+                       :journal_details::text[]) AS e(item, seq, kind, step_key, node, tool, detail)
+       ON e.item = run.n
+)
+
+-- fragment: close_ledger_set
+-- A set form's Tx2 closes each written run's open ledger row with its
+-- definite outcome (`written`: the run CTE joined with its element, holding
+-- open_status = 'OUTBOUND_INTENT' as a column: with the constant, the planner
+-- of a young database reads every open row through the partial
+-- tool_executions_reconcile_idx instead of probing (run_id, step_key) per run;
+-- test_query_plans.py).
+execution AS (
+  UPDATE tool_executions AS te
+  SET status = w.outcome, response_json = w.response, remote_resource_id = w.remote_resource_id,
+      error_code = w.error_code, completed_at = clock_timestamp(),
+      reconciliation_evidence = COALESCE(w.evidence, te.reconciliation_evidence),
+      reconciled_at = CASE WHEN w.evidence IS NULL THEN te.reconciled_at ELSE clock_timestamp() END
+  FROM written AS w
+  WHERE te.run_id = w.id AND te.step_key = w.step_key AND te.status = w.open_status
+  RETURNING te.id
+)
+
 -- name: server_now
 -- The database clock, for callers that must report time (never the worker's clock).
 SELECT clock_timestamp() AS now;
@@ -638,9 +677,7 @@ FROM checkpoint;
 -- statement is one transaction: an assert or unique key refused by any run's
 -- write refuses all of them, and the caller then writes each alone.
 WITH item AS (
-  SELECT i.*, :allowed_statuses::text[] AS allowed_statuses,
-         ARRAY(SELECT e.seq FROM unnest(:journal_items::bigint[], :journal_seqs::bigint[]) AS e(item, seq)
-               WHERE e.item = i.n ORDER BY e.seq) AS journal_seqs
+  {set_item_head}
   FROM unnest(:run_ids::uuid[], :worker_ids::text[], :fencing_tokens::bigint[], :expected_versions::bigint[],
               :step_keys::text[], :outcomes::text[], :states::jsonb[], :state_hashes::bytea[],
               :schema_versions::int[], :responses::jsonb[], :remote_resource_ids::text[], :error_codes::text[],
@@ -664,30 +701,13 @@ WITH item AS (
     AND {open_step@i}
     AND {journal_continues@i}
   RETURNING r.id, r.tenant_id, r.version, r.fencing_token, r.status, r.attempt_count, i.n
-), journal AS (
-  INSERT INTO run_journal (run_id, seq, kind, step_key, node, tool, detail, fencing_token, run_version)
-  SELECT run.id, e.seq, e.kind, e.step_key, e.node, e.tool, e.detail::jsonb, run.fencing_token, run.version
-  FROM run JOIN unnest(:journal_items::bigint[], :journal_seqs::bigint[], :journal_kinds::text[],
-                       :journal_step_keys::text[], :journal_nodes::text[], :journal_tools::text[],
-                       :journal_details::text[]) AS e(item, seq, kind, step_key, node, tool, detail)
-       ON e.item = run.n
-), written AS (
+), {journal_insert_set}, written AS (
   SELECT run.*, i.step_key, i.outcome, i.state, i.state_hash, i.schema_version, i.response, i.remote_resource_id,
          i.error_code, i.evidence, i.event_id, i.end_reason, i.end_error_class, i.end_event_id, i.traceparent,
          i.tracestate, i.write_op, i.write_hash,
-         -- A column, not a constant, as in complete_and_begin_tool_call (test_query_plans.py).
-         'OUTBOUND_INTENT'::text AS open_status
+         'OUTBOUND_INTENT'::text AS open_status  -- read by close_ledger_set
   FROM run JOIN item AS i ON i.n = run.n
-), execution AS (
-  UPDATE tool_executions AS te
-  SET status = w.outcome, response_json = w.response, remote_resource_id = w.remote_resource_id,
-      error_code = w.error_code, completed_at = clock_timestamp(),
-      reconciliation_evidence = COALESCE(w.evidence, te.reconciliation_evidence),
-      reconciled_at = CASE WHEN w.evidence IS NULL THEN te.reconciled_at ELSE clock_timestamp() END
-  FROM written AS w
-  WHERE te.run_id = w.id AND te.step_key = w.step_key AND te.status = w.open_status
-  RETURNING te.id
-), checkpoint AS (
+), {close_ledger_set}, checkpoint AS (
   INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version,
                                  fencing_token, event_id)
   SELECT id, version, state, state_hash, schema_version, fencing_token, event_id FROM written
@@ -741,9 +761,7 @@ FROM written JOIN checkpoint ON checkpoint.run_id = written.id;
 -- One statement is one transaction: a unique key or an assert refused by any
 -- run's write refuses all of them, and the caller then writes each alone.
 WITH item AS (
-  SELECT i.*, :allowed_statuses::text[] AS allowed_statuses,
-         ARRAY(SELECT e.seq FROM unnest(:journal_items::bigint[], :journal_seqs::bigint[]) AS e(item, seq)
-               WHERE e.item = i.n ORDER BY e.seq) AS journal_seqs
+  {set_item_head}
   FROM unnest(:run_ids::uuid[], :worker_ids::text[], :fencing_tokens::bigint[], :expected_versions::bigint[],
               :step_keys::text[], :outcomes::text[], :states::jsonb[], :state_hashes::bytea[],
               :schema_versions::int[], :responses::jsonb[], :remote_resource_ids::text[], :error_codes::text[],
@@ -773,33 +791,14 @@ WITH item AS (
         IN (encode(i.next_request_hash, 'hex'), encode(i.next_legacy_request_hash, 'hex'))
     AND {journal_continues@i}
   RETURNING r.id, r.tenant_id, r.version, r.fencing_token, i.n
-), journal AS (
-  INSERT INTO run_journal (run_id, seq, kind, step_key, node, tool, detail, fencing_token, run_version)
-  SELECT run.id, e.seq, e.kind, e.step_key, e.node, e.tool, e.detail::jsonb, run.fencing_token, run.version
-  FROM run JOIN unnest(:journal_items::bigint[], :journal_seqs::bigint[], :journal_kinds::text[],
-                       :journal_step_keys::text[], :journal_nodes::text[], :journal_tools::text[],
-                       :journal_details::text[]) AS e(item, seq, kind, step_key, node, tool, detail)
-       ON e.item = run.n
-), written AS (
+), {journal_insert_set}, written AS (
   SELECT run.*, i.step_key, i.outcome, i.state, i.state_hash, i.schema_version, i.response, i.remote_resource_id,
          i.error_code, i.evidence, i.event_id, i.next_step_key, i.next_tool_name, i.next_idempotency_key,
          i.next_request_hash, i.next_execution_id, i.next_request, i.next_event_id, i.traceparent, i.tracestate,
          i.write_op, i.write_hash,
-         -- The ledger row's status is matched through this column, not a constant: a constant lets the
-         -- planner read every open row through tool_executions_reconcile_idx and join them, where a
-         -- probe of (run_id, step_key) per run is what it must do (test_query_plans.py).
-         'OUTBOUND_INTENT'::text AS open_status
+         'OUTBOUND_INTENT'::text AS open_status  -- read by close_ledger_set
   FROM run JOIN item AS i ON i.n = run.n
-), execution AS (
-  UPDATE tool_executions AS te
-  SET status = w.outcome, response_json = w.response, remote_resource_id = w.remote_resource_id,
-      error_code = w.error_code, completed_at = clock_timestamp(),
-      reconciliation_evidence = COALESCE(w.evidence, te.reconciliation_evidence),
-      reconciled_at = CASE WHEN w.evidence IS NULL THEN te.reconciled_at ELSE clock_timestamp() END
-  FROM written AS w
-  WHERE te.run_id = w.id AND te.step_key = w.step_key AND te.status = w.open_status
-  RETURNING te.id
-), checkpoint AS (
+), {close_ledger_set}, checkpoint AS (
   INSERT INTO agent_checkpoints (run_id, version, state_json, state_hash, schema_version,
                                  fencing_token, event_id)
   SELECT id, version, state, state_hash, schema_version, fencing_token, event_id FROM written
