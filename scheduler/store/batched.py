@@ -1,12 +1,11 @@
 """Many runs' fenced writes as one statement: the set form of a write, shared by concurrent calls.
 
 A set-form statement (`begin_tool_call`, `complete_and_begin_tool_call` and `complete_tool_call_and_end`
-in scheduler/sql/queries.sql) takes parallel arrays, one element per run's
-write, judges each element by the same fenced guard as a write of its own, and returns one row per
-element it wrote, with that element's ordinal `n` (from 1).
-`SetWrite` gathers the calls that reach it in the same turn of the event loop (the items of one
-WriteBatch, or concurrent calls of several executors) and sends them as one statement: one round trip,
-one plan run, one commit for all of them, where each call alone costs all three.
+in scheduler/sql/queries.sql) takes parallel arrays, one element per run's write, judges each element by
+the same fenced guard as a write of its own, and returns one row per element it wrote, with that
+element's ordinal `n` (from 1). `SetWrite` gathers the calls that reach it in the same turn of the event
+loop (the items of one WriteBatch, or concurrent calls of several executors) and sends them as one
+statement: one round trip, one plan run, one commit for all of them, where each call alone costs all three.
 
 What each call gets back is what a statement of its own would have given it:
 
@@ -62,8 +61,7 @@ class SetWrite:
 
     `columns` names the statement's per-element array parameters in the order of each call's
     `values`; `constants` are parameters every element shares (the transition table's sources).
-    `journal=False`: the statement appends no journal entries
-    (and takes no journal parameters).
+    `journal=False`: the statement appends no journal entries (and takes no journal parameters).
     """
 
     def __init__(self, pool: asyncpg.Pool, query: Query, columns: Sequence[str], constants: dict[str, Any], *,

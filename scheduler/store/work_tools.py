@@ -6,6 +6,7 @@ guard; a refusal is explained by scheduler/store/recovery.py.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 from asyncpg import Record
@@ -19,7 +20,7 @@ from scheduler.store.keys import KeyStore
 from scheduler.store.queries import Q
 from scheduler.store.recovery import Recovery
 from scheduler.store.rows import Began, Chained, Completed, ExecutionRow
-from scheduler.store.types import NO_JOURNAL, LeaseRef
+from scheduler.store.types import NO_JOURNAL, Journal, LeaseRef
 from shared.canonical import request_hashes
 from shared.db import execute, fetchrow, fetchval
 from shared.errors import AlreadyExists, DecisionNotCheckpointed, ToolRateLimited, VersionConflict
@@ -73,6 +74,20 @@ class ToolWrites(Repository):
                 await self._check_tool(conn, tool_name, tenant, tenant_limit)
             return await write()
 
+    async def _tx1(self, group: SetWrite, lease: LeaseRef, tool_name: str, values: tuple[Any, ...],
+                   journal: Journal) -> Record | None:
+        """A write that records an intent (Tx1, alone or chained): shared with the other runs' writes sent
+        at the same moment (store/batched.py) when the tool has no limits; a limited tool's write, or one
+        the shared statement refused as a whole, goes alone under the tool's advisory locks. Its row, or
+        None when it matched nothing."""
+        flow = self.db.flow_if_fresh()
+        if flow is not None and flow.tool_limits_of(tool_name) == (None, False):
+            row = await group.write(lease.run_id, values, journal)
+            if row is not ALONE:
+                return row  # type: ignore[return-value]
+        async with self.work_pool.acquire() as conn:
+            return await self._within_tool_limits(conn, lease, tool_name, lambda: group.alone(conn, values, journal))
+
     async def _check_tool(self, conn: asyncpg.Connection, tool_name: str, tenant: str | None,
                           limit: ToolLimit) -> None:
         rate, window_ms = limit.rate_per_window
@@ -100,17 +115,8 @@ class ToolWrites(Repository):
         values = (lease.run_id, lease.worker_id, lease.fencing_token, write.expected_version, intent.step_key,
                   intent.tool_name, intent.idempotency_key, intent.request, digest, legacy_digest, intent.execution_id,
                   intent.event_id, trace.traceparent, trace.tracestate, binding.op, binding.digest)
-        # Shared with the other runs' Tx1s sent at the same moment (store/batched.py) when the tool has no
-        # limits; a limited tool's Tx1 goes alone, under its advisory locks.
-        flow = self.db.flow_if_fresh()
-        row: Record | object | None = ALONE
-        if flow is not None and flow.tool_limits_of(intent.tool_name) == (None, False):
-            row = await self.intents.write(lease.run_id, values, NO_JOURNAL)
-        if row is ALONE:
-            async with self.work_pool.acquire() as conn:
-                row = await self._within_tool_limits(
-                    conn, lease, intent.tool_name, lambda: self.intents.alone(conn, values, NO_JOURNAL))
-        if isinstance(row, Record):
+        row = await self._tx1(self.intents, lease, intent.tool_name, values, NO_JOURNAL)
+        if row is not None:
             return Began(ExecutionRow.of(row), False, False)
         async with self.work_pool.acquire() as conn:
             replay = await self.recovery.replay(conn, lease, binding, intent.event_id, "ledger")
@@ -163,15 +169,8 @@ class ToolWrites(Repository):
                   write.remote_resource_id, write.error_code, write.evidence, write.event_id, intent.step_key,
                   intent.tool_name, intent.idempotency_key, digest, legacy_digest, intent.execution_id,
                   intent.request, intent.event_id, trace.traceparent, trace.tracestate, binding.op, binding.digest)
-        flow = self.db.flow_if_fresh()
-        row: Record | object | None = ALONE
-        if flow is not None and flow.tool_limits_of(intent.tool_name) == (None, False):
-            row = await self.chains.write(lease.run_id, values, write.journal)
-        if row is ALONE:
-            async with self.work_pool.acquire() as conn:
-                row = await self._within_tool_limits(
-                    conn, lease, intent.tool_name, lambda: self.chains.alone(conn, values, write.journal))
-        if isinstance(row, Record):
+        row = await self._tx1(self.chains, lease, intent.tool_name, values, write.journal)
+        if row is not None:
             return Chained(row["cp_version"], ExecutionRow.of(row), False)
         async with self.work_pool.acquire() as conn:
             replay = await self.recovery.replay_all(conn, lease, binding, ((write.event_id, "checkpoint", "event_id"),
